@@ -1,0 +1,47 @@
+"""One root exception for the whole project.
+
+Every error we raise derives from :class:`FerretError`; subclasses also inherit the matching built-in
+exception so callers that catch ``ValueError`` and friends keep working. Messages say what was expected,
+what was received, and how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class FerretError(Exception):
+    """Root of every error raised by Ferret."""
+
+
+class ConfigError(FerretError, ValueError):
+    """A configuration value, argument or file is invalid."""
+
+
+class ProfileError(FerretError, ValueError):
+    """A layer profile is malformed or inconsistent with the model."""
+
+
+class PlanningError(FerretError, RuntimeError):
+    """The planner could not produce a plan for reasons other than the budget."""
+
+
+class InfeasibleBudgetError(FerretError, ValueError):
+    """No partition and configuration fits the memory budget.
+
+    ``min_feasible_bytes`` is the smallest budget for which a plan exists (DESIGN §3.7).
+    """
+
+    def __init__(self, budget_bytes: int, min_feasible_bytes: int) -> None:
+        self.budget_bytes = int(budget_bytes)
+        self.min_feasible_bytes = int(min_feasible_bytes)
+        super().__init__(
+            f"memory budget {self.budget_bytes} bytes is below the minimum feasible "
+            f"{self.min_feasible_bytes} bytes; raise the budget to at least {self.min_feasible_bytes}"
+        )
+
+
+class DataError(FerretError, FileNotFoundError):
+    """A dataset is missing or malformed."""
+
+
+class NotImplementedFeatureError(FerretError, NotImplementedError):
+    """A documented feature that this version does not implement yet."""

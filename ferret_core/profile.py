@@ -1,0 +1,198 @@
+"""Layer profiles: the measured cost of each partitionable unit of a model.
+
+A profile is what the planner consumes (Alg. 3 ``profile(θ)``): per unit t̂^f, t̂^b, |ŵ| and |â|.
+It round-trips through the JSON format of DESIGN §4::
+
+    {"model", "input_shape", "device", "dtype", "time_unit": "s",
+     "layers": [{"name", "t_f", "t_b", "params", "activations"}]}
+
+``saved`` (optional, elements of autograd's saved tensors per sample) is an extension used by the
+``engine`` memory model; absent in older files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ferret_core.errors import ProfileError
+
+DTYPE_BYTES: Mapping[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Size in bytes of one element of ``dtype`` (e.g. ``"float32"`` → 4)."""
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ProfileError(
+            f"unknown dtype {dtype!r}: expected one of {sorted(DTYPE_BYTES)}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """Measured cost of one partitionable unit (a layer or a residual block)."""
+
+    name: str
+    t_f: float  # forward time t̂^f, in the profile's time unit
+    t_b: float  # backward time t̂^b
+    params: int  # |ŵ|: parameter elements
+    activations: int  # |â|: output activation elements per sample
+    saved: int | None = None  # autograd saved-tensor elements per sample (engine memory model)
+
+    def __post_init__(self) -> None:
+        for key in ("t_f", "t_b"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ProfileError(f"layer {self.name!r}: {key} must be a finite number >= 0, got {value!r}")
+        for key in ("params", "activations"):
+            value = getattr(self, key)
+            if not (isinstance(value, int) and value >= 0):
+                raise ProfileError(f"layer {self.name!r}: {key} must be an integer >= 0, got {value!r}")
+        if self.saved is not None and not (isinstance(self.saved, int) and self.saved >= 0):
+            raise ProfileError(f"layer {self.name!r}: saved must be an integer >= 0, got {self.saved!r}")
+
+    @property
+    def t_fb(self) -> float:
+        """t̂^f + t̂^b: the unit's share of a stage time (Alg. 3, DESIGN §3.5)."""
+        return self.t_f + self.t_b
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A whole model's profile: its units in execution order."""
+
+    model: str
+    input_shape: tuple[int, ...]
+    layers: tuple[LayerProfile, ...]
+    device: str = "cpu"
+    dtype: str = "float32"
+    time_unit: str = "s"
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ProfileError(f"profile of {self.model!r} has no layers; a model needs at least one unit")
+        if self.time_unit != "s":
+            raise ProfileError(f"time_unit must be 's' (seconds), got {self.time_unit!r}")
+        dtype_bytes(self.dtype)
+
+    @property
+    def num_units(self) -> int:
+        return len(self.layers)
+
+    @property
+    def total_params(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+    @property
+    def input_elements(self) -> int:
+        return math.prod(self.input_shape)
+
+    @property
+    def max_forward_time(self) -> float:
+        """max_i t̂_i^f: the paper's arrival interval t^d (appendix, Hyper-parameters)."""
+        return max(layer.t_f for layer in self.layers)
+
+    @property
+    def sequential_time(self) -> float:
+        """Σ_i (t̂_i^f + t̂_i^b): one sequential forward and backward of the whole model."""
+        return sum(layer.t_fb for layer in self.layers)
+
+    def to_dict(self) -> dict[str, Any]:
+        layers = []
+        for layer in self.layers:
+            row: dict[str, Any] = {
+                "name": layer.name,
+                "t_f": layer.t_f,
+                "t_b": layer.t_b,
+                "params": layer.params,
+                "activations": layer.activations,
+            }
+            if layer.saved is not None:
+                row["saved"] = layer.saved
+            layers.append(row)
+        out: dict[str, Any] = {
+            "model": self.model,
+            "input_shape": list(self.input_shape),
+            "device": self.device,
+            "dtype": self.dtype,
+            "time_unit": self.time_unit,
+            "layers": layers,
+        }
+        if self.meta:
+            out["meta"] = dict(self.meta)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "<dict>") -> ModelProfile:
+        missing = [key for key in ("model", "input_shape", "layers") if key not in data]
+        if missing:
+            raise ProfileError(
+                f"{source}: profile is missing keys {missing}; expected the JSON of DESIGN §4 "
+                "(write one with `ferret profile --model NAME --out FILE`)"
+            )
+        layers_raw = data["layers"]
+        if not isinstance(layers_raw, Sequence) or isinstance(layers_raw, (str, bytes)):
+            raise ProfileError(f"{source}: 'layers' must be a list, got {type(layers_raw).__name__}")
+        layers: list[LayerProfile] = []
+        for index, row in enumerate(layers_raw):
+            if not isinstance(row, Mapping):
+                raise ProfileError(f"{source}: layers[{index}] must be an object, got {row!r}")
+            absent = [k for k in ("t_f", "t_b", "params", "activations") if k not in row]
+            if absent:
+                raise ProfileError(f"{source}: layers[{index}] is missing {absent}")
+            saved = row.get("saved")
+            layers.append(
+                LayerProfile(
+                    name=str(row.get("name", f"unit{index}")),
+                    t_f=float(row["t_f"]),
+                    t_b=float(row["t_b"]),
+                    params=_as_int(row["params"], f"{source}: layers[{index}].params"),
+                    activations=_as_int(row["activations"], f"{source}: layers[{index}].activations"),
+                    saved=None if saved is None else _as_int(saved, f"{source}: layers[{index}].saved"),
+                )
+            )
+        return cls(
+            model=str(data["model"]),
+            input_shape=tuple(_as_int(v, f"{source}: input_shape") for v in data["input_shape"]),
+            layers=tuple(layers),
+            device=str(data.get("device", "cpu")),
+            dtype=str(data.get("dtype", "float32")),
+            time_unit=str(data.get("time_unit", "s")),
+            meta=dict(data.get("meta", {})),
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelProfile:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ProfileError(
+                f"profile file {str(path)!r} does not exist; create it with `ferret profile`"
+            ) from None
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"profile file {str(path)!r} is not valid JSON: {exc}") from None
+        if not isinstance(data, Mapping):
+            raise ProfileError(f"profile file {str(path)!r} must hold a JSON object")
+        return cls.from_dict(data, source=str(path))
+
+
+def _as_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise ProfileError(f"{where}: expected an integer, got {value!r}")
+    return int(value)

@@ -1,0 +1,19 @@
+"""Shared test configuration."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from hypothesis import HealthCheck, settings
+
+torch.set_num_threads(1)
+
+settings.register_profile(
+    "ci",
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", max_examples=30, deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
