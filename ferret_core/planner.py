@@ -1,0 +1,162 @@
+"""The planner: Alg. 3 (brute-force planning) over Alg. 2 (iterative configuration search).
+
+``Planner(profile, settings)`` enumerates the candidate partitions once and, lazily, the greedy path of
+each (partition, c^r); ``plan(budget)`` then picks, over all of them, the configuration with the highest
+R_F whose bytes fit the budget (Alg. 2's ``search`` takes the better of c^r = 0 and 1; Alg. 3 the best
+partition; ties go to the smaller cap, then c^r = 0). Re-planning under a new budget reuses the paths,
+so the control plane can answer quickly. An infeasible budget raises :class:`InfeasibleBudgetError` with
+the minimum feasible bytes over all partitions and c^r (DESIGN §3.7).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ferret_core.cost_model import RateModel, StageGeometry, num_worker_slots
+from ferret_core.errors import ConfigError, InfeasibleBudgetError
+from ferret_core.memory_model import MemoryModel, MemorySettings
+from ferret_core.partitioning import candidate_partitions
+from ferret_core.plan import Partition, Plan
+from ferret_core.profile import ModelProfile
+from ferret_core.search import PathPoint, SearchPath, search_path
+
+
+def default_decay(profile: ModelProfile) -> float:
+    """c such that an item's value halves over one sequential forward and backward of the whole model
+    (T = Σ_i t̂_i^f + t̂_i^b): c = ln 2 / T (DESIGN §3.9)."""
+    return math.log(2.0) / profile.sequential_time
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    """What the planner needs besides the profile. ``None`` means the paper's default."""
+
+    arrival_interval: float | None = None  # t^d in profile time units; None: max_i t̂_i^f
+    decay: float | None = None  # c; None: ln 2 / Σ(t̂^f + t̂^b)
+    memory: MemorySettings = field(default_factory=MemorySettings)
+    max_workers: int | None = None  # cap N by the executors that exist (wall clock)
+    recompute_options: tuple[bool, ...] = (False, True)
+
+    def __post_init__(self) -> None:
+        if self.arrival_interval is not None and not (
+            math.isfinite(self.arrival_interval) and self.arrival_interval > 0
+        ):
+            raise ConfigError(f"arrival interval must be a positive number of seconds, got {self.arrival_interval}")
+        if self.decay is not None and not (math.isfinite(self.decay) and self.decay >= 0):
+            raise ConfigError(f"decay constant c must be finite and >= 0, got {self.decay}")
+        if self.max_workers is not None and self.max_workers < 1:
+            raise ConfigError(f"max_workers must be >= 1, got {self.max_workers}")
+        if not self.recompute_options or any(not isinstance(r, bool) for r in self.recompute_options):
+            raise ConfigError(f"recompute_options must be a non-empty tuple of bools, got {self.recompute_options}")
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    cap: float
+    geometry: StageGeometry
+    memory: MemoryModel
+    rate: RateModel
+    recompute: bool
+    num_workers: int
+
+
+class Planner:
+    """Plans for one profile and settings; cheap to call again with another budget."""
+
+    def __init__(self, profile: ModelProfile, settings: PlannerSettings | None = None) -> None:
+        self.profile = profile
+        self.settings = settings or PlannerSettings()
+        self.arrival_interval = (
+            self.settings.arrival_interval
+            if self.settings.arrival_interval is not None
+            else profile.max_forward_time
+        )
+        if self.arrival_interval <= 0:
+            raise ConfigError(
+                "arrival interval resolved to 0 (every unit's t_f is 0 in the profile); give one explicitly"
+            )
+        self.decay = self.settings.decay if self.settings.decay is not None else default_decay(profile)
+        self._candidates: list[_Candidate] = []
+        for cap, partition in candidate_partitions(profile):
+            geometry = StageGeometry.from_profile(profile, partition)
+            memory = MemoryModel(geometry, profile, self.settings.memory)
+            rate = RateModel(geometry, self.decay)
+            for recompute in self.settings.recompute_options:
+                n = num_worker_slots(geometry, self.arrival_interval, recompute)
+                if self.settings.max_workers is not None:
+                    n = min(n, self.settings.max_workers)
+                self._candidates.append(_Candidate(cap, geometry, memory, rate, recompute, n))
+        self._paths: dict[int, SearchPath] = {}
+
+    @property
+    def partitions(self) -> list[Partition]:
+        seen: dict[tuple[int, ...], Partition] = {}
+        for cand in self._candidates:
+            seen.setdefault(cand.geometry.partition.boundaries, cand.geometry.partition)
+        return list(seen.values())
+
+    def _path(self, index: int) -> SearchPath:
+        path = self._paths.get(index)
+        if path is None:
+            cand = self._candidates[index]
+            path = search_path(cand.rate, cand.memory, cand.num_workers, cand.recompute)
+            self._paths[index] = path
+        return path
+
+    @property
+    def min_feasible_bytes(self) -> int:
+        """Smallest budget any partition and c^r can meet (DESIGN §3.7)."""
+        return min(self._path(i).min_bytes for i in range(len(self._candidates)))
+
+    def plan(self, budget_bytes: int | None = None) -> Plan:
+        """The plan with the highest R_F within ``budget_bytes`` (None: unconstrained, the paper's M+)."""
+        if budget_bytes is not None and budget_bytes < 0:
+            raise ConfigError(f"memory budget must be >= 0 bytes, got {budget_bytes}")
+        best: tuple[int, PathPoint] | None = None
+        for index in range(len(self._candidates)):
+            point = self._path(index).first_within(budget_bytes)
+            if point is not None and (best is None or point.rate > best[1].rate):
+                best = (index, point)
+        minimum = self.min_feasible_bytes
+        if best is None:
+            assert budget_bytes is not None
+            raise InfeasibleBudgetError(budget_bytes, minimum)
+        return self._build_plan(best[0], best[1], budget_bytes, minimum)
+
+    def _build_plan(self, index: int, point: PathPoint, budget: int | None, minimum: int) -> Plan:
+        cand = self._candidates[index]
+        path = self._path(index)
+        workers = path.workers_at(point)
+        other = self._recompute_alternative(cand, budget)
+        choice = "on" if cand.recompute else "off"
+        note = f"T1 (activation recomputation) {choice}: R_F {point.rate:.6g}"
+        note += f" vs {other:.6g} with it {'off' if cand.recompute else 'on'}" if other is not None else (
+            " (the alternative does not fit the budget)"
+        )
+        return Plan(
+            model=self.profile.model,
+            partition=cand.geometry.partition,
+            workers=workers,
+            arrival_interval=self.arrival_interval,
+            decay=self.decay,
+            stage_forward_time=cand.geometry.t_f,
+            stage_backward_time=cand.geometry.t_b,
+            adaptation_rate=point.rate,
+            predicted_bytes=point.bytes,
+            paper_memory_elements=point.paper_elements,
+            min_feasible_bytes=minimum,
+            budget_bytes=budget,
+            memory_model=self.settings.memory.variant,
+            dtype=self.settings.memory.dtype,
+            memory_breakdown=cand.memory.breakdown(workers),
+            steps=path.steps[: point.steps_taken],
+            recompute_note=note,
+        )
+
+    def _recompute_alternative(self, chosen: _Candidate, budget: int | None) -> float | None:
+        for index, cand in enumerate(self._candidates):
+            if cand.geometry.partition == chosen.geometry.partition and cand.recompute != chosen.recompute:
+                point = self._path(index).first_within(budget)
+                return None if point is None else point.rate
+        return None
