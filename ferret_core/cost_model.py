@@ -20,7 +20,7 @@ from functools import reduce
 
 from ferret_core.errors import ProfileError
 from ferret_core.plan import Partition
-from ferret_core.profile import ModelProfile
+from ferret_core.profile import LayerProfile, ModelProfile
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,7 @@ class StageGeometry:
         weights = tuple(sum(layers[u].params for u in stage) for stage in stages)
         activations = tuple(sum(layers[u].activations for u in stage) for stage in stages)
         savings = tuple(sum(layers[u].activations for u in stage[1:]) for stage in stages)
-        saved = tuple(
-            sum(layers[u].saved if layers[u].saved is not None else layers[u].activations for u in stage)
-            for stage in stages
-        )
+        saved = tuple(sum(_saved_elements(layers[u]) for u in stage) for stage in stages)
         inputs = tuple(
             profile.input_elements if stage[0] == 0 else layers[stage[0] - 1].activations for stage in stages
         )
@@ -70,6 +67,10 @@ class StageGeometry:
     def worker_time(self, recompute: bool) -> float:
         """t^f + t^b + c^r·t^f: one item's stage occupancy (Alg. 2, line 2)."""
         return self.t_f + self.t_b + (self.t_f if recompute else 0.0)
+
+
+def _saved_elements(layer: LayerProfile) -> int:
+    return layer.activations if layer.saved is None else layer.saved
 
 
 def num_worker_slots(geometry: StageGeometry, arrival_interval: float, recompute: bool) -> int:

@@ -130,6 +130,15 @@ class MemoryModel:
             extras["mas_importances"] = 2 * total_w
         return extras
 
+    @property
+    def has_ring(self) -> bool:
+        return self._ring
+
+    @property
+    def fixed_elements(self) -> int:
+        """Extras that do not depend on the configuration."""
+        return sum(self._fixed.values())
+
     def ring_elements(self, workers: Sequence[WorkerConfig]) -> int:
         """Iter-Fisher delta ring: Σ_i bound_i·|w_i| (DESIGN §3.4, sized by the staleness bound)."""
         if not self._ring:
@@ -138,7 +147,7 @@ class MemoryModel:
         return sum(bound_for_workers(workers, i, p) * self.geometry.weights[i] for i in range(p))
 
     def shared_elements(self, workers: Sequence[WorkerConfig]) -> int:
-        return sum(self._fixed.values()) + self.ring_elements(workers)
+        return self.fixed_elements + self.ring_elements(workers)
 
     # -- totals -----------------------------------------------------------------------------------
     def total(self, workers: Sequence[WorkerConfig]) -> int:

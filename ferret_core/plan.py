@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import reduce
+from itertools import pairwise
 from typing import Any
 
 from ferret_core.errors import ConfigError
@@ -23,10 +24,8 @@ class Partition:
 
     def __post_init__(self) -> None:
         b = self.boundaries
-        if len(b) < 2 or b[0] != 0 or any(x >= y for x, y in zip(b, b[1:], strict=False)):
-            raise ConfigError(
-                f"partition boundaries must start at 0 and strictly increase, e.g. (0, 2, 5); got {b}"
-            )
+        if len(b) < 2 or b[0] != 0 or any(x >= y for x, y in pairwise(b)):
+            raise ConfigError(f"partition boundaries must start at 0 and strictly increase, e.g. (0, 2, 5); got {b}")
 
     @property
     def num_stages(self) -> int:

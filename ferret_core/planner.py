@@ -68,9 +68,7 @@ class Planner:
         self.profile = profile
         self.settings = settings or PlannerSettings()
         self.arrival_interval = (
-            self.settings.arrival_interval
-            if self.settings.arrival_interval is not None
-            else profile.max_forward_time
+            self.settings.arrival_interval if self.settings.arrival_interval is not None else profile.max_forward_time
         )
         if self.arrival_interval <= 0:
             raise ConfigError(
@@ -131,8 +129,10 @@ class Planner:
         other = self._recompute_alternative(cand, budget)
         choice = "on" if cand.recompute else "off"
         note = f"T1 (activation recomputation) {choice}: R_F {point.rate:.6g}"
-        note += f" vs {other:.6g} with it {'off' if cand.recompute else 'on'}" if other is not None else (
-            " (the alternative does not fit the budget)"
+        note += (
+            f" vs {other:.6g} with it {'off' if cand.recompute else 'on'}"
+            if other is not None
+            else (" (the alternative does not fit the budget)")
         )
         return Plan(
             model=self.profile.model,

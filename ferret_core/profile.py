@@ -34,9 +34,7 @@ def dtype_bytes(dtype: str) -> int:
     try:
         return DTYPE_BYTES[dtype]
     except KeyError:
-        raise ProfileError(
-            f"unknown dtype {dtype!r}: expected one of {sorted(DTYPE_BYTES)}"
-        ) from None
+        raise ProfileError(f"unknown dtype {dtype!r}: expected one of {sorted(DTYPE_BYTES)}") from None
 
 
 @dataclass(frozen=True)
@@ -182,9 +180,7 @@ class ModelProfile:
         try:
             data = json.loads(path.read_text())
         except FileNotFoundError:
-            raise ProfileError(
-                f"profile file {str(path)!r} does not exist; create it with `ferret profile`"
-            ) from None
+            raise ProfileError(f"profile file {str(path)!r} does not exist; create it with `ferret profile`") from None
         except json.JSONDecodeError as exc:
             raise ProfileError(f"profile file {str(path)!r} is not valid JSON: {exc}") from None
         if not isinstance(data, Mapping):

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from ferret_core.cost_model import RateModel, paper_worker_elements
 from ferret_core.memory_model import MemoryModel
 from ferret_core.plan import PlanStep, WorkerConfig
+from ferret_core.staleness import other_updates_in_flight, own_updates_in_flight
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def candidate_changes(worker: WorkerConfig, num_stages: int, live_count: int) ->
 
 
 def _with(values: tuple[int, ...], index: int, value: int) -> tuple[int, ...]:
-    return values[:index] + (value,) + values[index + 1 :]
+    return (*values[:index], value, *values[index + 1 :])
 
 
 @dataclass
@@ -123,9 +124,7 @@ class _Candidate:
     elements: int
 
 
-def search_path(
-    rate_model: RateModel, memory_model: MemoryModel, num_workers: int, recompute: bool
-) -> SearchPath:
+def search_path(rate_model: RateModel, memory_model: MemoryModel, num_workers: int, recompute: bool) -> SearchPath:
     """Run Alg. 2's greedy from the initial configuration until no step is left."""
     geometry = rate_model.geometry
     p = geometry.num_stages
@@ -134,7 +133,9 @@ def search_path(
     rates = [rate_model.worker_rate(w.recompute, w.accumulation, w.omission) for w in workers]
     elems = [memory_model.worker_elements(w) for w in workers]
     paper = [paper_worker_elements(geometry, w.recompute, w.accumulation, w.omission) for w in workers]
-    shared = memory_model.shared_elements(workers)
+    ring = _RingAccount(memory_model, workers) if memory_model.has_ring else None
+    fixed = memory_model.fixed_elements
+    shared = fixed + (ring.elements if ring else 0)
     cache: dict[int, list[_Candidate]] = {}
     steps: list[PlanStep] = []
     changes: list[WorkerConfig] = []
@@ -147,12 +148,16 @@ def search_path(
             if not worker.live:
                 continue
             candidates = cache.get(worker.index)
-            if candidates is None or any(c.step.kind == "S4" for c in candidates) != (live_count > 1 and _s4_ready(worker, p)):
+            if candidates is None or any(c.step.kind == "S4" for c in candidates) != (
+                live_count > 1 and _s4_ready(worker, p)
+            ):
                 candidates = [
                     _Candidate(
                         step,
                         changed,
-                        0.0 if not changed.live else rate_model.worker_rate(changed.recompute, changed.accumulation, changed.omission),
+                        0.0
+                        if not changed.live
+                        else rate_model.worker_rate(changed.recompute, changed.accumulation, changed.omission),
                         memory_model.worker_elements(changed),
                     )
                     for step, changed in candidate_changes(worker, p, live_count)
@@ -160,7 +165,7 @@ def search_path(
                 cache[worker.index] = candidates
             for cand in candidates:
                 n = worker.index
-                new_shared = _shared_with(memory_model, workers, cand.worker, shared)
+                new_shared = fixed + ring.elements_with(cand.worker) if ring else shared
                 d_elements = cand.elements - elems[n] + new_shared - shared
                 d_rate = cand.rate - rates[n]
                 key = _rank(d_rate, d_elements)
@@ -180,6 +185,9 @@ def search_path(
             else 0
         )
         cache.pop(n, None)
+        if ring is not None:
+            ring = _RingAccount(memory_model, workers)
+            assert fixed + ring.elements == shared
         steps.append(replace(cand.step, delta_rate=d_rate, delta_bytes=d_bytes))
         changes.append(cand.worker)
         points.append(PathPoint(len(steps), sum(rates), (sum(elems) + shared) * unit, sum(paper)))
@@ -192,19 +200,55 @@ def _s4_ready(worker: WorkerConfig, num_stages: int) -> bool:
     return all(o != 0 for o in worker.omission[: num_stages - 1])
 
 
-def _shared_with(
-    memory_model: MemoryModel, workers: Sequence[WorkerConfig], changed: WorkerConfig, current: int
-) -> int:
-    """Shared elements with one worker replaced (only the compensator ring depends on workers)."""
-    if not _ring_active(memory_model):
-        return current
-    trial = list(workers)
-    trial[changed.index] = changed
-    return memory_model.shared_elements(trial)
+class _RingAccount:
+    """The compensator ring's elements for the current workers, and with one worker changed, in O(P).
 
+    Per stage i the ring holds bound_i = max_n (own_n − other_n) + Σ_n other_n deltas of |w_i|
+    (:func:`ferret_core.staleness.bound_for_workers`); keeping Σ other and the two largest own − other
+    per stage lets a candidate be priced without rescanning every worker.
+    """
 
-def _ring_active(memory_model: MemoryModel) -> bool:
-    return memory_model.settings.extras and memory_model.settings.compensator in ("iter-fisher", "iter-fisher-cf")
+    def __init__(self, memory_model: MemoryModel, workers: Sequence[WorkerConfig]) -> None:
+        self.weights = memory_model.geometry.weights
+        self.p = memory_model.geometry.num_stages
+        self.terms = {w.index: self._terms(w) for w in workers if w.live}
+        self.sums: list[int] = []
+        self.best: list[tuple[int, int, int]] = []  # (top value, its worker, second value)
+        floor = -(10**9)
+        for i in range(self.p):
+            self.sums.append(sum(t[i][1] for t in self.terms.values()))
+            top, who, second = floor, -1, floor
+            for n, t in self.terms.items():
+                value = t[i][0] - t[i][1]
+                if value > top:
+                    top, who, second = value, n, top
+                elif value > second:
+                    second = value
+            self.best.append((top, who, second))
+        self.elements = sum(self._bound(i, self.sums[i], self.best[i][0]) * self.weights[i] for i in range(self.p))
+
+    def _terms(self, worker: WorkerConfig) -> tuple[tuple[int, int], ...]:
+        return tuple(
+            (own_updates_in_flight(worker, i, self.p), other_updates_in_flight(worker, i, self.p))
+            for i in range(self.p)
+        )
+
+    def _bound(self, stage: int, total_other: int, top: int) -> int:
+        return 0 if top <= -(10**9) else top + total_other
+
+    def elements_with(self, changed: WorkerConfig) -> int:
+        old = self.terms[changed.index]
+        new = self._terms(changed) if changed.live else None
+        total = 0
+        for i in range(self.p):
+            top, who, second = self.best[i]
+            rest = second if who == changed.index else top
+            total_other = self.sums[i] - old[i][1]
+            if new is not None:
+                total_other += new[i][1]
+                rest = max(rest, new[i][0] - new[i][1])
+            total += self._bound(i, total_other, rest) * self.weights[i]
+        return total
 
 
 def _rank(d_rate: float, d_elements: int) -> tuple[float, ...]:

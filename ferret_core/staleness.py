@@ -44,8 +44,7 @@ def bound_for_workers(workers: Sequence[WorkerConfig], stage: int, num_stages: i
     others = [other_updates_in_flight(w, stage, num_stages) for w in live]
     total_other = sum(others)
     return max(
-        own_updates_in_flight(w, stage, num_stages) + total_other - other
-        for w, other in zip(live, others, strict=True)
+        own_updates_in_flight(w, stage, num_stages) + total_other - other for w, other in zip(live, others, strict=True)
     )
 
 

@@ -35,7 +35,7 @@ def parse_bytes(text: str) -> int:
     value = float(match.group(1)) * _SUFFIXES[unit]
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"invalid byte size {text!r}: must be finite and >= 0")
-    return int(round(value))
+    return round(value)
 
 
 def budget_type(text: str) -> int:

@@ -23,9 +23,12 @@ def _violations(path: Path) -> list[str]:
         for name in names:
             if name.split(".")[0] in FORBIDDEN_MODULES:
                 found.append(f"{path.name}:{node.lineno} imports {name}")
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            if (node.value.id, node.attr) in FORBIDDEN_CALLS:
-                found.append(f"{path.name}:{node.lineno} reads the environment ({node.value.id}.{node.attr})")
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and (node.value.id, node.attr) in FORBIDDEN_CALLS
+        ):
+            found.append(f"{path.name}:{node.lineno} reads the environment ({node.value.id}.{node.attr})")
     return found
 
 

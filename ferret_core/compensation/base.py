@@ -1,0 +1,247 @@
+"""The compensator contract: one object per pipeline stage that corrects stale gradients.
+
+The engine keeps one :class:`StageCompensator` per stage (state is per stage: λ may differ per stage,
+DESIGN §3.3) and drives it with two calls, serialised per stage under the lock that guards the master:
+
+* after every update of the master stage, :meth:`StageCompensator.observe_update` with
+  ``delta = θ_new − θ_old`` of each parameter (the stage's master version counter advances by one);
+* before applying a gradient ``g`` computed on version ``v_read`` while the master is at ``v_now``,
+  :meth:`StageCompensator.compensate` with staleness ``τ = v_now − v_read ≥ 0``, the parameters of both
+  versions, and it applies the returned gradient. Gradients are compensated one item at a time.
+
+Contract kept by every compensator: ``τ = 0`` returns ``g`` itself (identity, DESIGN §3.3 / STYLE
+lesson 5); inputs are never mutated (the output may *be* an input tensor when nothing changes); no host
+synchronisation happens in ``compensate``/``observe_update`` (statistics are accumulated on the stage's
+device and read by :meth:`StageCompensator.stats`).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from ferret_core.errors import ConfigError
+
+_TINY = 1e-30  # floor of ‖g_0‖ in the relative correction (a zero gradient has zero correction)
+
+
+@dataclass(frozen=True)
+class CompensatorSettings:
+    """Hyper-parameters of every compensator (DESIGN §3.3, §3.11).
+
+    ``lambda0``: λ⁰ of Alg. 1 (paper: 0.2). ``eta_lambda``: step size of λ's gradient descent, the
+    paper's "μ"; 0 fixes λ = λ⁰ and allocates no v_r/v_a. ``alpha``: EMA coefficient of v_r, v_a (and of
+    Gap-Aware's average step C). ``nu``: ℓ2 weight on λ in eq. lambda-objective-v1. ``fisher_lambda``:
+    the manual λ of the one-shot Fisher compensator. ``gap_eps``: floor added to Gap-Aware's C.
+    """
+
+    lambda0: float = 0.2
+    eta_lambda: float = 2e-6
+    alpha: float = 0.9
+    nu: float = 1e-3
+    fisher_lambda: float = 0.2
+    gap_eps: float = 1e-12
+
+    def __post_init__(self) -> None:
+        for key in ("lambda0", "eta_lambda", "alpha", "nu", "fisher_lambda", "gap_eps"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"compensator setting {key} must be a finite number, got {value!r}")
+        if self.eta_lambda < 0:
+            raise ConfigError(f"eta_lambda must be >= 0 (0 fixes λ = lambda0), got {self.eta_lambda}")
+        if not 0 <= self.alpha < 1:
+            raise ConfigError(f"alpha is an EMA coefficient and must lie in [0, 1), got {self.alpha}")
+        if self.nu < 0:
+            raise ConfigError(f"nu is an ℓ2 weight and must be >= 0, got {self.nu}")
+        if self.gap_eps <= 0:
+            raise ConfigError(
+                f"gap_eps must be > 0 (it keeps Gap-Aware's division finite), got {self.gap_eps}"
+            )
+
+
+def relative_change(new: Sequence[Tensor], old: Sequence[Tensor]) -> Tensor:
+    """‖new − old‖ / ‖old‖ over the whole stage, as a 0-dim float64 tensor (0 when ``old`` is zero)."""
+    if not old:
+        return torch.zeros((), dtype=torch.float64)
+    diff = list(torch._foreach_sub(list(new), list(old)))
+    num = torch.nn.utils.get_total_norm(diff).to(torch.float64)
+    den = torch.nn.utils.get_total_norm(list(old)).to(torch.float64)
+    return num / den.clamp_min(_TINY)
+
+
+def _common_device(params: Sequence[Tensor]) -> torch.device:
+    devices = {p.device for p in params}
+    if len(devices) > 1:
+        raise ConfigError(
+            "a stage's parameters must live on one device for its compensator, got "
+            f"{sorted(map(str, devices))}"
+        )
+    return devices.pop() if devices else torch.device("cpu")
+
+
+class StageCompensator(ABC):
+    """Corrects the stale gradients of one pipeline stage; subclasses name the paper they follow.
+
+    Not thread-safe: the engine serialises ``compensate`` → optimizer step → ``observe_update`` per stage.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, params: Sequence[Tensor], settings: CompensatorSettings) -> None:
+        if not isinstance(settings, CompensatorSettings):
+            raise ConfigError(f"settings must be a CompensatorSettings, got {type(settings).__name__}")
+        self.settings = settings
+        self._shapes = tuple(tuple(p.shape) for p in params)
+        self._dtypes = tuple(p.dtype for p in params)
+        self._device = _common_device(params)
+        self._calls = 0
+        self._compensated = 0  # calls with τ > 0: the ones relative_correction_mean averages over
+        self._truncated = 0
+        self._correction_host = 0.0
+        self._correction_device: Tensor | None = None  # created on first device-side measurement
+
+    # ----------------------------------------------------------------------------------- the two calls
+    def observe_update(self, delta: Sequence[Tensor]) -> None:
+        """Record one update of the master stage: ``delta[i] = θ_new[i] − θ_old[i]``."""
+        self._check(delta, "delta")
+        if not self._shapes:
+            return  # a stage without parameters (e.g. only pooling layers): nothing to track
+        with torch.no_grad():
+            self._observe(delta)
+
+    def compensate(
+        self,
+        grads: Sequence[Tensor],
+        *,
+        staleness: int,
+        theta_then: Sequence[Tensor],
+        theta_now: Sequence[Tensor],
+    ) -> list[Tensor]:
+        """Approximate the gradient at ``theta_now`` from ``grads`` computed at ``theta_then``.
+
+        ``staleness`` is τ, the master updates of this stage between the two versions.
+        """
+        if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+            raise ConfigError(f"staleness must be an int >= 0 (v_now − v_read), got {staleness!r}")
+        self._check(grads, "grads")
+        self._check(theta_then, "theta_then")
+        self._check(theta_now, "theta_now")
+        self._calls += 1
+        if not self._shapes:
+            return []
+        with torch.no_grad():
+            out = self._compensate(list(grads), staleness, theta_then, theta_now)
+            if staleness > 0:
+                self._compensated += 1
+                self._add_correction(self._correction(out, grads, staleness))
+        return out
+
+    # ------------------------------------------------------------------------------ subclass hooks
+    @abstractmethod
+    def _observe(self, delta: Sequence[Tensor]) -> None: ...
+
+    @abstractmethod
+    def _compensate(
+        self,
+        grads: list[Tensor],
+        staleness: int,
+        theta_then: Sequence[Tensor],
+        theta_now: Sequence[Tensor],
+    ) -> list[Tensor]: ...
+
+    def _correction(self, out: Sequence[Tensor], grads: Sequence[Tensor], staleness: int) -> Tensor | float:
+        """‖g_τ − g_0‖ / ‖g_0‖ of one compensated call; device-side unless a subclass knows it exactly."""
+        if all(o is g for o, g in zip(out, grads, strict=True)):
+            return 0.0
+        return relative_change(out, grads)
+
+    def _lambda(self) -> float:
+        """The current λ, NaN where the compensator has none."""
+        return math.nan
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, state: Mapping[str, Any]) -> None:
+        return None
+
+    def _extra_tensors(self) -> list[Tensor]:
+        return []
+
+    # ------------------------------------------------------------------------------- introspection
+    def state_tensors(self) -> list[Tensor]:
+        """Every tensor this compensator holds (for the engine's independent memory measurement)."""
+        tensors = self._extra_tensors()
+        if self._correction_device is not None:
+            tensors.append(self._correction_device)
+        return tensors
+
+    def stats(self) -> dict[str, float]:
+        """``lambda``, ``relative_correction_mean`` (over calls with τ > 0), ``calls``, ``compensated``,
+        ``truncated``. Reads device-side accumulators, so it synchronises: call it off the hot path."""
+        total = self._correction_host
+        if self._correction_device is not None:
+            total += float(self._correction_device.item())
+        return {
+            "lambda": self._lambda(),
+            "relative_correction_mean": total / self._compensated if self._compensated else 0.0,
+            "calls": float(self._calls),
+            "compensated": float(self._compensated),
+            "truncated": float(self._truncated),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """A snapshot (tensors are copies; scalars are Python numbers)."""
+        total = self._correction_host
+        if self._correction_device is not None:
+            total += float(self._correction_device.item())
+        return {
+            "name": self.name,
+            "calls": self._calls,
+            "compensated": self._compensated,
+            "truncated": self._truncated,
+            "correction_sum": total,
+            **self._extra_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a snapshot taken by :meth:`state_dict` of a compensator of the same name and shapes."""
+        if state.get("name") != self.name:
+            raise ConfigError(
+                f"compensator snapshot is for {state.get('name')!r}, this stage runs {self.name!r}; "
+                f"build the stage with the snapshot's compensator or drop the snapshot"
+            )
+        try:
+            self._load_extra_state(state)
+            self._calls = int(state["calls"])
+            self._compensated = int(state["compensated"])
+            self._truncated = int(state["truncated"])
+            self._correction_host = float(state["correction_sum"])
+        except KeyError as err:
+            raise ConfigError(f"compensator snapshot for {self.name!r} lacks the key {err}") from None
+        self._correction_device = None
+
+    # ------------------------------------------------------------------------------------- helpers
+    def _add_correction(self, value: Tensor | float) -> None:
+        if isinstance(value, float):
+            self._correction_host += value
+            return
+        value = value.to(device=self._device, dtype=torch.float64)
+        if self._correction_device is None:
+            self._correction_device = value.clone()
+        else:
+            self._correction_device.add_(value)
+
+    def _check(self, tensors: Sequence[Tensor], what: str) -> None:
+        shapes = tuple(tuple(t.shape) for t in tensors)
+        if shapes != self._shapes:
+            raise ConfigError(
+                f"{self.name}: {what} must align with the stage's parameters (shapes {list(self._shapes)}), "
+                f"got shapes {list(shapes)}"
+            )

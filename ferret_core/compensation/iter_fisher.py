@@ -1,0 +1,192 @@
+"""Ferret's iterative gradient compensation (paper §"Iterative Gradient Compensation", Alg. 1
+``alg:iterative-gradients-compensation``), read as DESIGN §3.3 and §3.4 say.
+
+For a gradient g computed on the stage's version t−1 and applied τ master updates later,
+
+    g_0 = g;   g_k = A_I(g_{k−1}) = g_{k−1} + λ·g_{k−1}⊙g_{k−1}⊙Δ_k,   k = 1..τ      (Alg. 1 lines 8–9)
+
+with Δ_k = θ^{t+k−1} − θ^{t+k−2} the stage's own master deltas since the gradient's version, oldest first,
+kept in a :class:`~ferret_core.compensation.ring.DeltaRing`. When τ exceeds the ring, the most recent
+deltas it still holds are used and the call is counted as ``truncated``.
+
+λ is tuned per stage by gradient descent on eq. lambda-objective-v1 with the EMAs of Alg. 1 lines 3–7:
+
+    Δv_r = (1−α)(g − v_r)
+    λ ← λ − η_λ·∇_λ(‖Δv_r − λ·v_a‖² + ν·λ²) = λ + 2η_λ·(⟨Δv_r, v_a⟩ − λ‖v_a‖² − ν·λ)
+    v_r ← α·v_r + (1−α)·g
+    v_a ← α·v_a + (1−α)·g⊙g⊙Δ_1
+
+Readings (DESIGN §3.3): λ, v_r and v_a persist across calls (the listing re-initialises them, which would
+make tuning a no-op); the ν-term's gradient 2νλ is included (the listing's step omits it, the objective
+has it); inner products sum over every element of the stage; Δ_1 = θ^t − θ^{t−1} is the first delta
+after the gradient's version — zeros when τ = 0, and the oldest delta the ring still holds when the call
+is truncated. With η_λ = 0, λ stays λ⁰ and v_r, v_a are not allocated (paper: "eliminates the need for
+v_r and v_a"). ``iter-fisher-cf`` replaces the gradient step by the closed form λ* = ⟨Δv_r, v_a⟩ /
+(‖v_a‖² + ν) — a different algorithm, offered separately.
+
+All scalars stay on the stage's device (λ as a 0-dim float64 tensor when tuned): no host sync per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ferret_core.compensation.base import CompensatorSettings, StageCompensator
+from ferret_core.compensation.fisher import fisher_step
+from ferret_core.compensation.ring import DeltaRing
+from ferret_core.errors import ConfigError
+
+_TINY = 1e-30
+
+
+def _sum64(scalars: list[Tensor]) -> Tensor:
+    """Σ of 0-dim tensors, accumulated in float64 on their device."""
+    if len({t.dtype for t in scalars}) == 1:
+        return torch.stack(scalars).to(torch.float64).sum()
+    return torch.stack([t.to(torch.float64) for t in scalars]).sum()
+
+
+class IterFisherCompensator(StageCompensator):
+    """Ferret (CVPR 2025), Alg. 1: iterative Fisher compensation over the per-step deltas, λ tuned by
+    gradient descent (η_λ = ``settings.eta_lambda``; 0 fixes λ = ``settings.lambda0``)."""
+
+    name = "iter-fisher"
+
+    def __init__(self, params: Sequence[Tensor], settings: CompensatorSettings, ring_capacity: int) -> None:
+        super().__init__(params, settings)
+        self._ring = DeltaRing(ring_capacity)
+        self._tuned = self._uses_ema()
+        self._lam: float | Tensor = float(settings.lambda0)
+        self._v_r: list[Tensor] = []
+        self._v_a: list[Tensor] = []
+        if self._tuned:
+            self._lam = torch.tensor(float(settings.lambda0), dtype=torch.float64, device=self._device)
+            self._v_r = [
+                torch.zeros(s, dtype=d, device=self._device)
+                for s, d in zip(self._shapes, self._dtypes, strict=True)
+            ]
+            self._v_a = [
+                torch.zeros(s, dtype=d, device=self._device)
+                for s, d in zip(self._shapes, self._dtypes, strict=True)
+            ]
+
+    @property
+    def ring(self) -> DeltaRing:
+        """The stage's delta ring (read-only use)."""
+        return self._ring
+
+    def _uses_ema(self) -> bool:
+        """Whether λ is tuned from v_r, v_a (and so whether they are allocated)."""
+        return self.settings.eta_lambda > 0
+
+    # --------------------------------------------------------------------------------- the two calls
+    def _observe(self, delta: Sequence[Tensor]) -> None:
+        self._ring.push(delta)
+
+    def _compensate(
+        self,
+        grads: list[Tensor],
+        staleness: int,
+        theta_then: Sequence[Tensor],
+        theta_now: Sequence[Tensor],
+    ) -> list[Tensor]:
+        deltas = self._ring.recent(staleness)  # Δ_1..Δ_τ, oldest first (or the most recent it holds)
+        if len(deltas) < staleness:
+            self._truncated += 1
+        if self._tuned:
+            self._tune(grads, deltas[0] if deltas else None)
+        if not deltas:
+            return grads
+        lam = self._lam
+        # Alg. 1 lines 8–9: g_k = A_I(g_{k−1}, θ^{t+k−1}, θ^{t+k−2}), eq. gt-taylor-expansion-approximation
+        out = fisher_step(grads, deltas[0], lam)
+        for delta in deltas[1:]:
+            out = fisher_step(out, delta, lam, inplace=True)
+        return out
+
+    # ------------------------------------------------------------------------------- λ and the EMAs
+    def _tune(self, grads: list[Tensor], first: Sequence[Tensor] | None) -> None:
+        """Alg. 1 lines 3–7 with persistent state; ``first`` is Δ_1 (None stands for zeros)."""
+        alpha = self.settings.alpha
+        weight = 1.0 - alpha
+        diff = list(torch._foreach_sub(grads, self._v_r))  # g − v_r = Δv_r / (1−α), old v_r
+        cross = _sum64([d.reshape(-1).dot(a.reshape(-1)) for d, a in zip(diff, self._v_a, strict=True)])
+        norm_sq = _sum64([a.reshape(-1).dot(a.reshape(-1)) for a in self._v_a])  # ‖v_a‖², old v_a
+        self._update_lambda(cross * weight, norm_sq)  # λ from ⟨Δv_r, v_a⟩ and ‖v_a‖²
+        torch._foreach_add_(self._v_r, diff, alpha=weight)  # v_r ← α·v_r + (1−α)·g
+        torch._foreach_mul_(self._v_a, alpha)  # v_a ← α·v_a + (1−α)·g⊙g⊙Δ_1
+        if first is not None:
+            grad_delta = list(torch._foreach_mul(grads, list(first)))  # g⊙Δ_1
+            torch._foreach_addcmul_(self._v_a, grads, grad_delta, value=weight)
+
+    def _update_lambda(self, cross: Tensor, norm_sq: Tensor) -> None:
+        """One gradient step on eq. lambda-objective-v1, ν-term included (DESIGN §3.3)."""
+        assert isinstance(self._lam, Tensor)
+        s = self.settings
+        lam = self._lam
+        grad = -2.0 * (cross - lam * norm_sq) + 2.0 * s.nu * lam  # ∇_λ(‖Δv_r − λv_a‖² + νλ²)
+        lam.sub_(s.eta_lambda * grad)
+
+    # ------------------------------------------------------------------------------ introspection
+    def _lambda(self) -> float:
+        return float(self._lam.item()) if isinstance(self._lam, Tensor) else self._lam
+
+    def _extra_tensors(self) -> list[Tensor]:
+        tensors = [*self._ring.state_tensors(), *self._v_r, *self._v_a]
+        if isinstance(self._lam, Tensor):
+            tensors.append(self._lam)
+        return tensors
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {
+            "lambda": self._lambda(),
+            "ring": self._ring.state_dict(),
+            "v_r": [t.clone() for t in self._v_r] if self._tuned else None,
+            "v_a": [t.clone() for t in self._v_a] if self._tuned else None,
+        }
+
+    def _load_extra_state(self, state: Mapping[str, Any]) -> None:
+        """Ring, and — when λ is tuned — λ, v_r and v_a. A snapshot without v_r/v_a (taken with η_λ = 0)
+        restarts them from zeros; with η_λ = 0, λ is the setting λ⁰, whatever the snapshot says."""
+        self._ring.load_state_dict(
+            state["ring"], shapes=self._shapes, dtypes=self._dtypes, device=self._device
+        )
+        if not self._tuned:
+            return
+        assert isinstance(self._lam, Tensor)
+        self._lam.fill_(float(state["lambda"]))
+        for key, dst in (("v_r", self._v_r), ("v_a", self._v_a)):
+            src = state[key]
+            if src is None:
+                for t in dst:
+                    t.zero_()
+                continue
+            got = [tuple(t.shape) for t in src]
+            if got != list(self._shapes):
+                raise ConfigError(
+                    f"{self.name} snapshot {key} shapes {got} do not match the stage's parameters "
+                    f"{list(self._shapes)}"
+                )
+            for d, t in zip(dst, src, strict=True):
+                d.copy_(t)
+
+
+class IterFisherClosedFormCompensator(IterFisherCompensator):
+    """Alg. 1's iteration with λ set every call to the minimiser of eq. lambda-objective-v1,
+    λ* = ⟨Δv_r, v_a⟩ / (‖v_a‖² + ν) (denominator floored at 1e-30 when ν = 0). A *different* algorithm
+    from Ferret's gradient step (DESIGN §3.3: it swings by orders of magnitude on MNISTNet), offered
+    separately. v_r and v_a are always allocated; ``eta_lambda`` is unused; λ starts at λ⁰ only until the
+    first call (where v_a = 0 gives λ* = 0)."""
+
+    name = "iter-fisher-cf"
+
+    def _uses_ema(self) -> bool:
+        return True
+
+    def _update_lambda(self, cross: Tensor, norm_sq: Tensor) -> None:
+        assert isinstance(self._lam, Tensor)
+        self._lam.copy_(cross / (norm_sq + self.settings.nu).clamp_min(_TINY))

@@ -1,0 +1,128 @@
+"""Penalty compensators, which shrink a stale gradient instead of correcting it: None, Step-Aware and
+Gap-Aware (the baselines of the paper's "Comparisons on Gradients Compensation").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ferret_core.compensation.base import CompensatorSettings, StageCompensator
+from ferret_core.errors import ConfigError
+
+
+class NoCompensator(StageCompensator):
+    """No compensation: the stale gradient is applied as is (PipeDream, Narayanan et al. 2019; the
+    zero-order Taylor expansion the paper starts from)."""
+
+    name = "none"
+
+    def _observe(self, delta: Sequence[Tensor]) -> None:
+        return None
+
+    def _compensate(
+        self,
+        grads: list[Tensor],
+        staleness: int,
+        theta_then: Sequence[Tensor],
+        theta_now: Sequence[Tensor],
+    ) -> list[Tensor]:
+        return grads
+
+    def _correction(self, out: Sequence[Tensor], grads: Sequence[Tensor], staleness: int) -> float:
+        return 0.0
+
+
+class StepAwareCompensator(StageCompensator):
+    """Staleness-aware SGD (Zhang et al., IJCAI 2016, "Staleness-aware Async-SGD for Distributed Deep
+    Learning"; also Hardy et al. 2017, Jiang et al. 2017): the gradient is divided by its staleness,
+    ``g / max(1, τ)`` — the learning rate modulated by 1/τ."""
+
+    name = "step-aware"
+
+    def _observe(self, delta: Sequence[Tensor]) -> None:
+        return None
+
+    def _compensate(
+        self,
+        grads: list[Tensor],
+        staleness: int,
+        theta_then: Sequence[Tensor],
+        theta_now: Sequence[Tensor],
+    ) -> list[Tensor]:
+        if staleness <= 1:
+            return grads
+        return list(torch._foreach_div(grads, float(staleness)))
+
+    def _correction(self, out: Sequence[Tensor], grads: Sequence[Tensor], staleness: int) -> float:
+        # ‖g/τ − g‖ / ‖g‖ = 1 − 1/τ exactly (for g ≠ 0); known on the host, no device work.
+        return 1.0 - 1.0 / max(1, staleness)
+
+
+class GapAwareCompensator(StageCompensator):
+    """Gap-Aware (Barkai, Hakimi and Schuster, ICLR 2020, "Gap-Aware Mitigation of Gradient Staleness").
+
+    The *gap* of a stale gradient is how far each parameter moved while the gradient was in flight,
+    measured in units of a typical single step. Exactly what we implement, elementwise:
+
+        C ← α·C + (1 − α)·|Δθ|                  on every master update (``observe_update``)
+        Ĉ = C / (1 − α^n)                       bias-corrected average step after n updates
+        G = max(1, |θ_now − θ_then| / (Ĉ + ε))  the gap, ε = ``settings.gap_eps``
+        g_out = g / G
+
+    So a parameter that moved no more than one average step is left untouched, and one that moved k
+    average steps gets its gradient divided by k (for τ consistent steps in one direction, G ≈ τ, i.e.
+    Step-Aware's penalty; parameters that barely moved are not over-penalised — the paper's argument).
+    α is ``settings.alpha``. Before any update has been observed there is no step scale, and the
+    gradient is returned unchanged. State: one tensor C per parameter.
+    """
+
+    name = "gap-aware"
+
+    def __init__(self, params: Sequence[Tensor], settings: CompensatorSettings) -> None:
+        super().__init__(params, settings)
+        self._avg_step = [torch.zeros_like(p.detach(), memory_format=torch.preserve_format) for p in params]
+        self._updates = 0
+
+    def _observe(self, delta: Sequence[Tensor]) -> None:
+        torch._foreach_lerp_(self._avg_step, torch._foreach_abs(list(delta)), 1.0 - self.settings.alpha)
+        self._updates += 1
+
+    def _compensate(
+        self,
+        grads: list[Tensor],
+        staleness: int,
+        theta_then: Sequence[Tensor],
+        theta_now: Sequence[Tensor],
+    ) -> list[Tensor]:
+        if staleness == 0 or self._updates == 0:
+            return grads
+        bias = 1.0 - self.settings.alpha**self._updates
+        eps = self.settings.gap_eps
+        gap = list(torch._foreach_sub(list(theta_now), list(theta_then)))
+        torch._foreach_abs_(gap)  # |θ_now − θ_then|
+        scale = list(torch._foreach_div(self._avg_step, bias))  # Ĉ
+        torch._foreach_add_(scale, eps)
+        torch._foreach_div_(gap, scale)
+        torch._foreach_clamp_min_(gap, 1.0)  # G
+        return list(torch._foreach_div(grads, gap))
+
+    def _extra_tensors(self) -> list[Tensor]:
+        return list(self._avg_step)
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"avg_step": [t.clone() for t in self._avg_step], "updates": self._updates}
+
+    def _load_extra_state(self, state: Mapping[str, Any]) -> None:
+        avg_step = list(state["avg_step"])
+        if [tuple(t.shape) for t in avg_step] != [tuple(t.shape) for t in self._avg_step]:
+            raise ConfigError(
+                f"gap-aware snapshot shapes {[tuple(t.shape) for t in avg_step]} do not match the stage's "
+                f"parameters {[tuple(t.shape) for t in self._avg_step]}"
+            )
+        for dst, src in zip(self._avg_step, avg_step, strict=True):
+            dst.copy_(src)
+        self._updates = int(state["updates"])

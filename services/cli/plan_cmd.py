@@ -1,0 +1,152 @@
+"""``ferret plan``: print the plan for a model, a profile and a memory budget."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from ferret_core.errors import ConfigError
+from ferret_core.memory_model import MEMORY_VARIANTS, OPTIMIZER_SLOTS, MemorySettings
+from ferret_core.plan import Plan
+from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.profile import DTYPE_BYTES, ModelProfile
+from services.cli.args import ArrivalInterval, arrival_interval_type, budget_type, existing_file, positive_float
+
+MODEL_CHOICES = ("mlp", "mnistnet", "convnet", "resnet18", "mobilenet")
+COMPENSATOR_CHOICES = ("none", "step-aware", "gap-aware", "fisher", "iter-fisher", "iter-fisher-cf")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="plan partitions and pipeline configuration for a memory budget",
+        description=(
+            "Profile (or load the profile of) a model and run Ferret's planner (Alg. 2 + Alg. 3). "
+            "No --budget means unconstrained (the paper's M+). Exit status 3 when the budget is infeasible."
+        ),
+    )
+    add_planning_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.set_defaults(handler=run)
+
+
+def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments shared by every command that plans (plan, simulate, run)."""
+    parser.add_argument("--model", required=True, choices=MODEL_CHOICES, help="model of the zoo")
+    parser.add_argument("--budget", type=budget_type, default=None, help="memory budget: bytes, or 512MiB, 2GB")
+    parser.add_argument("--profile", type=existing_file, default=None, help="profile JSON (else profile now)")
+    parser.add_argument(
+        "--arrival-interval",
+        type=arrival_interval_type,
+        default=ArrivalInterval(multiple=1.0),
+        help="t^d: 'auto' (= max_i t̂_i^f, the paper's rate, default), 'Kx' or seconds",
+    )
+    parser.add_argument("--decay", type=positive_float, default=None, help="decay constant c (default ln2/T)")
+    parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float32")
+    parser.add_argument(
+        "--input-size", type=int, choices=(32, 224), default=None, help="image side (resnet18, mobilenet)"
+    )
+    parser.add_argument("--num-classes", type=int, default=10)
+    parser.add_argument("--memory-model", choices=MEMORY_VARIANTS, default="paper")
+    parser.add_argument("--compensator", choices=COMPENSATOR_CHOICES, default="iter-fisher")
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_SLOTS), default="sgd")
+    parser.add_argument("--max-workers", type=int, default=None, help="cap N by the executors that exist")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to profile on")
+
+
+def load_or_profile(args: argparse.Namespace) -> ModelProfile:
+    if args.profile is not None:
+        profile = ModelProfile.load(args.profile)
+        if profile.model != args.model:
+            raise ConfigError(
+                f"profile {str(args.profile)!r} is for model {profile.model!r} but --model is {args.model!r}; "
+                "pass the matching profile or omit --profile to profile now"
+            )
+        return profile
+    from ferret_core.profiler import profile_model
+    from ferret_core.zoo import build_model
+
+    model = build_model(args.model, num_classes=args.num_classes, input_size=args.input_size)
+    return profile_model(model, device=args.device, dtype=args.dtype)
+
+
+def planner_from_args(args: argparse.Namespace, profile: ModelProfile) -> Planner:
+    memory = MemorySettings(
+        variant=args.memory_model,
+        dtype=args.dtype,
+        optimizer=args.optimizer,
+        compensator=args.compensator,
+    )
+    settings = PlannerSettings(
+        arrival_interval=args.arrival_interval.resolve(profile.max_forward_time),
+        decay=args.decay,
+        memory=memory,
+        max_workers=args.max_workers,
+    )
+    return Planner(profile, settings)
+
+
+def run(args: argparse.Namespace) -> int:
+    profile = load_or_profile(args)
+    plan = planner_from_args(args, profile).plan(args.budget)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(format_plan(plan, profile, source=args.profile))
+    return 0
+
+
+def format_bytes(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{value:.2f} GiB"
+
+
+def format_plan(plan: Plan, profile: ModelProfile, source: Path | None = None) -> str:
+    """A readable plan that says why each technique was applied."""
+    names = [layer.name for layer in profile.layers]
+    lines = [
+        f"Plan for {plan.model} ({'profile ' + str(source) if source else 'profiled now on ' + profile.device}, "
+        f"{profile.dtype})",
+        f"  arrival interval t^d = {plan.arrival_interval * 1e3:.4g} ms, decay c = {plan.decay:.4g} /s, "
+        f"memory model {plan.memory_model}",
+        f"  budget {'unconstrained (M+)' if plan.budget_bytes is None else format_bytes(plan.budget_bytes)}; "
+        f"minimum feasible {format_bytes(plan.min_feasible_bytes)}",
+        f"  predicted memory {format_bytes(plan.predicted_bytes)} "
+        f"(eq. ferret-svre alone: {plan.paper_memory_elements:,} elements); adaptation rate R_F = "
+        f"{plan.adaptation_rate:.6g}",
+        f"  {plan.num_stages} stages (t^f = {plan.stage_forward_time * 1e3:.4g} ms, "
+        f"t^b = {plan.stage_backward_time * 1e3:.4g} ms), {plan.num_workers} worker slots, "
+        f"{plan.live_workers} live",
+        "",
+        "  stage  units",
+    ]
+    for j, stage in enumerate(plan.stages):
+        lines.append(f"  {j:>5}  {', '.join(names[u] for u in stage)}")
+    lines += ["", "  worker  state    T1 recompute  T2 accumulation c^a  T3 omission c^o"]
+    for w in plan.workers:
+        state = "live" if w.live else "removed"
+        lines.append(
+            f"  {w.index:>6}  {state:<7}  {'on' if w.recompute else 'off':<12}  "
+            f"{' '.join(map(str, w.accumulation)):<20} {' '.join(map(str, w.omission))}"
+        )
+    lines += ["", "  why:", f"    {plan.recompute_note}"]
+    if not plan.steps:
+        lines.append("    no T2/T3/T4 step was needed: the initial configuration fits the budget")
+    for step in plan.steps:
+        loss = -step.delta_rate
+        ratio = "free" if loss <= 0 else f"{-step.delta_bytes / loss:.3g} B per unit of R_F"
+        lines.append(
+            f"    {step.kind} worker {step.worker}: {step.detail}; saves {format_bytes(-step.delta_bytes)}, "
+            f"ΔR_F = {step.delta_rate:.3g} ({ratio})"
+        )
+    lines += ["", "  memory breakdown:"]
+    for name, value in plan.memory_breakdown.items():
+        lines.append(f"    {name:<20} {format_bytes(value)}")
+    if not math.isfinite(plan.adaptation_rate):
+        lines.append("  warning: the adaptation rate is not finite")
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""Planner invariants over random profiles and budgets (hypothesis)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ferret_core.cost_model import StageGeometry
+from ferret_core.errors import InfeasibleBudgetError
+from ferret_core.memory_model import MemoryModel, MemorySettings
+from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.profile import LayerProfile, ModelProfile
+
+unit = st.tuples(
+    st.floats(0.05, 5.0),  # t_f
+    st.floats(0.05, 10.0),  # t_b
+    st.integers(1, 200_000),  # params
+    st.integers(1, 20_000),  # activations
+)
+memory_settings = st.sampled_from(
+    [
+        MemorySettings.paper_elements(),
+        MemorySettings(),
+        MemorySettings(variant="engine"),
+        MemorySettings(compensator="none", optimizer="adam"),
+        MemorySettings(variant="engine", compensator="gap-aware", replay_items=50),
+    ]
+)
+
+
+@st.composite
+def planners(draw: st.DrawFn) -> Planner:
+    units = draw(st.lists(unit, min_size=1, max_size=6))
+    layers = tuple(LayerProfile(f"u{i}", tf, tb, w, a) for i, (tf, tb, w, a) in enumerate(units))
+    profile = ModelProfile("random", (draw(st.integers(1, 5000)),), layers)
+    multiple = draw(st.floats(0.3, 3.0))
+    decay = draw(st.sampled_from([0.0, 0.01, 0.1, 1.0]))
+    settings = PlannerSettings(
+        arrival_interval=multiple * profile.max_forward_time, decay=decay, memory=draw(memory_settings)
+    )
+    return Planner(profile, settings)
+
+
+def _budget(planner: Planner, fraction: float) -> int:
+    top = planner.plan(None).predicted_bytes
+    low = planner.min_feasible_bytes
+    return int(low + fraction * (top - low))
+
+
+@given(planners(), st.floats(0.0, 1.2))
+def test_plan_fits_and_partition_covers_every_unit(planner: Planner, fraction: float) -> None:
+    budget = _budget(planner, fraction)
+    plan = planner.plan(budget)
+    assert plan.predicted_bytes <= budget
+    units = [u for stage in plan.stages for u in stage]
+    assert units == list(range(planner.profile.num_units))  # contiguous, each unit once, in order
+    assert all(len(stage) >= 1 for stage in plan.stages)
+    # the reported bytes are the search's own byte function
+    geometry = StageGeometry.from_profile(planner.profile, plan.partition)
+    assert MemoryModel(geometry, planner.profile, planner.settings.memory).total(plan.workers) == plan.predicted_bytes
+    assert plan.live_workers >= 1
+    assert all(len(w.accumulation) == plan.num_stages for w in plan.workers)
+
+
+@given(planners(), st.floats(0.0, 1.0), st.floats(0.0, 1.0))
+def test_more_budget_never_lowers_the_rate(planner: Planner, f1: float, f2: float) -> None:
+    low, high = sorted((_budget(planner, f1), _budget(planner, f2)))
+    assert planner.plan(high).adaptation_rate >= planner.plan(low).adaptation_rate
+    assert planner.plan(None).adaptation_rate >= planner.plan(high).adaptation_rate
+
+
+@given(planners())
+def test_plans_exist_exactly_from_the_minimum_up(planner: Planner) -> None:
+    minimum = planner.min_feasible_bytes
+    assert planner.plan(minimum).predicted_bytes <= minimum
+    try:
+        planner.plan(minimum - 1)
+    except InfeasibleBudgetError as exc:
+        assert exc.min_feasible_bytes == minimum
+    else:
+        raise AssertionError("a budget below the minimum produced a plan")
+
+
+@given(st.lists(unit, min_size=1, max_size=6), st.floats(0.3, 3.0), st.sampled_from([0.0, 0.05, 0.5]))
+def test_minimum_in_elements_has_the_closed_form(
+    units: list[tuple[float, float, int, int]], mult: float, decay: float
+) -> None:
+    """Σ_l |ŵ_l| + |â_0| (P = 1, recomputation on, one worker; DESIGN §3.7)."""
+    layers = tuple(LayerProfile(f"u{i}", tf, tb, w, a) for i, (tf, tb, w, a) in enumerate(units))
+    profile = ModelProfile("random", (1,), layers)
+    settings = PlannerSettings(
+        arrival_interval=mult * profile.max_forward_time, decay=decay, memory=MemorySettings.paper_elements()
+    )
+    planner = Planner(profile, settings)
+    assert planner.min_feasible_bytes == profile.total_params + layers[0].activations
+
+
+@given(planners(), st.floats(0.0, 1.0))
+def test_rate_and_steps_are_consistent(planner: Planner, fraction: float) -> None:
+    plan = planner.plan(_budget(planner, fraction))
+    unconstrained = planner.plan(None)
+    assert all(step.delta_rate <= 1e-15 for step in plan.steps)
+    if plan.partition == unconstrained.partition and plan.workers[0].recompute == unconstrained.workers[0].recompute:
+        total = unconstrained.adaptation_rate + sum(s.delta_rate for s in plan.steps)
+        assert abs(total - plan.adaptation_rate) <= 1e-9 * max(1.0, abs(plan.adaptation_rate))
