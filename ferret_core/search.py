@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from ferret_core.cost_model import RateModel, paper_worker_elements
 from ferret_core.memory_model import MemoryModel
@@ -200,6 +201,19 @@ def _s4_ready(worker: WorkerConfig, num_stages: int) -> bool:
     return all(o != 0 for o in worker.omission[: num_stages - 1])
 
 
+@lru_cache(maxsize=65536)
+def _ring_terms(
+    num_stages: int, accumulation: tuple[int, ...], omission: tuple[int, ...]
+) -> tuple[tuple[int, int], ...]:
+    """(own, other) updates in flight per stage for a worker configuration (cached: the greedy revisits
+    the same few configurations many times)."""
+    worker = WorkerConfig(0, True, False, accumulation, omission)
+    return tuple(
+        (own_updates_in_flight(worker, i, num_stages), other_updates_in_flight(worker, i, num_stages))
+        for i in range(num_stages)
+    )
+
+
 class _RingAccount:
     """The compensator ring's elements for the current workers, and with one worker changed, in O(P).
 
@@ -225,13 +239,11 @@ class _RingAccount:
                 elif value > second:
                     second = value
             self.best.append((top, who, second))
-        self.elements = sum(self._bound(i, self.sums[i], self.best[i][0]) * self.weights[i] for i in range(self.p))
+        self.stage_elements = [self._bound(i, self.sums[i], self.best[i][0]) * self.weights[i] for i in range(self.p)]
+        self.elements = sum(self.stage_elements)
 
     def _terms(self, worker: WorkerConfig) -> tuple[tuple[int, int], ...]:
-        return tuple(
-            (own_updates_in_flight(worker, i, self.p), other_updates_in_flight(worker, i, self.p))
-            for i in range(self.p)
-        )
+        return _ring_terms(self.p, worker.accumulation, worker.omission)
 
     def _bound(self, stage: int, total_other: int, top: int) -> int:
         return 0 if top <= -(10**9) else top + total_other
@@ -239,8 +251,11 @@ class _RingAccount:
     def elements_with(self, changed: WorkerConfig) -> int:
         old = self.terms[changed.index]
         new = self._terms(changed) if changed.live else None
-        total = 0
+        total = self.elements
         for i in range(self.p):
+            if new is not None and new[i] == old[i]:
+                continue  # stage i's bound depends only on the workers' terms at stage i
+            total -= self.stage_elements[i]
             top, who, second = self.best[i]
             rest = second if who == changed.index else top
             total_other = self.sums[i] - old[i][1]
