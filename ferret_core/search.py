@@ -145,9 +145,16 @@ def search_path(rate_model: RateModel, memory_model: MemoryModel, num_workers: i
     while True:
         live_count = sum(1 for w in workers if w.live)
         best: tuple[tuple[float, ...], _Candidate, int] | None = None
+        seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
         for worker in workers:
             if not worker.live:
                 continue
+            # Workers with the same configuration have identical candidates (same ΔR, same ΔM, the ring
+            # included) and ties go to the lowest index, so the first of them stands for all.
+            key_config = (worker.accumulation, worker.omission)
+            if key_config in seen:
+                continue
+            seen.add(key_config)
             candidates = cache.get(worker.index)
             if candidates is None or any(c.step.kind == "S4" for c in candidates) != (
                 live_count > 1 and _s4_ready(worker, p)

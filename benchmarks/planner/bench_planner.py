@@ -35,7 +35,7 @@ def budget_sweep(planner: Planner) -> list[int]:
     high = planner.plan(None).predicted_bytes
     if high <= low:
         return [low]
-    return sorted({int(round(low * (high / low) ** (k / (SWEEP_POINTS - 1)))) for k in range(SWEEP_POINTS)})
+    return sorted({round(low * (high / low) ** (k / (SWEEP_POINTS - 1))) for k in range(SWEEP_POINTS)})
 
 
 def time_model(name: str) -> dict[str, object]:

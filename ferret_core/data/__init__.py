@@ -1,0 +1,20 @@
+"""Datasets as streams: loaders for the names of DESIGN §4 and the stream the engine consumes.
+
+``load_dataset(name, root)`` returns a :class:`Dataset` (uint8 images or float32 features in memory);
+``iter_stream(ds)`` yields :class:`StreamItem` ``(index, x, y, task)`` with ``x`` float32 in ``[0, 1]``;
+``test_split(ds)`` gives the held-out tensors. The data root is always passed in explicitly.
+"""
+
+from ferret_core.data.dataset import Dataset, normalise
+from ferret_core.data.registry import DATASET_NAMES, load_dataset
+from ferret_core.data.stream import StreamItem, iter_stream, test_split
+
+__all__ = [
+    "DATASET_NAMES",
+    "Dataset",
+    "StreamItem",
+    "iter_stream",
+    "load_dataset",
+    "normalise",
+    "test_split",
+]
