@@ -1,0 +1,122 @@
+"""``ferret plan``: JSON schema, exit statuses and the readable table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ferret_core.profile import ModelProfile
+from services.cli.args import parse_bytes
+from services.cli.main import EXIT_INFEASIBLE, EXIT_USAGE, main
+
+from .planner_fixtures import GOLDEN_A_UNITS, profile_from
+
+REQUIRED_KEYS = {
+    "stages",
+    "workers",
+    "num_workers",
+    "live_workers",
+    "predicted_bytes",
+    "paper_memory_elements",
+    "adaptation_rate",
+    "min_feasible_bytes",
+    "arrival_interval",
+    "stage_forward_time",
+    "stage_backward_time",
+    "decay",
+}
+
+
+@pytest.fixture
+def profile_file(tmp_path: Path) -> Path:
+    profile = profile_from(GOLDEN_A_UNITS, name="mnistnet")
+    path = tmp_path / "mnistnet.json"
+    profile.save(path)
+    return path
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
+    assert main(["plan", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+
+def test_json_schema(profile_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "--model", "mnistnet", "--profile", str(profile_file), "--arrival-interval", "3")
+    assert out.keys() >= REQUIRED_KEYS
+    assert out["stages"] == [[0], [1], [2, 3]]
+    workers = out["workers"]
+    assert isinstance(workers, list) and len(workers) == out["num_workers"] == 3
+    for worker in workers:
+        assert {"delay", "recompute", "accumulation", "omission"} <= worker.keys()
+        assert len(worker["accumulation"]) == len(worker["omission"]) == 3
+    assert out["arrival_interval"] == 3.0
+
+
+def test_json_round_trips_into_a_plan(profile_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ferret_core.plan import Plan
+
+    out = run_json(capsys, "--model", "mnistnet", "--profile", str(profile_file), "--budget", "40MiB")
+    plan = Plan.from_dict(out)
+    assert plan.to_dict() == out
+    assert plan.predicted_bytes <= 40 * 2**20
+
+
+def test_budget_below_minimum_exits_3_with_the_minimum(profile_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["plan", "--model", "mnistnet", "--profile", str(profile_file), "--budget", "1KB"])
+    assert status == EXIT_INFEASIBLE
+    err = capsys.readouterr().err
+    minimum = run_json(capsys, "--model", "mnistnet", "--profile", str(profile_file))["min_feasible_bytes"]
+    assert str(minimum) in err
+
+
+def test_usage_errors_exit_2(profile_file: Path) -> None:
+    for argv in (
+        ["plan", "--model", "mnistnet", "--profile", str(profile_file), "--budget", "lots"],
+        ["plan", "--model", "nope"],
+        ["plan", "--model", "mnistnet", "--arrival-interval", "-1"],
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == EXIT_USAGE
+
+
+def test_profile_for_another_model_is_an_error(profile_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--model", "convnet", "--profile", str(profile_file)]) == 1
+    assert "is for model 'mnistnet'" in capsys.readouterr().err
+
+
+def test_readable_table_explains_the_techniques(profile_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_json(capsys, "--model", "mnistnet", "--profile", str(profile_file))
+    budget = (int(out["predicted_bytes"]) + int(out["min_feasible_bytes"])) // 2  # type: ignore[call-overload]
+    assert main(["plan", "--model", "mnistnet", "--profile", str(profile_file), "--budget", str(budget)]) == 0
+    text = capsys.readouterr().out
+    assert "why:" in text and "T1 (activation recomputation)" in text
+    assert any(kind in text for kind in ("S2 worker", "S3 worker", "S4 worker"))
+
+
+def test_arrival_interval_multiple(profile_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile = ModelProfile.load(profile_file)
+    out = run_json(capsys, "--model", "mnistnet", "--profile", str(profile_file), "--arrival-interval", "2x")
+    assert out["arrival_interval"] == 2 * profile.max_forward_time
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("512MiB", 512 * 2**20), ("2GB", 2 * 10**9), ("2429288", 2429288), ("1.5KiB", 1536)]
+)
+def test_parse_bytes(text: str, value: int) -> None:
+    assert parse_bytes(text) == value
+
+
+def test_console_script_runs(profile_file: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli.main", "plan", "--model", "mnistnet", "--profile", str(profile_file)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Plan for mnistnet" in result.stdout
