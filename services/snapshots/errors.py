@@ -1,0 +1,21 @@
+"""Errors of the snapshot store; the control plane maps them to gRPC status codes."""
+
+from __future__ import annotations
+
+from ferret_core.errors import FerretError
+
+
+class SnapshotError(FerretError, RuntimeError):
+    """The snapshot store failed (e.g. Redis unreachable)."""
+
+
+class SnapshotNotFoundError(SnapshotError, LookupError):
+    """The snapshot (or any snapshot) does not exist: gRPC NOT_FOUND."""
+
+
+class SnapshotCorruptError(SnapshotError, ValueError):
+    """A snapshot exists but a chunk is missing, a checksum differs, or its content is not plain data."""
+
+
+class SnapshotWriteError(SnapshotError):
+    """Saving a snapshot failed; ``latest`` still points at the previous one."""
