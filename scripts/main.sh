@@ -10,4 +10,4 @@ out="${FERRET_OUT:-out/main}"
 mkdir -p "$out"
 .venv/bin/ferret profile --model mnistnet --out "$out/mnistnet.profile.json"
 .venv/bin/ferret plan --model mnistnet --profile "$out/mnistnet.profile.json"
-.venv/bin/ferret plan --model mnistnet --profile "$out/mnistnet.profile.json" --budget 16MiB
+.venv/bin/ferret plan --model mnistnet --profile "$out/mnistnet.profile.json" --budget 40MiB
