@@ -1,0 +1,177 @@
+"""``ferret profile``: time a zoo model's units and write the profile JSON (DESIGN §4).
+
+Example::
+
+    ferret profile --model mnistnet --out benchmarks/profiles/mnistnet.json
+    ferret profile --model resnet18 --input-size 224 --warmup 2 --repeats 5 --out resnet18-224.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ferret_core.errors import ConfigError
+from ferret_core.profile import DTYPE_BYTES, LayerProfile, ModelProfile
+from ferret_core.profiler import CLOCKS, profile_model, resolve_device
+from ferret_core.zoo import MODEL_NAMES, NORMS, build_model
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "profile",
+        help="time a model's layers and write the profile JSON",
+        description=(
+            "Time every partitionable unit of a zoo model (median forward and backward time after "
+            "warm-up) and count its parameters and activations; write the profile JSON that "
+            "`ferret plan/simulate/bench --profile FILE` read, and print a table."
+        ),
+    )
+    parser.add_argument("--model", required=True, choices=MODEL_NAMES, help="zoo model to profile")
+    parser.add_argument("--out", required=True, type=Path, help="where to write the profile JSON")
+    parser.add_argument(
+        "--input-size",
+        type=_positive_int,
+        default=None,
+        help="square image side, e.g. 32 or 224 (default: the model's own: 28 mnistnet, 32 others)",
+    )
+    parser.add_argument("--num-classes", type=_positive_int, default=10, help="output classes (default 10)")
+    parser.add_argument(
+        "--in-features", type=_positive_int, default=None, help="mlp only: flat input size (default 784)"
+    )
+    parser.add_argument(
+        "--in-channels",
+        type=_positive_int,
+        default=None,
+        help="image channels (default 1 mnistnet, 3 others)",
+    )
+    parser.add_argument(
+        "--norm", choices=NORMS, default="group", help="normalisation of resnet18/mobilenet (default group)"
+    )
+    parser.add_argument("--weights", type=Path, default=None, help="state-dict file to load (optional)")
+    parser.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float32", help="default float32")
+    parser.add_argument("--warmup", type=_non_negative_int, default=3, help="untimed runs per unit (default 3)")
+    parser.add_argument("--repeats", type=_positive_int, default=10, help="timed runs per unit (default 10)")
+    parser.add_argument("--batch-size", type=_positive_int, default=1, help="items per step (default 1)")
+    parser.add_argument(
+        "--clock",
+        choices=CLOCKS,
+        default="auto",
+        help="timer: auto (one CPU thread: thread CPU time, immune to other processes; several threads: "
+        "wall time; CUDA: events), wall, or cpu (default auto)",
+    )
+    parser.add_argument("--threads", type=_positive_int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--json", action="store_true", help="print the profile JSON instead of the table")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)  # denormals slowed MNISTNet 3 ms → 28 ms per step (DESIGN §5)
+    resolve_device(args.device)  # a clear ConfigError before building anything
+    model = build_model(
+        args.model,
+        num_classes=args.num_classes,
+        input_size=args.input_size,
+        in_channels=args.in_channels,
+        in_features=args.in_features,
+        norm=args.norm,
+        seed=args.seed,
+        weights=args.weights,
+    )
+    progress = _Progress(enabled=not args.json and sys.stderr.isatty())
+    profile = profile_model(
+        model,
+        device=args.device,
+        dtype=args.dtype,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        batch_size=args.batch_size,
+        clock=args.clock,
+        progress=progress.update,
+    )
+    progress.close()
+    out: Path = args.out
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        profile.save(out)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the profile to {str(out)!r}: {exc}") from exc
+    if args.json:
+        print(json.dumps(profile.to_dict(), indent=2))
+    else:
+        print(format_table(profile))
+        print(f"wrote {out}")
+    return 0
+
+
+def format_table(profile: ModelProfile) -> str:
+    """A readable table of the profile: one row per unit, then the totals."""
+    meta = profile.meta
+    header = (
+        f"{profile.model}  input {tuple(profile.input_shape)}  {profile.device} {profile.dtype}  "
+        f"threads {meta.get('threads', '?')}  clock {meta.get('clock', '?')}  batch {meta.get('batch_size', '?')}  "
+        f"median of {meta.get('repeats', '?')} after {meta.get('warmup', '?')} warm-up"
+    )
+    rows = [f"{'#':>3}  {'unit':<12}{'t_f ms':>10}{'t_b ms':>10}{'params':>12}{'activations':>13}{'saved':>10}"]
+    for index, layer in enumerate(profile.layers):
+        rows.append(_row(str(index), layer))
+    total = LayerProfile(
+        name="total",
+        t_f=sum(layer.t_f for layer in profile.layers),
+        t_b=sum(layer.t_b for layer in profile.layers),
+        params=profile.total_params,
+        activations=sum(layer.activations for layer in profile.layers),
+        saved=sum(layer.saved or 0 for layer in profile.layers),
+    )
+    rule = "-" * len(rows[0])
+    footer = f"max t_f (the paper's t^d, --arrival-interval auto) = {profile.max_forward_time * 1e3:.3f} ms"
+    return "\n".join([header, rule, *rows, rule, _row("", total), footer])
+
+
+def _row(index: str, layer: LayerProfile) -> str:
+    saved = "-" if layer.saved is None else str(layer.saved)
+    return (
+        f"{index:>3}  {layer.name:<12}{layer.t_f * 1e3:>10.3f}{layer.t_b * 1e3:>10.3f}"
+        f"{layer.params:>12}{layer.activations:>13}{saved:>10}"
+    )
+
+
+class _Progress:
+    """A progress line on stderr while profiling (only on a terminal)."""
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def update(self, done: int, total: int) -> None:
+        if self.enabled:
+            print(f"\rprofiled {done}/{total} units", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr)
+
+
+def _positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def _non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+    return value
