@@ -6,13 +6,15 @@
 """
 
 from ferret_core.data.dataset import Dataset, normalise
-from ferret_core.data.registry import DATASET_NAMES, load_dataset
+from ferret_core.data.registry import DATASET_NAMES, DATASET_SPECS, dataset_spec, load_dataset
 from ferret_core.data.stream import StreamItem, iter_stream, test_split
 
 __all__ = [
     "DATASET_NAMES",
+    "DATASET_SPECS",
     "Dataset",
     "StreamItem",
+    "dataset_spec",
     "iter_stream",
     "load_dataset",
     "normalise",

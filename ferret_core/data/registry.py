@@ -99,3 +99,30 @@ def load_dataset(
         )
     cache = None if cache_dir is None else Path(cache_dir)
     return _LOADERS[name](Path(root), seed, cache, progress)
+
+
+# What a stream of each dataset looks like, without loading it (services build models and validators
+# from this). Must agree with the loaders: tests/unit/test_data_specs.py checks the ones available here.
+DATASET_SPECS: dict[str, tuple[tuple[int, ...], int]] = {
+    "digits": ((1, 8, 8), 10),
+    "mnist": ((1, 28, 28), 10),
+    "fashion-mnist": ((1, 28, 28), 10),
+    "emnist": ((1, 28, 28), 47),
+    "cifar10": ((3, 32, 32), 10),
+    "cifar100": ((3, 32, 32), 100),
+    "svhn": ((3, 32, 32), 10),
+    "tiny-imagenet": ((3, 32, 32), 200),
+    "core50": ((3, 32, 32), 10),
+    "core50-iid": ((3, 32, 32), 10),
+    "covertype": ((54,), 7),
+    "clear10": ((3, 224, 224), 11),
+    "clear100": ((3, 224, 224), 101),
+}
+
+
+def dataset_spec(name: str) -> tuple[tuple[int, ...], int]:
+    """(per-item input shape, number of classes) of a dataset name, ``split-<name>`` included."""
+    base = name.removeprefix(SPLIT_PREFIX)
+    if base not in DATASET_SPECS:
+        raise ConfigError(f"unknown dataset {name!r}: expected one of {list(DATASET_NAMES)}")
+    return DATASET_SPECS[base]

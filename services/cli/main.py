@@ -23,6 +23,9 @@ EXIT_INFEASIBLE = 3
 COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.plan_cmd",
     "services.cli.profile_cmd",
+    "services.cli.produce_cmd",
+    "services.cli.control_cmd",
+    "services.cli.simulate_cmd",
 )
 
 

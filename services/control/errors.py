@@ -1,0 +1,72 @@
+"""Errors of the control plane; :mod:`services.control.servicer` maps each to one gRPC status code.
+
+=====================================  ===================  ==================================
+error                                  gRPC status          raised by
+=====================================  ===================  ==================================
+:class:`InvalidRequest` (ConfigError)  INVALID_ARGUMENT     request validation
+``InfeasibleBudgetError`` (core)       FAILED_PRECONDITION  the planner (message: the minimum)
+:class:`Superseded`                    ABORTED              the re-planner (a newer request won)
+:class:`SnapshotNotFound`              NOT_FOUND            the trainer (any ``FerretError`` that
+                                                            is also a ``LookupError`` counts)
+:class:`ServiceUnavailable`            UNAVAILABLE          shutting down
+:class:`TooManyWatchers`               RESOURCE_EXHAUSTED   WatchStatus beyond the watcher cap
+any other ``FerretError``              INTERNAL             the trainer, the planner
+=====================================  ===================  ==================================
+
+The snapshot store's ``services.snapshots.SnapshotNotFoundError`` is also a ``FerretError`` and a
+``LookupError``, so a trainer may let it through unchanged and the client still gets NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+from ferret_core.errors import ConfigError, FerretError
+
+# Trailing metadata of a FAILED_PRECONDITION reply to SetMemoryBudget: the minimum feasible bytes, so a
+# client need not parse the message.
+MIN_FEASIBLE_METADATA = "ferret-min-feasible-bytes"
+
+
+class ControlError(FerretError):
+    """Root of the control plane's own errors."""
+
+
+class InvalidRequest(ControlError, ConfigError):
+    """A request field is malformed or out of range (gRPC INVALID_ARGUMENT)."""
+
+
+class Superseded(ControlError, RuntimeError):
+    """A re-plan lost the race with a newer request and was not applied (gRPC ABORTED)."""
+
+    def __init__(self, budget_bytes: int, generation: int, latest_generation: int) -> None:
+        self.budget_bytes = budget_bytes
+        self.generation = generation
+        self.latest_generation = latest_generation
+        super().__init__(
+            f"re-plan #{generation} for {budget_bytes} bytes was superseded by the newer request "
+            f"#{latest_generation} and not applied; the newest budget wins"
+        )
+
+
+class SnapshotNotFound(ControlError, LookupError):
+    """The requested snapshot (or, with no version, any valid snapshot) does not exist (gRPC NOT_FOUND).
+
+    ``SnapshotNotFound(7)`` / ``SnapshotNotFound(None)`` word the message; a string is used verbatim.
+    """
+
+    def __init__(self, what: int | str | None = None) -> None:
+        self.version = what if isinstance(what, int) else None
+        if isinstance(what, str):
+            message = what
+        elif what is None:
+            message = "no valid snapshot exists; write one with `ferret control snapshot`"
+        else:
+            message = f"snapshot version {what} does not exist; list the versions with `ferret control snapshots`"
+        super().__init__(message)
+
+
+class ServiceUnavailable(ControlError, RuntimeError):
+    """The service is shutting down or cannot serve the call now (gRPC UNAVAILABLE)."""
+
+
+class TooManyWatchers(ControlError, RuntimeError):
+    """More WatchStatus streams than the server reserves threads for (gRPC RESOURCE_EXHAUSTED)."""

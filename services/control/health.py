@@ -1,0 +1,142 @@
+"""``grpc.health.v1`` for the trainer: readiness, liveness and a degraded part as three service names.
+
+============================  ==========================================================================
+service name                  SERVING when
+============================  ==========================================================================
+``""`` (and ``ferret.v1.      readiness: the trainer says it is ready, no re-plan is in progress and the
+Control``)                    server is not shutting down. Kubernetes' readiness probe checks this.
+``ferret.liveness``           liveness: the trainer says it is alive and no guarded operation (a re-plan,
+                              a snapshot) has overrun its deadline. A re-plan never fails it, so a
+                              re-plan never gets the pod killed; the liveness probe checks this name.
+``ferret.snapshots``          the snapshot store works; the trainer sets it NOT_SERVING while snapshots
+                              fail (a degraded part: readiness stays SERVING).
+============================  ==========================================================================
+
+During shutdown readiness and the snapshot part go NOT_SERVING and stay so; liveness stays SERVING
+until the process exits (the grace period is not a reason to be killed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+
+from grpc_health.v1 import health, health_pb2
+
+READINESS = ""
+CONTROL_SERVICE = "ferret.v1.Control"
+LIVENESS = "ferret.liveness"
+SNAPSHOTS = "ferret.snapshots"
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+log = logging.getLogger(__name__)
+
+
+class ControlHealth:
+    """Owns the health servicer and computes each name's status from a few flags.
+
+    The trainer flips :meth:`set_ready`, :meth:`set_live` and :meth:`set_snapshots_ok`; the re-planner
+    wraps its work in :meth:`replanning`; :meth:`deadline` guards any operation that could wedge.
+    """
+
+    def __init__(self, ready: bool = True) -> None:
+        # Non-blocking Watch: a health watcher does not hold a thread of the server's pool.
+        self.servicer = health.HealthServicer(experimental_non_blocking=True)
+        self._lock = threading.Lock()
+        self._ready = ready
+        self._live = True
+        self._snapshots_ok = True
+        self._replans = 0
+        self._overdue: set[str] = set()
+        self._shutting_down = False
+        self._publish()
+
+    # -- flags the trainer sets ---------------------------------------------------------------------
+    def set_ready(self, ready: bool) -> None:
+        """The trainer's own readiness (e.g. False until it has a plan and its partitions)."""
+        with self._lock:
+            self._ready = ready
+            self._publish()
+
+    def set_live(self, live: bool) -> None:
+        """The trainer's own liveness (e.g. False when its loop stopped making progress)."""
+        with self._lock:
+            self._live = live
+            self._publish()
+
+    def set_snapshots_ok(self, ok: bool) -> None:
+        """The snapshot part: False while snapshots fail; readiness is not affected."""
+        with self._lock:
+            self._snapshots_ok = ok
+            self._publish()
+
+    # -- flags the control plane sets ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def replanning(self) -> Iterator[None]:
+        """Readiness is NOT_SERVING while at least one re-plan is inside this block."""
+        with self._lock:
+            self._replans += 1
+            self._publish()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._replans -= 1
+                self._publish()
+
+    @contextlib.contextmanager
+    def deadline(self, what: str, seconds: float) -> Iterator[None]:
+        """Liveness goes NOT_SERVING if the block is still running after ``seconds`` (the process is
+        wedged) and comes back when the block ends."""
+        timer = threading.Timer(seconds, self._overrun, args=(what, seconds))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            with self._lock:
+                self._overdue.discard(what)
+                self._publish()
+
+    def enter_shutdown(self) -> None:
+        """Readiness and the snapshot part go NOT_SERVING for good; liveness keeps its status."""
+        with self._lock:
+            self._shutting_down = True
+            self._publish()
+
+    # -- reading ------------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        with self._lock:
+            return self._is_ready()
+
+    @property
+    def live(self) -> bool:
+        with self._lock:
+            return self._is_live()
+
+    def _overrun(self, what: str, seconds: float) -> None:
+        log.error("%s has run for more than %.0f s: liveness is NOT_SERVING until it ends", what, seconds)
+        with self._lock:
+            self._overdue.add(what)
+            self._publish()
+
+    def _is_ready(self) -> bool:
+        return self._ready and self._replans == 0 and not self._shutting_down
+
+    def _is_live(self) -> bool:
+        return self._live and not self._overdue
+
+    def _publish(self) -> None:
+        """Push every name's status to the servicer (which notifies health watchers); under the lock."""
+        ready = SERVING if self._is_ready() else NOT_SERVING
+        self.servicer.set(READINESS, ready)
+        self.servicer.set(CONTROL_SERVICE, ready)
+        self.servicer.set(LIVENESS, SERVING if self._is_live() else NOT_SERVING)
+        snapshots = self._snapshots_ok and not self._shutting_down
+        self.servicer.set(SNAPSHOTS, SERVING if snapshots else NOT_SERVING)
