@@ -29,7 +29,7 @@ def _find(root: Path, split: str) -> Path:
 
 
 def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    import scipy.io  # type: ignore[import-untyped]
+    import scipy.io
 
     try:
         mat: dict[str, Any] = scipy.io.loadmat(str(path))

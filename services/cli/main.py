@@ -24,8 +24,10 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.plan_cmd",
     "services.cli.profile_cmd",
     "services.cli.produce_cmd",
+    "services.cli.run_cmd",
     "services.cli.control_cmd",
     "services.cli.simulate_cmd",
+    "services.cli.demo_cmd",
 )
 
 

@@ -1,9 +1,10 @@
 """What the trainer's Kafka loop needs from the learning engine.
 
-The loop predicts every valid item with the master model, then offers it for training and moves on: the
-learner never blocks the loop (DESIGN §4: no back-pressure on training) and reports, through the
-``done`` callback, when the item's scheduled work is reflected in the weights (or at once when it is
-skipped). That callback is what lets offsets be stored only after the outcome.
+The loop hands every valid item to :meth:`Learner.arrive`: the master predicts it, then it is dispatched
+for training or skipped, and the loop moves on: the learner never blocks the loop (DESIGN §4: no
+back-pressure on training). The ``done`` callback reports when the item's outcome is settled (for the
+engine learner: predicted and dispatched or skipped); it is what lets offsets be stored only after the
+outcome. Snapshots drain the learner first, so their offsets cover exactly the work the weights reflect.
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ class LearnerPrediction:
 class Learner(Protocol):
     """The learning engine as the trainer drives it (one loop thread calls ``predict``/``offer``)."""
 
-    def predict(self, x: torch.Tensor) -> LearnerPrediction: ...
-
-    def offer(self, item: int, x: torch.Tensor, y: int | None, done: Callable[[], None]) -> Verdict:
-        """Hand item i (the trainer's counter of valid arrivals, the dispatch index) to the pipeline."""
+    def arrive(
+        self, item: int, x: torch.Tensor, y: int | None, done: Callable[[], None]
+    ) -> tuple[LearnerPrediction, Verdict]:
+        """Predict item i (the trainer's counter of valid arrivals) with the master, then dispatch it to
+        worker i mod N or skip it; return at once (training goes on in the background)."""
 
     def drain(self) -> None:
         """Block until every dispatched item's work is reflected in the weights."""

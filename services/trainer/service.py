@@ -210,9 +210,8 @@ class Trainer:
             item = self.counters.items_valid
             self.counters.items_valid += 1
             self.counters.last_event_time_ms = decoded.event_time_ms
-        prediction = self.learner.predict(decoded.x)
         outcome = _Outcome(partition, offset)
-        verdict = self.learner.offer(item, decoded.x, decoded.label, lambda: self._finish(outcome))
+        prediction, verdict = self.learner.arrive(item, decoded.x, decoded.label, lambda: self._finish(outcome))
         has_label = decoded.label is not None
         correct = has_label and prediction.predicted_class == decoded.label
         duplicate = self.ledger.is_duplicate(partition, offset)

@@ -31,16 +31,16 @@ class LinearLearner:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
-    def predict(self, x: torch.Tensor) -> LearnerPrediction:
+    def arrive(
+        self, item: int, x: torch.Tensor, y: int | None, done: Callable[[], None]
+    ) -> tuple[LearnerPrediction, Verdict]:
         with self._lock:
             logits = self.weight @ x.reshape(-1) + self.bias
         probs = torch.softmax(logits, dim=0)
-        return LearnerPrediction(int(probs.argmax()), float(probs.max()), self.updates)
-
-    def offer(self, item: int, x: torch.Tensor, y: int | None, done: Callable[[], None]) -> Verdict:
+        prediction = LearnerPrediction(int(probs.argmax()), float(probs.max()), self.updates)
         if y is None:
             done()
-            return Verdict(False, reason="no_label")
+            return prediction, Verdict(False, reason="no_label")
 
         def train() -> None:
             with self._lock:
@@ -55,7 +55,7 @@ class LinearLearner:
         thread = threading.Thread(target=train)
         thread.start()
         self._threads.append(thread)
-        return Verdict(True, worker=0)
+        return prediction, Verdict(True, worker=0)
 
     def drain(self) -> None:
         for thread in self._threads:

@@ -1,0 +1,36 @@
+"""The streaming engine: N asynchronous 1F1B pipeline workers over P stages with versioned weights,
+T1–T4, stale-gradient compensation, a virtual and a wall clock, and independent memory measurement
+(paper §"Fine-grained Pipeline Parallelism"; DESIGN §2, §3.13).
+
+Modules, one concept each: ``actions`` (frozen Action / TraceEvent), ``versions`` (master, replicas,
+stashes), ``stage_exec`` (one stage's passes through ``functional_call``), ``optim`` (out-of-place
+SGD), ``scheduler`` (the one schedule logic), ``pipeline`` (what an action does), ``state`` (its
+in-flight items and counters), ``virtual_clock``, ``wall_clock``, ``memory`` (measurement), ``trace``
+(validator, table, staleness), ``policies`` (Oracle, 1-Skip, Ferret), ``result``, ``engine`` (the
+facade).
+"""
+
+from ferret_core.engine.actions import Kind, SkipReason, TraceEvent
+from ferret_core.engine.engine import EngineSettings, StreamEngine, simulate
+from ferret_core.engine.policies import METHOD_NAMES, FerretPolicy, OneSkip, Oracle, make_policy
+from ferret_core.engine.result import SimulationResult
+from ferret_core.engine.trace import TraceError, validate_trace
+from ferret_core.engine.virtual_clock import StageTimes
+
+__all__ = [
+    "METHOD_NAMES",
+    "EngineSettings",
+    "FerretPolicy",
+    "Kind",
+    "OneSkip",
+    "Oracle",
+    "SimulationResult",
+    "SkipReason",
+    "StageTimes",
+    "StreamEngine",
+    "TraceError",
+    "TraceEvent",
+    "make_policy",
+    "simulate",
+    "validate_trace",
+]

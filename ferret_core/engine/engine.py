@@ -1,0 +1,194 @@
+"""The streaming engine's facade: build a pipeline for a policy, run it on a clock, report a result.
+
+>>> setup = Oracle().setup("mlp", len(units), arrival_interval=1.0)        # doctest: +SKIP
+>>> engine = StreamEngine(units, setup, EngineSettings(lr=1e-3))          # doctest: +SKIP
+>>> result = engine.run_virtual(stream, times, arrival_interval=1.0)      # doctest: +SKIP
+
+:func:`simulate` does the three steps for a :class:`~ferret_core.engine.policies.Policy` and a profile.
+:meth:`StreamEngine.run_wall` runs the same pipeline on real executors (:mod:`.wall_clock`), and
+:meth:`StreamEngine.wall_clock` hands them out for a caller that pushes arrivals itself.
+An engine is used for one run: its versions, counters and trace accumulate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from ferret_core.compensation import CompensatorSettings, make_compensator
+from ferret_core.engine.memory import MemoryMeter
+from ferret_core.engine.optim import SGD, Optimizer
+from ferret_core.engine.pipeline import Pipeline
+from ferret_core.engine.policies import Policy, PolicySetup
+from ferret_core.engine.result import SimulationResult
+from ferret_core.engine.stage_exec import build_stages
+from ferret_core.engine.trace import plan_bounds, validate_trace
+from ferret_core.engine.virtual_clock import Sample, StageTimes, VirtualClock
+from ferret_core.engine.wall_clock import WallClock
+from ferret_core.errors import ConfigError
+from ferret_core.profile import ModelProfile
+from ferret_core.staleness import ring_capacity
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Engine options. ``lr``/``momentum``: the master's SGD (DESIGN §3.11: plain SGD, lr 1e-3).
+    ``compensator``: one of :data:`ferret_core.compensation.COMPENSATOR_NAMES`. ``measure_memory``:
+    sample held bytes after every action. ``keep_trace``: keep every trace event (needed for
+    validation and replay; a long-running trainer turns it off). ``clone_replicas``: physical replica
+    copies (see :mod:`ferret_core.engine.versions`). ``validate``: check the executed trace at the end
+    of a virtual run (staleness against the bound is reported, not enforced)."""
+
+    lr: float = 1e-3
+    momentum: float = 0.0
+    compensator: str = "none"
+    compensator_settings: CompensatorSettings = field(default_factory=CompensatorSettings)
+    measure_memory: bool = True
+    keep_trace: bool = True
+    clone_replicas: bool = False
+    validate: bool = True
+
+
+class StreamEngine:
+    """One policy's pipeline over a model given as its ordered units."""
+
+    def __init__(
+        self,
+        units: Sequence[nn.Module],
+        setup: PolicySetup,
+        settings: EngineSettings | None = None,
+        *,
+        devices: Sequence[torch.device] | None = None,
+        optimizer: Optimizer | None = None,
+    ) -> None:
+        self.setup = setup
+        self.settings = settings or EngineSettings()
+        plan = setup.plan
+        s = self.settings
+        meter = MemoryMeter({}) if s.measure_memory else None  # first: its CUDA baseline is the idle state
+        recomputes = any(w.recompute for w in plan.workers if w.live)
+        programs, initial = build_stages(units, plan.partition, devices, allow_stochastic=not recomputes)
+        compensators = [
+            make_compensator(s.compensator, v.params, s.compensator_settings, ring_capacity(plan, j))
+            for j, v in enumerate(initial)
+        ]
+        self.pipeline = Pipeline(
+            plan,
+            setup.rules,
+            programs,
+            initial,
+            optimizer=optimizer or SGD(s.lr, s.momentum),
+            compensators=compensators,
+            meter=meter,
+            clone_replicas=s.clone_replicas,
+            keep_trace=s.keep_trace,
+        )
+
+    def run_virtual(
+        self,
+        items: Iterable[Sample],
+        times: StageTimes | None,
+        arrival_interval: float,
+        *,
+        test: tuple[Tensor, Tensor] | None = None,
+        on_arrival: Callable[[int], None] | None = None,
+    ) -> SimulationResult:
+        """Run ``items`` on the virtual clock with stage ``times`` (ignored, may be ``None``, for instant
+        policies such as Oracle) and report."""
+        if self.setup.instant:
+            times = StageTimes.instant(self.pipeline.num_stages)
+        if times is None:
+            raise ConfigError(f"method {self.setup.method!r} needs stage times (StageTimes.from_profile)")
+        started = time.perf_counter()
+        VirtualClock(self.pipeline, times, arrival_interval).run(items, on_arrival)
+        elapsed = time.perf_counter() - started
+        if self.settings.validate and self.pipeline.trace is not None:
+            validate_trace(self.pipeline.trace, self.setup.plan, check_staleness=False)
+        return self.result(wall_seconds=elapsed, test=test)
+
+    def wall_clock(self) -> WallClock:
+        """Real executors over this engine's pipeline (not started): ``submit`` arrivals, ``drain``,
+        ``close`` — for the trainer service."""
+        return WallClock(self.pipeline)
+
+    def run_wall(
+        self,
+        items: Iterable[Sample],
+        arrival_interval: float,
+        *,
+        test: tuple[Tensor, Tensor] | None = None,
+        on_arrival: Callable[[int], None] | None = None,
+    ) -> SimulationResult:
+        """Push ``items`` every ``arrival_interval`` seconds through real executors, drain, report."""
+        clock = self.wall_clock()
+        started = time.perf_counter()
+        with clock:
+            clock.run_stream(items, arrival_interval, on_arrival)
+        elapsed = time.perf_counter() - started
+        if self.settings.validate and self.pipeline.trace is not None:
+            validate_trace(self.pipeline.trace, self.setup.plan, check_staleness=False)
+        return self.result(wall_seconds=elapsed, test=test)
+
+    def result(self, *, wall_seconds: float, test: tuple[Tensor, Tensor] | None = None) -> SimulationResult:
+        """The result so far (``tacc`` on ``test`` with the current master)."""
+        p = self.pipeline
+        c = p.counters
+        stats = [comp.stats() for comp in p.compensators]
+        meter = p.meter
+        trace = p.trace
+        return SimulationResult(
+            method=self.setup.method,
+            compensator=self.settings.compensator,
+            oacc=p.online.get(),
+            tacc=None if test is None else p.evaluate(*test),
+            items=c.items,
+            trained=c.trained,
+            trained_any_stage=c.trained_any_stage,
+            skipped=dict(c.skipped),
+            updates_per_stage=c.updates_per_stage(),
+            peak_bytes=None if meter is None else meter.peak_bytes,
+            cuda_peak_bytes=None if meter is None else meter.cuda_peak_bytes(),
+            planned_bytes=None if self.setup.planned is None else self.setup.planned.predicted_bytes,
+            memory_breakdown={} if meter is None else dict(meter.peak_breakdown),
+            mean_staleness=p.mean_staleness(),
+            max_staleness=tuple(c.staleness_max),
+            staleness_bound=plan_bounds(self.setup.plan),
+            lambdas=tuple(s["lambda"] for s in stats),
+            relative_correction=tuple(s["relative_correction_mean"] for s in stats),
+            num_stages=p.num_stages,
+            num_workers=self.setup.plan.num_workers,
+            admitted=tuple(c.admitted),
+            forwards=_grid(c.forwards),
+            backwards=_grid(c.backwards),
+            recomputes=_grid(c.recomputes),
+            updates=_grid(c.updates),
+            wall_seconds=wall_seconds,
+            trace=None if trace is None else tuple(trace),
+        )
+
+
+def simulate(
+    units: Sequence[nn.Module],
+    policy: Policy,
+    items: Iterable[Sample],
+    *,
+    model: str,
+    profile: ModelProfile,
+    arrival_interval: float,
+    test: tuple[Tensor, Tensor] | None = None,
+    settings: EngineSettings | None = None,
+    on_arrival: Callable[[int], None] | None = None,
+) -> SimulationResult:
+    """Run ``policy`` on ``items`` on the virtual clock with stage times from ``profile``."""
+    setup = policy.setup(model, len(units), arrival_interval)
+    engine = StreamEngine(units, setup, settings)
+    times = StageTimes.from_profile(profile, setup.plan.partition)
+    return engine.run_virtual(items, times, arrival_interval, test=test, on_arrival=on_arrival)
+
+
+def _grid(rows: list[list[int]]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(r) for r in rows)

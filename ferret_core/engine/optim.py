@@ -1,0 +1,81 @@
+"""Out-of-place optimizers for the master stages (DESIGN §2, §3.11).
+
+The master is never written in place (a live graph may have saved its tensors), so an optimizer here
+maps (stage, current parameters, gradient) to *new* parameter tensors. Its state (momentum buffers) is
+per stage, shared by every worker because it belongs to the master, and reported through
+:meth:`Optimizer.state_tensors` for the memory measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from ferret_core.errors import ConfigError
+
+
+class Optimizer(Protocol):
+    """What the engine needs of an optimizer; calls for one stage are serialised by the engine."""
+
+    def step(
+        self, stage: int, params: Sequence[Tensor], grads: Sequence[Tensor], out: Sequence[Tensor] | None = None
+    ) -> list[Tensor]:
+        """New parameters of ``stage``; written into ``out`` (free storage of the right shapes) if given."""
+        ...
+
+    def state_tensors(self) -> Iterator[Tensor]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class SGD:
+    """Plain SGD, optionally with heavy-ball momentum (PyTorch's ``torch.optim.SGD`` formula, no dampening):
+    ``b ← μ·b + g`` (``b = g`` at the first step), ``θ ← θ − lr·b``; without momentum ``θ ← θ − lr·g``,
+    computed as ``torch.sub(θ, g, alpha=lr)``, bit-identical to ``θ.sub_(g, alpha=lr)``."""
+
+    def __init__(self, lr: float = 1e-3, momentum: float = 0.0) -> None:
+        if not (math.isfinite(lr) and lr > 0):
+            raise ConfigError(f"learning rate must be a positive number, got {lr}")
+        if not (math.isfinite(momentum) and 0 <= momentum < 1):
+            raise ConfigError(f"momentum must lie in [0, 1), got {momentum}")
+        self.lr = lr
+        self.momentum = momentum
+        self._buffers: dict[int, list[Tensor]] = {}
+
+    def step(
+        self, stage: int, params: Sequence[Tensor], grads: Sequence[Tensor], out: Sequence[Tensor] | None = None
+    ) -> list[Tensor]:
+        with torch.no_grad():
+            if self.momentum:
+                old = self._buffers.get(stage)
+                if old is None:
+                    bufs = [g.clone() for g in grads]
+                else:
+                    bufs = [torch.add(g, b, alpha=self.momentum) for b, g in zip(old, grads, strict=True)]
+                self._buffers[stage] = bufs
+                grads = bufs
+            if out is None:
+                return [torch.sub(p, g, alpha=self.lr) for p, g in zip(params, grads, strict=True)]
+            return [torch.sub(p, g, alpha=self.lr, out=o) for p, g, o in zip(params, grads, out, strict=True)]
+
+    def state_tensors(self) -> Iterator[Tensor]:
+        for bufs in list(self._buffers.values()):
+            yield from bufs
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "buffers": {stage: [b.clone() for b in bufs] for stage, bufs in self._buffers.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.lr = float(state["lr"])
+        self.momentum = float(state["momentum"])
+        self._buffers = {int(k): [b.clone() for b in v] for k, v in state["buffers"].items()}

@@ -1,0 +1,410 @@
+"""What the workers of a plan do when an action runs: the state both clocks drive (DESIGN §3.13, §2).
+
+:class:`Pipeline` owns the versions, the scheduler, the per-item state and the counters. A clock calls
+
+* :meth:`Pipeline.predict` then :meth:`Pipeline.dispatch` for every arrival (the master predicts every
+  item, skipped or not, before any training on it; dispatch: slot n = i mod N, reasons
+  ``no_label`` → ``worker_removed`` → ``omitted`` → ``busy``);
+* :meth:`Pipeline.execute` for each action the scheduler chose, between ``scheduler.start`` and
+  ``scheduler.finish``.
+
+Per worker n and stage j (plan semantics, T1–T4):
+
+* **F** reads worker n's replica of stage j. If the item is back-propagated at j (T3: m-th item of the
+  worker, ``WorkerConfig.backpropagates``), the replica becomes the item's stash for j and the forward
+  keeps its graph — or, with recomputation (T1, c^r_n = 1), runs under ``no_grad`` and keeps only the
+  stage input. Otherwise it runs under ``no_grad``, saves nothing and will send no gradient below j.
+* **B** (preceded by **R**, a forward on the stash with grad, under T1) computes the stage's parameter
+  gradients and, unless j is the item's lowest back-propagated stage, the gradient of its input, which
+  becomes stage j−1's ``grad_output``.
+* **U** follows the B that makes worker n's count of pending gradients of stage j reach c^a_{n,j} (T2).
+  Under stage j's update lock: every pending gradient is compensated *individually* from its own read
+  version (τ = master version − read version, θ_then = its stash, θ_now = the master), the results are
+  summed (so each item contributes the step it would with c^a = 1), the optimizer builds new master
+  tensors, the compensator observes ``θ_new − θ_old`` (not computed for ``none`` and ``step-aware``,
+  whose ``observe_update`` ignores it), the master version advances, and worker n's
+  replica is refreshed to it. The new tensors go into storage of a dead version, or — when nothing but
+  the store and this update references the old master (``in_place``; see
+  :mod:`ferret_core.engine.versions`) — into the old master itself. Pending gradients left when a
+  stream ends are not applied.
+
+Memory is sampled (independently, :mod:`ferret_core.engine.memory`) after every F, after every R (the
+recomputed graph alive), after every B's gradients are computed (before the update) and after every U.
+Transients inside an action (the prediction path's activations, a gradient being summed) are not
+sampled; on CUDA ``max_memory_allocated`` covers them.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+from torch import Tensor
+
+from ferret_core.compensation import StageCompensator
+from ferret_core.compensation.simple import NoCompensator, StepAwareCompensator
+from ferret_core.engine.actions import Action, Kind, SkipReason, TraceEvent
+from ferret_core.engine.memory import MemoryMeter, StorageKey, storage_keys
+from ferret_core.engine.optim import Optimizer
+from ferret_core.engine.scheduler import Scheduler, ScheduleRules
+from ferret_core.engine.stage_exec import (
+    StageProgram,
+    backward,
+    forward_no_grad,
+    forward_with_grad,
+    predict_logits,
+)
+from ferret_core.engine.state import Counters, InFlightItem, Stamps
+from ferret_core.engine.versions import StageVersion, VersionStore
+from ferret_core.errors import ConfigError
+from ferret_core.metrics import OnlineAccuracy, TestAccuracy
+from ferret_core.plan import Plan
+
+# Compensators whose observe_update does nothing: skipping it saves computing θ_new − θ_old (a pass over
+# the stage's parameters and an allocation of their size) on every update.
+_BLIND_TO_UPDATES = (NoCompensator, StepAwareCompensator)
+
+
+class Pipeline:
+    """Versions, scheduler, in-flight items and counters of one engine run (thread-safe where the wall
+    clock needs it: ``lock`` guards dispatch, counters, trace and sampling; stage locks guard updates)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        rules: ScheduleRules,
+        programs: Sequence[StageProgram],
+        initial: Sequence[StageVersion],
+        *,
+        optimizer: Optimizer,
+        compensators: Sequence[StageCompensator],
+        meter: MemoryMeter | None,
+        clone_replicas: bool = False,
+        keep_trace: bool = True,
+        in_place: bool = True,
+        end_of_action: Callable[[], None] | None = None,
+    ) -> None:
+        if len(programs) != plan.num_stages or len(compensators) != plan.num_stages:
+            raise ConfigError(f"need one program and one compensator per stage ({plan.num_stages})")
+        self.plan = plan
+        self.rules = rules
+        self.scheduler = Scheduler(rules)
+        self.programs = tuple(programs)
+        self.store = VersionStore(initial, plan.num_workers, clone_replicas=clone_replicas)
+        self.optimizer = optimizer
+        self.compensators = tuple(compensators)
+        self._observes = tuple(not isinstance(c, _BLIND_TO_UPDATES) for c in compensators)
+        self.meter = meter
+        self.counters = Counters(plan.num_workers, plan.num_stages)
+        self.online = OnlineAccuracy()
+        self.trace: list[TraceEvent] | None = [] if keep_trace else None
+        self.lock = threading.RLock()
+        self._stage_locks = [threading.Lock() for _ in programs]
+        self.end_of_action: Callable[[], None] = end_of_action or (lambda: None)
+        self.in_place = in_place  # may overwrite an unshared master in place (off under the wall clock)
+        self._items: dict[int, InFlightItem] = {}
+        self._pending: list[list[list[tuple[list[Tensor], StageVersion]]]] = [
+            [[] for _ in programs] for _ in plan.workers
+        ]
+        self._runners = {
+            (w.index, j): p.runner() for w in plan.workers if w.live for j, p in enumerate(programs)
+        }
+        self._predict_runners = [p.runner() for p in programs]
+        self._devices = [v.params[0].device if v.params else torch.device("cpu") for v in initial]
+        if meter is not None:
+            meter.add_source("versions", self.store.held)
+            meter.add_source("stashes", self._stash_storages)
+            meter.add_source("activations", self._activation_storages)
+            meter.add_source("pending_gradients", self._pending_storages)
+            meter.add_source("optimizer", self._optimizer_storages)
+            meter.add_source("compensators", self._compensator_storages)
+
+    @property
+    def num_stages(self) -> int:
+        return self.plan.num_stages
+
+    @property
+    def devices(self) -> tuple[torch.device, ...]:
+        """The device of each stage's tensors."""
+        return tuple(self._devices)
+
+    # -------------------------------------------------------------------------------------- arrivals
+    def predict(self, x: Tensor) -> int:
+        """The master's prediction for one sample (no grad; the caller counts it)."""
+        return self.predict_with_confidence(x)[0]
+
+    def predict_with_confidence(self, x: Tensor) -> tuple[int, float]:
+        """The master's predicted class for one sample and its softmax probability."""
+        logits = predict_logits(self._predict_runners, self.store.masters(), x.unsqueeze(0))
+        probs = torch.softmax(logits[0].float(), dim=0)
+        best = int(probs.argmax().item())
+        return best, float(probs[best].item())
+
+    def dispatch(self, index: int, x: Tensor, y: int | None, prediction: int) -> SkipReason | None:
+        """Count the prediction of item ``index`` and admit it to its worker, or say why not.
+
+        Call under :attr:`lock`, in arrival order.
+        """
+        c = self.counters
+        c.items += 1
+        if y is not None:
+            self.online.update(prediction, y)
+        reason = self._admit(index, x, y)
+        if reason is not None:
+            c.skipped[reason.value] += 1
+        return reason
+
+    def _admit(self, index: int, x: Tensor, y: int | None) -> SkipReason | None:
+        if y is None:
+            return SkipReason.NO_LABEL
+        if index in self._items:
+            raise ConfigError(f"item {index} is already in flight; item numbers must be unique")
+        n = index % self.plan.num_workers
+        if not self.plan.workers[n].live:
+            return SkipReason.WORKER_REMOVED
+        m = self.counters.admitted[n]
+        lowest = self.rules.lowest_backprop_stage(n, m)
+        if lowest is None:
+            self.counters.admitted[n] += 1
+            return SkipReason.OMITTED
+        if not self.scheduler.can_admit(n):
+            return SkipReason.BUSY
+        self.counters.admitted[n] += 1
+        p = self.num_stages
+        target = torch.tensor([y], dtype=torch.long, device=self._devices[-1])
+        item = InFlightItem(index, n, lowest, target, [None] * p, [None] * p, [None] * p, [None] * p)
+        item.inputs[0] = x.unsqueeze(0).to(self._devices[0])
+        self._items[index] = item
+        self.scheduler.admit(n, index, lowest)
+        return None
+
+    # ------------------------------------------------------------------------------------- execution
+    def execute(self, action: Action, stamps: Stamps) -> None:
+        """Run ``action`` (really: its forward, or its recompute, backward and maybe update)."""
+        if action.kind is Kind.F:
+            self._forward(action, stamps)
+        elif action.kind is Kind.B:
+            self._backward(action, stamps)
+        else:
+            raise ConfigError(f"executors run F and B actions, not {action.kind}")
+
+    def _forward(self, a: Action, stamps: Stamps) -> None:
+        n, j = a.worker, a.stage
+        item = self._items[a.item]
+        t0 = stamps.start()
+        x = item.inputs[j]
+        if x is None:
+            raise ConfigError(f"{a} on executor {n}/{j}: the item's input is not there (F at {j - 1} missing)")
+        version = self.store.replica(n, j)
+        runner = self._runners[(n, j)]
+        x = x.to(self._devices[j], non_blocking=True)
+        if j >= item.lowest:
+            item.stashes[j] = version
+            if self.plan.workers[n].recompute:
+                out = forward_no_grad(runner, version, x)
+                item.inputs[j] = x
+            else:
+                item.inputs[j] = None
+                with self._saving():
+                    graph = forward_with_grad(runner, version, x, input_grad=j > item.lowest)
+                item.graphs[j] = graph
+                out = graph.output.detach()
+        else:
+            item.inputs[j] = None
+            out = forward_no_grad(runner, version, x)
+        if j + 1 < self.num_stages:
+            item.inputs[j + 1] = out
+        del x, out
+        self.end_of_action()
+        with self.lock:
+            self.counters.forwards[n][j] += 1
+            self._record(Kind.F, a, version.version, None, t0, stamps.end())
+            self._sample()
+
+    def _backward(self, a: Action, stamps: Stamps) -> None:
+        n, j = a.worker, a.stage
+        item = self._items[a.item]
+        t0 = stamps.start()
+        version = item.stashes[j]
+        if version is None:
+            raise ConfigError(f"{a} on executor {n}/{j}: no stash (the item's F at stage {j} did not run)")
+        input_grad = j > item.lowest
+        if self.plan.workers[n].recompute:
+            x = item.inputs[j]
+            if x is None:
+                raise ConfigError(f"{a} on executor {n}/{j}: the stage input kept for recomputation is gone")
+            with self._saving():
+                item.graphs[j] = forward_with_grad(self._runners[(n, j)], version, x, input_grad=input_grad)
+            item.inputs[j] = None
+            del x
+            self.end_of_action()
+            t_split = stamps.split()
+            with self.lock:
+                self.counters.recomputes[n][j] += 1
+                self._record(Kind.R, a, version.version, None, t0, t_split)
+                self._sample()
+            t0 = t_split
+        graph_ = item.graphs[j]
+        if graph_ is None:
+            raise ConfigError(f"{a} on executor {n}/{j}: the forward graph is gone")
+        item.graphs[j] = None
+        if j == self.num_stages - 1:
+            grads, grad_in = backward(graph_, target=item.target)
+        else:
+            grad_out = item.grad_outputs[j]
+            if grad_out is None:
+                raise ConfigError(f"{a} on executor {n}/{j}: no gradient from stage {j + 1}")
+            item.grad_outputs[j] = None
+            grads, grad_in = backward(graph_, grad_output=grad_out.to(self._devices[j], non_blocking=True))
+            del grad_out
+        del graph_
+        item.stashes[j] = None
+        if input_grad:
+            item.grad_outputs[j - 1] = grad_in
+        del grad_in
+        pending = self._pending[n][j]
+        pending.append((list(grads), version))
+        read = version.version
+        del grads, version  # the pending entry holds the stash now (see _apply's in-place test)
+        self.end_of_action()
+        t_end = stamps.end()
+        with self.lock:
+            self.counters.backwards[n][j] += 1
+            self._record(Kind.B, a, read, None, t0, t_end)
+            self._sample()
+        if len(pending) >= self.plan.workers[n].accumulation[j]:
+            del pending
+            self._update(a, stamps, t_end)
+        if j == item.lowest:
+            with self.lock:
+                del self._items[a.item]
+                self.counters.trained_any_stage += 1
+                self.counters.trained += int(item.lowest == 0)
+
+    def _update(self, a: Action, stamps: Stamps, t0: float) -> None:
+        n, j = a.worker, a.stage
+        pending = self._pending[n][j]
+        self._pending[n][j] = []
+        with self._stage_locks[j]:
+            read = self.store.master(j).version
+            new_params, stalenesses = self._apply(n, j, pending)
+            del pending
+            written = self.store.publish(j, new_params)
+            del new_params
+            self.store.refresh(n, j)
+            self.end_of_action()
+            with self.lock:
+                c = self.counters
+                c.updates[n][j] += 1
+                c.staleness_sum[j] += sum(stalenesses)
+                c.staleness_count[j] += len(stalenesses)
+                c.staleness_max[j] = max(c.staleness_max[j], *stalenesses)
+                self._record(Kind.U, a, read, written.version, t0, stamps.end())
+                self._sample()
+
+    def _apply(
+        self, worker: int, stage: int, pending: list[tuple[list[Tensor], StageVersion]]
+    ) -> tuple[list[Tensor], list[int]]:
+        """Compensate each pending gradient from its read version, sum, step the optimizer: the new
+        master tensors and the stalenesses (a function, so no temporary outlives it)."""
+        master = self.store.master(stage)
+        compensator = self.compensators[stage]
+        total: list[Tensor] | None = None
+        stalenesses = []
+        for grads, version in pending:
+            tau = master.version - version.version
+            stalenesses.append(tau)
+            fixed = compensator.compensate(grads, staleness=tau, theta_then=version.params, theta_now=master.params)
+            total = fixed if total is None else [s + g for s, g in zip(total, fixed, strict=True)]
+        if total is None:
+            raise ConfigError(f"stage {stage}: an update needs at least one pending gradient")
+        pending.clear()
+        del grads, version, fixed
+        observes = self._observes[stage]
+        if self.in_place and not observes and self._unshared(master, worker):
+            out: Sequence[Tensor] | None = self.store.reuse(master)
+            self.counters.in_place_updates += 1
+        else:
+            out = self.store.recycled(stage)
+        new_params = self.optimizer.step(stage, master.params, total, out=out)
+        if observes:
+            with torch.no_grad():
+                compensator.observe_update([new - old for new, old in zip(new_params, master.params, strict=True)])
+        return new_params, stalenesses
+
+    def _unshared(self, master: StageVersion, worker: int) -> bool:
+        """Whether nothing but the master slot, ``worker``'s own replica slot (refreshed right after) and
+        the caller's local references ``master``: then no other replica, stash, pending gradient, running
+        prediction or outside holder will read it again, and the update may overwrite it in place
+        (copy-on-write decided by CPython reference counts)."""
+        own = 1 + (self.store.replica(worker, master.stage) is master)
+        if self.store.slots_holding(master) != own:
+            return False
+        # references: those slots, the caller's local, this frame's argument, getrefcount's argument
+        return sys.getrefcount(master) == own + 3
+
+    # ------------------------------------------------------------------------------------ reporting
+    def _record(
+        self, kind: Kind, a: Action, read: int, written: int | None, start: float, end: float
+    ) -> None:
+        if self.trace is not None:
+            self.trace.append(TraceEvent(kind, a.worker, a.stage, a.item, read, written, start, end))
+
+    def _saving(self) -> AbstractContextManager[None]:
+        return self.meter.tracker.hooks() if self.meter is not None else nullcontext()
+
+    def _sample(self) -> None:
+        if self.meter is not None:
+            self.meter.sample()
+
+    def in_flight(self) -> int:
+        return len(self._items)
+
+    def mean_staleness(self) -> tuple[float, ...]:
+        c = self.counters
+        return tuple(s / k if k else 0.0 for s, k in zip(c.staleness_sum, c.staleness_count, strict=True))
+
+    def master_state(self) -> list[dict[str, Tensor]]:
+        """Copies of the master's tensors by stage, keyed by the stage module's parameter and buffer names
+        (copies: a version's storage is recycled once the version dies)."""
+        out = []
+        for program, version in zip(self.programs, self.store.masters(), strict=True):
+            names = program.param_names + program.buffer_names
+            out.append({k: t.detach().clone() for k, t in zip(names, version.tensors(), strict=True)})
+        return out
+
+    def evaluate(self, x: Tensor, y: Tensor, *, batch: int = 1000) -> float:
+        """Test accuracy (percent) of the master on a labelled split, in batches."""
+        acc = TestAccuracy()
+        for start in range(0, len(y), batch):
+            logits = predict_logits(self._predict_runners, self.store.masters(), x[start : start + batch])
+            acc.update(logits.argmax(dim=1).cpu(), y[start : start + batch])
+        return acc.get()
+
+    # ------------------------------------------------------------------------- memory measurement
+    def _stash_storages(self) -> Iterator[StorageKey]:
+        for item in list(self._items.values()):
+            for version in item.stashes:
+                if version is not None:
+                    yield from version.storages
+
+    def _activation_storages(self) -> Iterator[StorageKey]:
+        for item in list(self._items.values()):
+            yield from storage_keys(item.tensors())
+
+    def _pending_storages(self) -> Iterator[StorageKey]:
+        for row in self._pending:
+            for pending in row:
+                for grads, version in list(pending):
+                    yield from storage_keys(grads)
+                    yield from version.storages
+
+    def _optimizer_storages(self) -> Iterator[StorageKey]:
+        return storage_keys(self.optimizer.state_tensors())
+
+    def _compensator_storages(self) -> Iterator[StorageKey]:
+        for compensator in self.compensators:
+            yield from storage_keys(compensator.state_tensors())

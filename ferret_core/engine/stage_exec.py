@@ -1,0 +1,168 @@
+"""Forward, backward and recompute of one pipeline stage on a given version (DESIGN §2, "PyTorch mechanics").
+
+A stage is a run of consecutive model units. Its module is kept as a *template on the meta device*: the
+engine never uses the module's own tensors. Every pass runs
+``torch.func.functional_call(module, version tensors, (x,))`` with the tensors of an explicit
+:class:`~ferret_core.engine.versions.StageVersion`, gradients come from ``torch.autograd.grad`` (never
+``.grad``, which concurrent backward passes would mix), and the recompute of T1 is simply another
+forward on the *stashed* version (``torch.utils.checkpoint`` would recompute with current weights).
+
+``functional_call`` swaps attributes on the module object while it runs, so two threads must never share
+one: each executor gets its own :class:`StageRunner` (a cheap copy of the meta template).
+
+Every parameter and buffer is passed by name (``tie_weights=False``: no search for tied weights, which
+the zoo's units do not have; a missing name fails loudly on the meta tensor). Modules that mutate state
+in a forward (BatchNorm in train mode updates its running statistics in place) are rejected; stochastic
+modules (Dropout) are rejected where a recompute would draw a different mask.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from ferret_core.engine.versions import StageVersion
+from ferret_core.errors import ConfigError
+from ferret_core.plan import Partition
+
+_STOCHASTIC = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+
+@dataclass(frozen=True, eq=False)
+class StageProgram:
+    """The structure of stage ``index``: a meta-device template and the names of its tensors."""
+
+    index: int
+    template: nn.Module
+    param_names: tuple[str, ...]
+    buffer_names: tuple[str, ...]
+
+    def runner(self) -> StageRunner:
+        return StageRunner(self)
+
+
+class StageRunner:
+    """Runs one stage's template through ``functional_call``; one per executor (not thread-safe)."""
+
+    def __init__(self, program: StageProgram) -> None:
+        self.program = program
+        self.module = copy.deepcopy(program.template)
+
+    def __call__(self, params: Sequence[Tensor], buffers: Sequence[Tensor], x: Tensor) -> Tensor:
+        mapping = dict(zip(self.program.param_names, params, strict=True))
+        mapping.update(zip(self.program.buffer_names, buffers, strict=True))
+        out = functional_call(self.module, mapping, (x,), tie_weights=False)
+        if not isinstance(out, Tensor):
+            raise ConfigError(
+                f"stage {self.program.index} must map one tensor to one tensor, got {type(out).__name__}"
+            )
+        return out
+
+
+def build_stages(
+    units: Sequence[nn.Module],
+    partition: Partition,
+    devices: Sequence[torch.device] | None = None,
+    *,
+    allow_stochastic: bool = True,
+) -> tuple[list[StageProgram], list[StageVersion]]:
+    """Split ``units`` by ``partition`` into stage programs and their version-0 tensors.
+
+    The units are copied (the caller's modules are left untouched). ``devices[j]`` holds stage j's
+    tensors (default: where the units are).
+    """
+    if partition.num_units != len(units):
+        raise ConfigError(
+            f"the partition covers {partition.num_units} units but the model has {len(units)}; "
+            "plan with the profile of this model"
+        )
+    if devices is not None and len(devices) != partition.num_stages:
+        raise ConfigError(f"need one device per stage ({partition.num_stages}), got {len(devices)}")
+    programs: list[StageProgram] = []
+    versions: list[StageVersion] = []
+    for j, stage_units in enumerate(partition.stages):
+        module = nn.Sequential(*(copy.deepcopy(units[u]) for u in stage_units))
+        _check_module(module, j, allow_stochastic)
+        device = None if devices is None else devices[j]
+        params = tuple(p.detach().clone().to(device) for p in module.parameters())
+        buffers = tuple(b.detach().clone().to(device) for b in module.buffers())
+        param_names = tuple(name for name, _ in module.named_parameters())
+        buffer_names = tuple(name for name, _ in module.named_buffers())
+        programs.append(StageProgram(j, module.to("meta"), param_names, buffer_names))
+        versions.append(StageVersion(j, 0, params, buffers))
+    return programs, versions
+
+
+def _check_module(module: nn.Module, stage: int, allow_stochastic: bool) -> None:
+    for name, sub in module.named_modules():
+        if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.training and sub.track_running_stats:
+            raise ConfigError(
+                f"stage {stage}: {name or 'module'} is a BatchNorm in train mode, which updates its running "
+                "statistics in place; use GroupNorm or an eval-mode BatchNorm (zoo norm='batch-eval')"
+            )
+        if not allow_stochastic and sub.training and isinstance(sub, _STOCHASTIC):
+            raise ConfigError(
+                f"stage {stage}: {name} draws a random mask, so a recompute (T1) would differ from the "
+                "forward; call eval() on it or plan without recomputation"
+            )
+
+
+@dataclass(eq=False, slots=True)
+class StageGraph:
+    """A forward pass kept for its backward: the (detached) input, the output and the parameter leaves."""
+
+    input: Tensor
+    output: Tensor
+    leaves: tuple[Tensor, ...]
+
+
+def forward_no_grad(runner: StageRunner, version: StageVersion, x: Tensor) -> Tensor:
+    """Forward without autograd (nothing saved): T1's forward, T3's omitted stages, predictions."""
+    with torch.no_grad():
+        return runner(version.params, version.buffers, x)
+
+
+def forward_with_grad(runner: StageRunner, version: StageVersion, x: Tensor, *, input_grad: bool) -> StageGraph:
+    """Forward that keeps its graph; ``input_grad`` when the stage below wants the input's gradient."""
+    x_in = x.detach().requires_grad_(input_grad)
+    leaves = tuple(p.detach().requires_grad_(True) for p in version.params)
+    with torch.enable_grad():
+        out = runner(leaves, version.buffers, x_in)
+    return StageGraph(x_in, out, leaves)
+
+
+def backward(
+    graph: StageGraph, *, grad_output: Tensor | None = None, target: Tensor | None = None
+) -> tuple[tuple[Tensor, ...], Tensor | None]:
+    """Parameter gradients and the input's gradient (``None`` when not requested) of one stage.
+
+    The last stage passes ``target`` (loss = cross-entropy of its output); the others ``grad_output``.
+    The graph is freed.
+    """
+    if (grad_output is None) == (target is None):
+        raise ConfigError("backward needs exactly one of grad_output (inner stage) and target (last stage)")
+    inputs = graph.leaves + ((graph.input,) if graph.input.requires_grad else ())
+    if target is not None:
+        root = F.cross_entropy(graph.output, target)
+        grads = torch.autograd.grad(root, inputs, allow_unused=True, materialize_grads=True)
+    else:
+        grads = torch.autograd.grad(
+            graph.output, inputs, grad_outputs=grad_output, allow_unused=True, materialize_grads=True
+        )
+    n = len(graph.leaves)
+    return tuple(grads[:n]), (grads[n] if len(grads) > n else None)
+
+
+def predict_logits(runners: Sequence[StageRunner], versions: Sequence[StageVersion], x: Tensor) -> Tensor:
+    """The model's output for ``x`` on the given versions, without autograd."""
+    with torch.no_grad():
+        for runner, version in zip(runners, versions, strict=True):
+            device = version.params[0].device if version.params else x.device
+            x = runner(version.params, version.buffers, x.to(device, non_blocking=True))
+    return x

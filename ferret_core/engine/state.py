@@ -1,0 +1,104 @@
+"""The state a pipeline keeps besides versions: action time stamps, in-flight items and counters."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from torch import Tensor
+
+from ferret_core.engine.actions import SkipReason
+from ferret_core.engine.stage_exec import StageGraph
+from ferret_core.engine.versions import StageVersion
+
+
+class Stamps(Protocol):
+    """Times of one action's trace events: its start, the R/B boundary (T1), and its end."""
+
+    def start(self) -> float: ...
+
+    def split(self) -> float: ...
+
+    def end(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FixedStamps:
+    """Times decided in advance (the virtual clock)."""
+
+    t_start: float
+    t_split: float
+    t_end: float
+
+    def start(self) -> float:
+        return self.t_start
+
+    def split(self) -> float:
+        return self.t_split
+
+    def end(self) -> float:
+        return self.t_end
+
+
+@dataclass(eq=False)
+class InFlightItem:
+    """An admitted item in flight. Lists are indexed by stage (slot writes are atomic across threads)."""
+
+    index: int
+    worker: int
+    lowest: int
+    target: Tensor
+    inputs: list[Tensor | None]  # stage input waiting for F, or kept for R (T1)
+    stashes: list[StageVersion | None]  # version read at F, for stages it is back-propagated at
+    graphs: list[StageGraph | None]  # forward graph kept for B (no T1)
+    grad_outputs: list[Tensor | None]  # gradient of the stage's output, from stage j+1
+
+    def tensors(self) -> Iterator[Tensor]:
+        yield self.target
+        for x in self.inputs:
+            if x is not None:
+                yield x
+        for g in self.graphs:
+            if g is not None:
+                yield g.input
+                yield g.output
+        for t in self.grad_outputs:
+            if t is not None:
+                yield t
+
+
+@dataclass
+class Counters:
+    """Everything counted per worker n and stage j, plus the stream totals. ``admitted[n]``: items
+    worker n took, i.e. its item counter m (T3's alignment), omitted items included."""
+
+    num_workers: int
+    num_stages: int
+    forwards: list[list[int]] = field(init=False)
+    backwards: list[list[int]] = field(init=False)
+    recomputes: list[list[int]] = field(init=False)
+    updates: list[list[int]] = field(init=False)
+    admitted: list[int] = field(init=False)
+    items: int = 0
+    trained: int = 0
+    trained_any_stage: int = 0
+    skipped: dict[str, int] = field(default_factory=lambda: {r.value: 0 for r in SkipReason})
+    in_place_updates: int = 0
+    staleness_sum: list[int] = field(init=False)
+    staleness_count: list[int] = field(init=False)
+    staleness_max: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        n, p = self.num_workers, self.num_stages
+        self.forwards = [[0] * p for _ in range(n)]
+        self.backwards = [[0] * p for _ in range(n)]
+        self.recomputes = [[0] * p for _ in range(n)]
+        self.updates = [[0] * p for _ in range(n)]
+        self.admitted = [0] * n
+        self.staleness_sum = [0] * p
+        self.staleness_count = [0] * p
+        self.staleness_max = [0] * p
+
+    def updates_per_stage(self) -> tuple[int, ...]:
+        return tuple(sum(row[j] for row in self.updates) for j in range(self.num_stages))

@@ -1,0 +1,248 @@
+"""The wall clock: real executors driven by the same scheduler (DESIGN §2).
+
+One thread per live (worker, stage) executor asks :class:`~ferret_core.engine.scheduler.Scheduler` for
+its next action, runs it through :meth:`Pipeline.execute` outside the lock, and reports it finished.
+Predictions run on an executor of their own: :meth:`WallClock.submit` queues an arrival, the prediction
+thread predicts it with the master and dispatches it, in submission order, so the caller (the Kafka
+trainer, or :meth:`WallClock.run_stream`) pushes arrivals as they come.
+
+The first exception raised in any thread stops every thread and is re-raised in the caller by the next
+:meth:`submit`, :meth:`drain` or :meth:`close` (torchgpipe's worker lesson).
+
+Devices. On CPU the threads share the cores (with one torch thread each, Python's GIL serialises the
+Python parts; kernels release it). When stages live on CUDA devices, each executor thread issues its
+work on a CUDA stream of its own and, before it publishes an action's results to other threads,
+records an event on that stream and waits for it, so a tensor handed to another stream or thread is
+complete and its memory is not reused while a kernel still reads it. (This path is written for GPU
+machines; its tests are marked ``gpu``.)
+
+Updates never write a master in place here: a prediction may be reading it concurrently.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ferret_core.engine.actions import Action, SkipReason
+from ferret_core.engine.pipeline import Pipeline
+from ferret_core.engine.virtual_clock import Sample
+from ferret_core.errors import ConfigError, FerretError
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """What became of a submitted item: its stream index, the master's prediction (and its softmax
+    probability) and, when it was not admitted for training, why."""
+
+    index: int
+    prediction: int
+    skipped: SkipReason | None
+    confidence: float = float("nan")
+
+
+class _WallStamps:
+    """Trace times read from the wall clock, in seconds since the clock started."""
+
+    def __init__(self, origin: float) -> None:
+        self._origin = origin
+
+    def start(self) -> float:
+        return time.perf_counter() - self._origin
+
+    def split(self) -> float:
+        return time.perf_counter() - self._origin
+
+    def end(self) -> float:
+        return time.perf_counter() - self._origin
+
+
+class ClockStopped(FerretError, RuntimeError):
+    """The wall clock was closed or failed before the call."""
+
+
+class WallClock:
+    """Threads for every live (worker, stage) executor and for predictions, over one pipeline."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        pipeline.in_place = False
+        if any(d.type == "cuda" for d in pipeline.devices):
+            pipeline.end_of_action = cuda_action_barrier
+        self._cv = threading.Condition(pipeline.lock)
+        self._queue: queue.SimpleQueue[tuple[int, Tensor, int | None, Future[Arrival]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._counter = itertools.count()
+        self._submitted = 0
+        self._dispatched = 0
+        self._error: BaseException | None = None
+        self._stopping = False
+        self._threads: list[threading.Thread] = []
+        self.origin = time.perf_counter()
+        self._devices = pipeline.devices
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    def start(self) -> WallClock:
+        if self._threads:
+            raise ConfigError("the wall clock is already started")
+        self.origin = time.perf_counter()
+        plan = self.pipeline.plan
+        for worker in plan.workers:
+            if not worker.live:
+                continue
+            for stage in range(plan.num_stages):
+                self._spawn(f"ferret-w{worker.index}s{stage}", self._executor_loop, worker.index, stage)
+        self._spawn("ferret-predict", self._prediction_loop)
+        return self
+
+    def close(self, *, reraise: bool = True) -> None:
+        """Stop every thread (items in flight are abandoned; call :meth:`drain` first to finish them) and
+        re-raise a thread's failure unless ``reraise`` is false."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        self._queue.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
+        if reraise:
+            self._raise_if_failed()
+
+    def __enter__(self) -> WallClock:
+        return self.start()
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(reraise=exc_type is None)
+
+    # ------------------------------------------------------------------------------------- arrivals
+    def submit(self, x: Tensor, y: int | None, *, index: int | None = None) -> Future[Arrival]:
+        """Queue one arrival (a sample without batch dimension); the future gives its prediction.
+
+        ``index`` is the item's number in the stream (the dispatch index i: worker i mod N); by default
+        the clock numbers arrivals itself from 0. A trainer that restarts or re-plans passes its own
+        counter so dispatch stays i ≡ c_n^d (mod N) across pipelines (DESIGN §4)."""
+        with self._cv:
+            self._raise_if_failed()
+            if self._stopping or not self._threads:
+                raise ClockStopped("the wall clock is not running: start() it (or it was closed)")
+            self._submitted += 1
+        future: Future[Arrival] = Future()
+        self._queue.put((next(self._counter) if index is None else index, x, y, future))
+        return future
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait until every submitted item is predicted, dispatched and, if admitted, finished."""
+        scheduler = self.pipeline.scheduler
+        with self._cv:
+            done = self._cv.wait_for(
+                lambda: self._error is not None
+                or (self._dispatched == self._submitted and scheduler.idle()),
+                timeout,
+            )
+            self._raise_if_failed()
+            if not done:
+                raise TimeoutError(f"the pipeline did not drain within {timeout} s")
+
+    def run_stream(
+        self, items: Iterable[Sample], arrival_interval: float, on_arrival: Callable[[int], None] | None = None
+    ) -> None:
+        """Submit item i at i·``arrival_interval`` seconds after the first, then drain."""
+        first = time.perf_counter()
+        for i, item in enumerate(items):
+            delay = first + i * arrival_interval - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            self.submit(item.x, item.y)
+            if on_arrival is not None:
+                on_arrival(i)
+        self.drain()
+
+    # ------------------------------------------------------------------------------------- threads
+    def _spawn(self, name: str, target: Callable[..., None], *args: int) -> None:
+        thread = threading.Thread(target=self._guard, args=(target, *args), name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _guard(self, target: Callable[..., None], *args: int) -> None:
+        try:
+            target(*args)
+        except BaseException as exc:  # re-raised in the caller
+            with self._cv:
+                if self._error is None:
+                    self._error = exc
+                self._stopping = True
+                self._cv.notify_all()
+
+    def _executor_loop(self, worker: int, stage: int) -> None:
+        with self._stream_for(stage):
+            p = self.pipeline
+            scheduler = p.scheduler
+            stamps = _WallStamps(self.origin)
+            while True:
+                with self._cv:
+                    action: Action | None = None
+                    while not self._stopping:
+                        action = scheduler.next_action(worker, stage)
+                        if action is not None:
+                            scheduler.start(action)
+                            break
+                        self._cv.wait()
+                    if action is None:
+                        return
+                p.execute(action, stamps)
+                with self._cv:
+                    scheduler.finish(action)
+                    self._cv.notify_all()
+
+    def _prediction_loop(self) -> None:
+        with self._stream_for(0):
+            p = self.pipeline
+            while True:
+                entry = self._queue.get()
+                if entry is None:
+                    return
+                index, x, y, future = entry
+                try:
+                    prediction, confidence = p.predict_with_confidence(x)
+                    with self._cv:
+                        skipped = p.dispatch(index, x, y, prediction)
+                        self._dispatched += 1
+                        self._cv.notify_all()
+                except BaseException as exc:
+                    future.set_exception(exc)
+                    raise
+                future.set_result(Arrival(index, prediction, skipped, confidence))
+
+    def _stream_for(self, stage: int) -> torch.cuda.StreamContext | _NoStream:
+        device = self._devices[stage]
+        if device.type == "cuda":
+            return torch.cuda.stream(torch.cuda.Stream(device))  # type: ignore[no-untyped-call]
+        return _NoStream()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+
+class _NoStream:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def cuda_action_barrier() -> None:
+    """Make an action's work on the current CUDA stream complete before its results are published."""
+    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    event.record()
+    event.synchronize()

@@ -1,0 +1,224 @@
+"""``ferret demo``: the whole service on this machine, end to end (DESIGN §6).
+
+    ferret demo                                   # MNIST (or digits) through Kafka, ~1 minute
+    ferret demo --items 300 --dataset digits --model mlp --no-live --out /tmp/demo
+
+Starts the local broker and Redis (or uses ``--bootstrap-servers`` / ``--redis-url``), creates fresh
+topics, runs ``ferret run`` and ``ferret produce`` as separate processes, shows the trainer's status live,
+changes the memory budget once over gRPC mid-stream, snapshots, stops everything and writes a report
+(summary.json, report.md, online_accuracy.png, the children's logs) to ``--out``. Exit status 0 on
+success, 3 when a budget is infeasible, 1 with a one-line reason (and the failing part's log tail) when a
+part fails, 130 on Ctrl-C (after stopping every child).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+from ferret_core.data import DATASET_NAMES
+from services.cli.args import budget_type
+from services.cli.plan_cmd import MODEL_CHOICES
+from services.demo.options import (
+    DEFAULT_CHANGE_AT,
+    DEFAULT_ITEMS,
+    DEFAULT_RATE,
+    DEFAULT_SNAPSHOT_INTERVAL_S,
+    DemoOptions,
+    committed_profile,
+    default_out_dir,
+    fresh_topic_prefix,
+    resolve_dataset,
+    resolve_model,
+    run_stamp,
+)
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+LOG_TAIL_LINES = 15
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="run producer → Kafka → trainer → predictions end to end, with a budget change and a report",
+        description=(
+            "Start the local broker and Redis, stream a dataset through `ferret produce` into a `ferret run` "
+            "trainer (separate processes), show the live status, change the memory budget once over gRPC, "
+            "snapshot, stop cleanly and write a report (summary.json, report.md, a PNG) to --out."
+        ),
+    )
+    parser.add_argument(
+        "--dataset",
+        choices=DATASET_NAMES,
+        default=None,
+        metavar="NAME",
+        help="dataset to stream (default: mnist when <data root>/MNIST/raw exists, else digits)",
+    )
+    parser.add_argument(
+        "--model", choices=MODEL_CHOICES, default=None, help="model (default: mnistnet for 28x28 images, else mlp)"
+    )
+    parser.add_argument("--data-root", type=Path, default=None, help="data folder (default ../shared/data or cache)")
+    parser.add_argument("--items", type=_positive_int, default=DEFAULT_ITEMS, help=f"items to stream ({DEFAULT_ITEMS})")
+    parser.add_argument(
+        "--rate",
+        type=_positive_float,
+        default=DEFAULT_RATE,
+        metavar="ITEMS_PER_S",
+        help=f"producer rate in items/s ({DEFAULT_RATE:g}: about a minute for the default items)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=budget_type,
+        default=None,
+        help="initial memory budget: bytes or 512MiB (default unconstrained)",
+    )
+    parser.add_argument(
+        "--new-budget",
+        type=budget_type,
+        default=None,
+        help="budget set mid-stream over gRPC (default: halfway between minimum feasible and planned bytes)",
+    )
+    parser.add_argument(
+        "--change-at",
+        type=_fraction,
+        default=DEFAULT_CHANGE_AT,
+        metavar="FRACTION",
+        help=f"change the budget once this fraction of the items was predicted ({DEFAULT_CHANGE_AT:g})",
+    )
+    parser.add_argument(
+        "--bootstrap-servers", default=None, metavar="HOST:PORT", help="use this Kafka (default: embedded)"
+    )
+    parser.add_argument("--redis-url", default=None, metavar="URL", help="use this Redis (default: embedded)")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="report folder (default out/demo-<time>)")
+    parser.add_argument(
+        "--snapshot-interval",
+        type=_positive_float,
+        default=DEFAULT_SNAPSHOT_INTERVAL_S,
+        metavar="S",
+        help=f"seconds between the trainer's periodic snapshots ({DEFAULT_SNAPSHOT_INTERVAL_S:g})",
+    )
+    parser.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live table")
+    parser.set_defaults(handler=run)
+
+
+def options_from_args(args: argparse.Namespace, stamp: str | None = None) -> DemoOptions:
+    """Resolve the defaults (dataset, model, profile, out dir, topic prefix) for the given flags."""
+    from services.cli.produce_cmd import default_data_root
+
+    stamp = stamp or run_stamp()
+    data_root = args.data_root if args.data_root is not None else default_data_root()
+    dataset = resolve_dataset(args.dataset, data_root)
+    model = resolve_model(args.model, dataset)
+    return DemoOptions(
+        dataset=dataset,
+        model=model,
+        out_dir=args.out if args.out is not None else default_out_dir(stamp),
+        topic_prefix=fresh_topic_prefix(stamp),
+        data_root=data_root,
+        profile=committed_profile(model, dataset),
+        items=args.items,
+        rate=args.rate,
+        budget=args.budget,
+        new_budget=args.new_budget,
+        change_at=args.change_at,
+        bootstrap_servers=args.bootstrap_servers,
+        redis_url=args.redis_url,
+        live=not args.no_live,
+        snapshot_interval_s=args.snapshot_interval,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    options = options_from_args(args)
+    from services.demo.orchestrator import DemoError, DemoRun  # grpc, kafka: only when the demo runs
+    from services.demo.report import table_rows
+
+    profile = f"profile {options.profile}" if options.profile else "profiled at start-up"
+    budget = "unconstrained" if options.budget is None else f"{options.budget} bytes"
+    print(
+        f"ferret demo: {options.items} {options.dataset} items at {options.rate:g}/s through {options.model} "
+        f"({profile}); budget {budget}, changed after {options.change_at:.0%} of the predictions; "
+        f"report in {options.out_dir}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        with _interrupt_on_sigterm():
+            summary = DemoRun(options).run()
+    except DemoError as exc:
+        print(f"ferret: error: {exc}", file=sys.stderr)
+        if exc.log_path is not None:
+            from services.localstack.process import log_tail
+
+            tail = log_tail(exc.log_path, LOG_TAIL_LINES)
+            if tail:
+                print(f"last lines of {exc.log_path}:", file=sys.stderr)
+                print("\n".join(f"  | {line}" for line in tail.splitlines()), file=sys.stderr)
+        return EXIT_FAILURE
+    _print_table(table_rows(summary))
+    files = summary["files"]
+    print(f"\nreport: {files['report']}\nsummary: {files['summary']}\nplot: {files.get('plot', 'none')}")
+    return EXIT_OK
+
+
+def _print_table(rows: list[tuple[str, str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="ferret demo", show_header=True, header_style="bold")
+    table.add_column("what", style="cyan", no_wrap=True)
+    table.add_column("value")
+    for what, value in rows:
+        table.add_row(what, value)
+    Console(file=sys.stdout, width=max(110, Console().width)).print(table)
+
+
+@contextmanager
+def _interrupt_on_sigterm() -> Iterator[None]:
+    """SIGTERM stops the demo the way Ctrl-C does (children stopped in order, exit 130)."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1] (e.g. 0.4), got {text!r}")
+    return value

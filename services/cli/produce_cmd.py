@@ -1,0 +1,209 @@
+"""``ferret produce``: stream a dataset into ``<prefix>.samples`` (DESIGN §4).
+
+Examples::
+
+    ferret produce --dataset mnist --bootstrap-servers 127.0.0.1:9092 --rate 500 --items 10000
+    ferret produce --dataset digits --loop --labels delayed --label-delay-s 2 --partitions 3
+    ferret produce --config ferret.yaml --rate max          # FERRET_* variables apply too
+
+Flags override the ``producer`` and ``kafka`` sections of the config (``--config`` or ``$FERRET_CONFIG``
+plus ``FERRET_*`` variables). Prints a progress bar on stderr and the final counts on stdout. Exit
+status 0 when every record was delivered (also after a clean stop by SIGINT/SIGTERM), 1 with a one-line
+reason when any delivery failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from tqdm import tqdm  # type: ignore[import-untyped]
+
+from ferret_core.data import DATASET_NAMES, load_dataset
+from services.config import Settings, load_settings
+from services.producer import SampleProducer
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+
+
+def default_data_root() -> Path:
+    """``../shared/data`` next to the repository when it exists, else ``$XDG_CACHE_HOME/ferret/data``
+    (``~/.cache/ferret/data``)."""
+    shared = Path(__file__).resolve().parents[3] / "shared" / "data"
+    if shared.is_dir():
+        return shared
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "ferret" / "data"
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "produce",
+        help="stream a dataset into the samples topic",
+        description=(
+            "Stream a dataset's items as ferret.v1.Sample records into <prefix>.samples (key = sample id "
+            "<stream>/<sequence>) at a paced rate, with labels in the sample, delayed on <prefix>.labels, "
+            "or none. Unset flags take the config's producer/kafka values."
+        ),
+    )
+    parser.add_argument("--config", type=Path, default=None, help="YAML settings file (default: $FERRET_CONFIG)")
+    parser.add_argument(
+        "--dataset", choices=DATASET_NAMES, default=None, metavar="NAME", help="dataset to stream (default mnist)"
+    )
+    parser.add_argument("--data-root", type=Path, default=None, help="data folder (default ../shared/data or cache)")
+    parser.add_argument("--split", choices=("train", "test"), default=None, help="which split to stream (train)")
+    parser.add_argument("--stream", default=None, help="stream name used in sample ids (default: the dataset)")
+    parser.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT", help="Kafka bootstrap servers")
+    parser.add_argument("--topic-prefix", default=None, help="topic prefix (default ferret)")
+    parser.add_argument(
+        "--partitions", type=_positive_int, default=None, metavar="K", help="partitions of created topics"
+    )
+    parser.add_argument(
+        "--rate", type=_rate, default=None, metavar="ITEMS_PER_S", help="items per second, or 'max' (default max)"
+    )
+    parser.add_argument("--burst", type=_positive_int, default=None, metavar="N", help="items sent back to back (1)")
+    amount = parser.add_mutually_exclusive_group()
+    amount.add_argument(
+        "--items", type=_non_negative_int, default=None, metavar="N", help="items to send (cycles the split)"
+    )
+    amount.add_argument("--loop", action="store_true", default=None, help="cycle the split until stopped")
+    parser.add_argument(
+        "--labels", choices=("with-sample", "delayed", "none"), default=None, help="where labels go (with-sample)"
+    )
+    parser.add_argument(
+        "--label-delay-s", type=_non_negative_float, default=None, metavar="S", help="label delay in seconds (1)"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="dataset loading / shuffling seed (0)")
+    parser.add_argument("--shuffle", action="store_true", default=None, help="stream the split in a seeded order")
+    parser.add_argument("--no-create-topics", action="store_true", help="do not create missing topics")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=run)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """The config with the flags that were given applied (validated again)."""
+    settings = load_settings(args.config)
+    kafka_flags = {
+        "bootstrap_servers": args.bootstrap_servers,
+        "topic_prefix": args.topic_prefix,
+        "sample_partitions": args.partitions,
+    }
+    producer_flags = {
+        "dataset": args.dataset,
+        "data_root": args.data_root,
+        "split": args.split,
+        "stream": args.stream,
+        "burst": args.burst,
+        "labels": args.labels,
+        "label_delay_s": args.label_delay_s,
+        "seed": args.seed,
+        "shuffle": args.shuffle,
+    }
+    given = {k: v for k, v in producer_flags.items() if v is not None}
+    if args.rate is not None:  # "max" parses to math.inf: no pacing
+        given["rate"] = None if math.isinf(args.rate) else args.rate
+    if args.items is not None:
+        given.update(items=args.items, loop=False)
+    elif args.loop:
+        given.update(items=None, loop=True)
+    kafka = dataclasses.replace(settings.kafka, **{k: v for k, v in kafka_flags.items() if v is not None})
+    producer = dataclasses.replace(settings.producer, **given)
+    return dataclasses.replace(settings, kafka=kafka, producer=producer)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    options = settings.producer
+    root = options.data_root or default_data_root()
+    dataset = load_dataset(options.dataset, root, seed=options.seed)
+    producer = SampleProducer(dataset, settings.kafka, options, create_topics=not args.no_create_topics)
+    stream = producer.stream
+    total = producer.total
+    rate = "max" if options.rate is None else f"{options.rate:g}/s"
+    with _stop_on_signals(producer):
+        print(  # after the handlers are installed: a SIGTERM from here on stops cleanly
+            f"producing {stream} ({'until stopped' if total is None else f'{total} items'}, "
+            f"{'x'.join(map(str, dataset.input_shape))} {dataset.x_train.dtype}) to {producer.topics.samples} "
+            f"at {settings.kafka.bootstrap_servers}, rate {rate}, labels {options.labels}",
+            file=sys.stderr,
+            flush=True,
+        )
+        with tqdm(total=total, unit="item", file=sys.stderr, disable=args.quiet, mininterval=0.25) as bar:
+            producer.progress = bar
+            report = producer.run()
+    print(report.summary(), flush=True)
+    reason = report.failure_reason()
+    if reason is not None:
+        print(f"ferret: error: {reason}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+@contextmanager
+def _stop_on_signals(producer: SampleProducer) -> Iterator[None]:
+    """SIGINT and SIGTERM ask the producer to stop cleanly (flush, final counts) while it runs."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        # From another thread: setting the Event here could block on its lock if the signal arrived
+        # while this (the main) thread held it inside Event.wait.
+        threading.Thread(target=producer.stop, name="ferret-produce-stop").start()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _rate(text: str) -> float:
+    if text.strip().lower() == "max":
+        return math.inf
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of items per second or 'max', got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value

@@ -1,0 +1,211 @@
+"""``ferret simulate``: run one method over a dataset stream on the virtual clock and report.
+
+Examples::
+
+    ferret simulate --dataset mnist --model mnistnet --method oracle --items 5000 \\
+        --profile benchmarks/profiles/mnistnet.json --json
+    ferret simulate --dataset mnist --model mnistnet --method ferret --budget 12MiB \\
+        --profile benchmarks/profiles/mnistnet.json --trace trace.csv
+
+The stream is the dataset's training split in its stored order; every item is predicted by the master
+at its arrival (online accuracy), test accuracy is measured on the test split at the end. With
+``--profile`` the run is deterministic: the same seed gives the same JSON except ``wall_seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm  # type: ignore[import-untyped]
+
+from ferret_core.compensation import CompensatorSettings
+from ferret_core.data import DATASET_NAMES, Dataset, iter_stream, load_dataset, test_split
+from ferret_core.engine import EngineSettings, SimulationResult, StageTimes, StreamEngine, make_policy
+from ferret_core.engine.policies import METHOD_NAMES
+from ferret_core.engine.trace import to_csv
+from ferret_core.errors import ConfigError
+from ferret_core.plan import Plan
+from ferret_core.profile import ModelProfile
+from ferret_core.zoo import ZooModel, build_model
+from services.cli.plan_cmd import add_planning_arguments, load_or_profile, planner_from_args
+
+MOMENTUM = 0.9  # --optimizer momentum
+
+
+def default_data_root() -> Path:
+    """``../shared/data`` next to the repository when it exists, else ``$XDG_CACHE_HOME/ferret/data``."""
+    shared = Path(__file__).resolve().parents[3] / "shared" / "data"
+    if shared.is_dir():
+        return shared
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "ferret" / "data"
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "simulate",
+        help="run oracle, 1-skip or ferret on a dataset stream (virtual clock)",
+        description=(
+            "Stream a dataset through the engine on the virtual clock (stage times from the profile, "
+            "arrivals every t^d) with one method, and report online/test accuracy, counts, skipped items, "
+            "updates, measured and planned memory, staleness and the compensator's λ."
+        ),
+    )
+    parser.add_argument("--dataset", required=True, choices=DATASET_NAMES, metavar="NAME", help="dataset")
+    parser.add_argument(
+        "--data-root", type=Path, default=None, help="data folder (default ../shared/data, else ~/.cache/ferret/data)"
+    )
+    parser.add_argument("--method", required=True, choices=METHOD_NAMES, help="training method")
+    add_planning_arguments(parser)
+    parser.add_argument("--items", type=_non_negative_int, default=None, help="stream length (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="model initialisation and dataset seed (default 0)")
+    parser.add_argument("--lr", type=_positive_float, default=1e-3, help="SGD learning rate (default 1e-3)")
+    parser.add_argument("--trace", type=Path, default=None, help="write the executed trace as CSV")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    root = args.data_root if args.data_root is not None else default_data_root()
+    dataset = load_dataset(args.dataset, root, seed=args.seed)
+    model = _model(args, dataset)
+    args.num_classes = dataset.num_classes
+    profile = load_or_profile(args)
+    if profile.num_units != model.num_units:
+        raise ConfigError(
+            f"profile {args.profile} has {profile.num_units} units, {model.name} on {dataset.name} has "
+            f"{model.num_units}; profile this model (ferret profile) or omit --profile"
+        )
+    arrival = args.arrival_interval.resolve(profile.max_forward_time)
+    plan = planner_from_args(args, profile).plan(args.budget) if args.method == "ferret" else None
+    result = simulate_dataset(args, model, dataset, profile, arrival, plan)
+    if args.trace is not None and result.trace is not None:
+        args.trace.write_text(to_csv(result.trace))
+    report = _report(args, result, arrival, plan)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_report(report))
+    if any(m > b for m, b in zip(result.max_staleness, result.staleness_bound, strict=True)):
+        print(
+            f"ferret: warning: staleness {list(result.max_staleness)} exceeded the schedule's bound "
+            f"{list(result.staleness_bound)} (ferret_core.staleness); the Iter-Fisher ring was sized to the bound",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def simulate_dataset(
+    args: argparse.Namespace,
+    model: ZooModel,
+    dataset: Dataset,
+    profile: ModelProfile,
+    arrival: float,
+    plan: Plan | None,
+) -> SimulationResult:
+    if args.optimizer == "adam":
+        raise ConfigError("the engine implements SGD and SGD with momentum; use --optimizer sgd or momentum")
+    torch.set_flush_denormal(True)
+    policy = make_policy(args.method, plan)
+    setup = policy.setup(model.name, model.num_units, arrival)
+    settings = EngineSettings(
+        lr=args.lr,
+        momentum=MOMENTUM if args.optimizer == "momentum" else 0.0,
+        # Oracle and 1-Skip train sequentially (staleness 0): no compensator, and none of its state
+        compensator=args.compensator if args.method == "ferret" else "none",
+        compensator_settings=CompensatorSettings(),
+        keep_trace=True,
+    )
+    engine = StreamEngine(model.units, setup, settings)
+    total = len(dataset.y_train) if args.items is None else min(args.items, len(dataset.y_train))
+    items = iter_stream(dataset, limit=total, seed=args.seed)
+    times = StageTimes.from_profile(profile, setup.plan.partition)
+    with tqdm(total=total, desc=f"{args.method} on {dataset.name}", unit="item", file=sys.stderr) as bar:
+        result = engine.run_virtual(items, times, arrival, on_arrival=lambda _: bar.update(1))
+    return dataclasses.replace(result, tacc=engine.pipeline.evaluate(*test_split(dataset)))
+
+
+def _model(args: argparse.Namespace, dataset: Dataset) -> ZooModel:
+    shape = dataset.input_shape
+    if args.model == "mlp":
+        return build_model("mlp", num_classes=dataset.num_classes, in_features=math.prod(shape), seed=args.seed)
+    if len(shape) != 3:
+        raise ConfigError(f"{args.model} takes images; {dataset.name} has samples of shape {shape}; use --model mlp")
+    return build_model(
+        args.model,
+        num_classes=dataset.num_classes,
+        in_channels=shape[0],
+        input_size=shape[-1] if args.input_size is None else args.input_size,
+        seed=args.seed,
+    )
+
+
+def _report(args: argparse.Namespace, result: SimulationResult, arrival: float, plan: Plan | None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "dataset": args.dataset,
+        "model": args.model,
+        "seed": args.seed,
+        "lr": args.lr,
+        "arrival_interval": arrival,
+        "profile": None if args.profile is None else str(args.profile),
+    }
+    out.update(result.to_dict())
+    out["plan"] = None if plan is None else plan.to_dict()
+    return out
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """A readable summary of :func:`_report`'s values."""
+    def fmt(values: list[Any]) -> str:
+        return "[" + ", ".join("null" if v is None else f"{v:.4g}" for v in values) + "]"
+
+    skipped = ", ".join(f"{k} {v}" for k, v in report["skipped"].items() if v) or "none"
+    lines = [
+        f"{report['method']} on {report['dataset']} / {report['model']} "
+        f"({report['items']} items, t^d = {report['arrival_interval'] * 1e3:.4g} ms, compensator "
+        f"{report['compensator']}, seed {report['seed']})",
+        f"  online accuracy  {report['oacc']:.2f} %",
+        f"  test accuracy    {'n/a' if report['tacc'] is None else format(report['tacc'], '.2f') + ' %'}",
+        f"  trained          {report['trained']} through every stage, {report['trained_any_stage']} through any",
+        f"  skipped          {skipped}",
+        f"  updates/stage    {report['updates_per_stage']}",
+        f"  memory           measured peak {_bytes(report['peak_bytes'])}, planned {_bytes(report['planned_bytes'])}",
+        f"  staleness        mean {fmt(report['mean_staleness'])}, max {report['max_staleness']}, "
+        f"bound {report['staleness_bound']}",
+        f"  λ                {fmt(report['lambda'])}",
+        f"  rel. correction  {fmt(report['relative_correction'])}",
+        f"  wall time        {report['wall_seconds']:.2f} s",
+    ]
+    return "\n".join(lines)
+
+
+def _bytes(value: int | None) -> str:
+    return "n/a" if value is None else f"{value:,} B ({value / 2**20:.2f} MiB)"
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value

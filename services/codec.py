@@ -1,0 +1,297 @@
+"""The ``Sample`` codec of ``<prefix>.samples`` and the trainer's validation of what it consumes
+(DESIGN §4 "Kafka topics").
+
+Producing: :class:`SampleEncoder` turns the items of one stream into serialized ``ferret.v1.Sample``
+values (id ``<stream>/<sequence>``, raw little-endian tensor bytes with shape and dtype; ``uint8`` images
+stay ``uint8``, so an MNIST item's tensor is 784 bytes). :func:`encode_sample` is the one-off form.
+
+Consuming: :class:`SampleDecoder` checks a record's value and returns a :class:`ValidSample` (a float32
+tensor normalised like :func:`ferret_core.data.normalise`: ``uint8`` / 255, floats as they are) or a
+:class:`Rejection` with a stable reason code (:data:`REASONS`), checked in this order: ``undecodable``
+(no value, or not a ``Sample``), ``missing_id``, ``missing_tensor``, ``bad_dtype`` (not one of
+:data:`ALLOWED_DTYPES`), ``bad_size`` (byte length ≠ product(shape) × itemsize, or a negative
+dimension), ``wrong_shape`` (≠ the model's input shape), ``non_finite`` (NaN or ±inf), and
+``label_out_of_range`` (a label present and outside ``[0, num_classes)``). A rejected record goes to
+``<prefix>.samples.dlq`` as :func:`dead_letter` builds it: the original bytes and key, the original
+headers, plus ``ferret.dlq.*`` headers naming the reason, detail, source topic, partition and offset.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, get_args
+
+import numpy as np
+import torch
+from google.protobuf.message import DecodeError
+
+from ferret_core.data import normalise
+from ferret_core.errors import ConfigError, FerretError
+from services.proto_gen.ferret.v1.messages_pb2 import Sample, Tensor
+
+RejectReason = Literal[
+    "undecodable",
+    "missing_id",
+    "missing_tensor",
+    "bad_dtype",
+    "bad_size",
+    "wrong_shape",
+    "non_finite",
+    "label_out_of_range",
+]
+REASONS: tuple[RejectReason, ...] = get_args(RejectReason)
+
+# Element types a trainer accepts (little-endian); anything else is ``bad_dtype``.
+ALLOWED_DTYPES: dict[str, np.dtype[np.generic]] = {
+    "uint8": np.dtype("u1"),
+    "float16": np.dtype("<f2"),
+    "float32": np.dtype("<f4"),
+    "float64": np.dtype("<f8"),
+}
+_FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})
+_DETAIL_LIMIT = 1000  # characters of a rejection's detail kept in the DLQ header
+
+# Headers of a dead letter (values are UTF-8 text; partition, offset and times in decimal).
+DLQ_REASON = "ferret.dlq.reason"
+DLQ_DETAIL = "ferret.dlq.detail"
+DLQ_TOPIC = "ferret.dlq.topic"
+DLQ_PARTITION = "ferret.dlq.partition"
+DLQ_OFFSET = "ferret.dlq.offset"
+DLQ_TIME_MS = "ferret.dlq.time_ms"
+DLQ_HEADERS = (DLQ_REASON, DLQ_DETAIL, DLQ_TOPIC, DLQ_PARTITION, DLQ_OFFSET, DLQ_TIME_MS)
+
+
+def sample_id(stream: str, sequence: int) -> str:
+    """The id of item ``sequence`` of ``stream``: ``"<stream>/<sequence>"`` (the record key too)."""
+    return f"{stream}/{sequence}"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _dtype_name(x: np.ndarray) -> str:
+    name = x.dtype.name
+    if name not in ALLOWED_DTYPES:
+        raise ConfigError(f"cannot encode a {name} tensor: expected one of {', '.join(ALLOWED_DTYPES)}")
+    return name
+
+
+class SampleEncoder:
+    """Serializes the items of one stream (fixed shape and dtype), reusing one message (~2 µs per item).
+
+    Not thread-safe: use one per producing thread.
+    """
+
+    def __init__(self, stream: str, shape: Sequence[int], dtype: str) -> None:
+        if dtype not in ALLOWED_DTYPES:
+            raise ConfigError(f"cannot encode dtype {dtype!r}: expected one of {', '.join(ALLOWED_DTYPES)}")
+        if not stream:
+            raise ConfigError("the stream name must not be empty (e.g. the dataset name, mnist)")
+        self.stream = stream
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+        self.nbytes = math.prod(self.shape) * ALLOWED_DTYPES[dtype].itemsize
+        self._message = Sample(stream=stream, tensor=Tensor(shape=self.shape, dtype=dtype))
+
+    def encode(
+        self, data: bytes, sequence: int, *, label: int | None = None, task: int = 0, event_time_ms: int | None = None
+    ) -> tuple[str, bytes]:
+        """``(id, serialized Sample)`` for one item's raw tensor ``data`` (``x.tobytes()``, C order)."""
+        if len(data) != self.nbytes:
+            raise ConfigError(
+                f"item {sequence} of {self.stream} has {len(data)} tensor bytes, expected {self.nbytes} "
+                f"(shape {list(self.shape)}, {self.dtype})"
+            )
+        message = self._message
+        ident = f"{self.stream}/{sequence}"
+        message.id = ident
+        message.sequence = sequence
+        message.event_time_ms = now_ms() if event_time_ms is None else event_time_ms
+        message.task = task
+        message.tensor.data = data
+        if label is None:
+            message.ClearField("label")
+        else:
+            message.label = label
+        return ident, message.SerializeToString()
+
+
+def encode_sample(
+    x: np.ndarray,
+    *,
+    stream: str,
+    sequence: int,
+    label: int | None = None,
+    task: int = 0,
+    event_time_ms: int | None = None,
+) -> Sample:
+    """One dataset item as a ``Sample`` (``x`` keeps its dtype: ``uint8`` images stay ``uint8``)."""
+    array = np.ascontiguousarray(x)
+    dtype = _dtype_name(array)
+    data = array.astype(ALLOWED_DTYPES[dtype], copy=False).tobytes()
+    sample = Sample(
+        id=sample_id(stream, sequence),
+        sequence=sequence,
+        event_time_ms=now_ms() if event_time_ms is None else event_time_ms,
+        stream=stream,
+        task=task,
+        tensor=Tensor(shape=array.shape, dtype=dtype, data=data),
+    )
+    if label is not None:
+        sample.label = label
+    return sample
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a record is not a valid sample: a stable ``reason`` code and a human ``detail``."""
+
+    reason: RejectReason
+    detail: str
+
+
+class SampleRejectedError(FerretError, ValueError):
+    """Raised by :meth:`SampleDecoder.decode_or_raise`; carries the :class:`Rejection`."""
+
+    def __init__(self, rejection: Rejection) -> None:
+        super().__init__(f"{rejection.reason}: {rejection.detail}")
+        self.rejection = rejection
+
+
+@dataclass(frozen=True, eq=False)
+class ValidSample:
+    """A decoded, validated item: ``x`` is float32 of the model's input shape, normalised."""
+
+    sample_id: str
+    sequence: int
+    event_time_ms: int
+    x: torch.Tensor
+    label: int | None
+    task: int
+    stream: str
+
+
+class SampleDecoder:
+    """Validates consumed ``Sample`` values for a model with ``input_shape`` and ``num_classes``."""
+
+    def __init__(
+        self, input_shape: Sequence[int], num_classes: int, *, allowed_dtypes: Sequence[str] = tuple(ALLOWED_DTYPES)
+    ) -> None:
+        unknown = [d for d in allowed_dtypes if d not in ALLOWED_DTYPES]
+        if unknown or not allowed_dtypes:
+            raise ConfigError(f"allowed dtypes must be a non-empty subset of {list(ALLOWED_DTYPES)}, got {unknown}")
+        if num_classes < 1 or any(s < 0 for s in input_shape):
+            raise ConfigError(f"need num_classes >= 1 and sizes >= 0, got {num_classes} and {list(input_shape)}")
+        self.input_shape = tuple(int(s) for s in input_shape)
+        self.num_classes = int(num_classes)
+        self.allowed_dtypes = tuple(allowed_dtypes)
+
+    def decode(self, value: bytes | None) -> ValidSample | Rejection:
+        """The sample in ``value``, or why it is rejected (never raises for bad input)."""
+        if value is None:
+            return Rejection("undecodable", "the record has no value (a tombstone)")
+        try:
+            sample = Sample.FromString(value)
+        except DecodeError as exc:
+            return Rejection("undecodable", f"not a ferret.v1.Sample ({len(value)} bytes): {exc}")
+        if not sample.id:
+            return Rejection("missing_id", f"sample {sample.stream or '?'}/{sample.sequence} has an empty id")
+        if not sample.HasField("tensor"):
+            return Rejection("missing_tensor", f"sample {sample.id} has no tensor")
+        tensor = sample.tensor
+        if tensor.dtype not in self.allowed_dtypes:
+            return Rejection(
+                "bad_dtype",
+                f"sample {sample.id}: dtype {tensor.dtype!r}, expected one of {', '.join(self.allowed_dtypes)}",
+            )
+        shape = tuple(tensor.shape)
+        if any(s < 0 for s in shape):
+            return Rejection("bad_size", f"sample {sample.id}: shape {list(shape)} has a negative dimension")
+        dtype = ALLOWED_DTYPES[tensor.dtype]
+        expected_bytes = math.prod(shape) * dtype.itemsize
+        if len(tensor.data) != expected_bytes:
+            return Rejection(
+                "bad_size",
+                f"sample {sample.id}: {len(tensor.data)} data bytes, expected {expected_bytes} for shape "
+                f"{list(shape)} of {tensor.dtype}",
+            )
+        if shape != self.input_shape:
+            return Rejection(
+                "wrong_shape", f"sample {sample.id}: shape {list(shape)}, the model expects {list(self.input_shape)}"
+            )
+        array = np.frombuffer(bytearray(tensor.data), dtype=dtype).reshape(shape)
+        if tensor.dtype in _FLOAT_DTYPES:
+            finite = np.isfinite(array)
+            if not finite.all():
+                bad = int(array.size - np.count_nonzero(finite))
+                return Rejection("non_finite", f"sample {sample.id}: {bad} of {array.size} values are NaN or infinite")
+            array = array.astype(np.float32, copy=False)
+        label: int | None = None
+        if sample.HasField("label"):
+            label = int(sample.label)
+            if not 0 <= label < self.num_classes:
+                return Rejection(
+                    "label_out_of_range", f"sample {sample.id}: label {label}, expected 0 … {self.num_classes - 1}"
+                )
+        return ValidSample(
+            sample_id=sample.id,
+            sequence=int(sample.sequence),
+            event_time_ms=int(sample.event_time_ms),
+            x=normalise(array),
+            label=label,
+            task=int(sample.task),
+            stream=sample.stream,
+        )
+
+    def decode_or_raise(self, value: bytes | None) -> ValidSample:
+        """Like :meth:`decode`, raising :class:`SampleRejectedError` for a rejected value."""
+        result = self.decode(value)
+        if isinstance(result, Rejection):
+            raise SampleRejectedError(result)
+        return result
+
+
+class KafkaRecord(Protocol):
+    """What :func:`dead_letter` reads of a consumed record (``confluent_kafka.Message`` has it)."""
+
+    def topic(self) -> str | None: ...
+    def partition(self) -> int | None: ...
+    def offset(self) -> int | None: ...
+    def value(self) -> bytes | None: ...
+    def headers(self) -> list[tuple[str, bytes | None]] | None: ...
+
+
+Headers = list[tuple[str, bytes]]
+
+
+def dead_letter(
+    record: KafkaRecord, rejection: Rejection, *, time_ms: int | None = None
+) -> tuple[bytes | None, Headers]:
+    """``(value, headers)`` of the DLQ message for a rejected record: its original bytes, its original
+    headers (other than ``ferret.dlq.*``), then the reason, detail, source topic, partition and offset.
+    Produce it with the record's original key."""
+    original = [
+        (k, v if v is not None else b"") for k, v in (record.headers() or []) if not k.startswith("ferret.dlq.")
+    ]
+    ours = {
+        DLQ_REASON: rejection.reason,
+        DLQ_DETAIL: rejection.detail[:_DETAIL_LIMIT],
+        DLQ_TOPIC: record.topic() or "",
+        DLQ_PARTITION: str(record.partition()),
+        DLQ_OFFSET: str(record.offset()),
+        DLQ_TIME_MS: str(now_ms() if time_ms is None else time_ms),
+    }
+    return record.value(), original + [(k, v.encode("utf-8")) for k, v in ours.items()]
+
+
+def dead_letter_info(headers: Sequence[tuple[str, bytes | None]] | None) -> dict[str, str]:
+    """The ``ferret.dlq.*`` headers of a DLQ message as text, keyed without the prefix (``reason``, …)."""
+    out: dict[str, str] = {}
+    for key, value in headers or []:
+        if key in DLQ_HEADERS:
+            out[key.removeprefix("ferret.dlq.")] = (value or b"").decode("utf-8", errors="replace")
+    return out

@@ -1,0 +1,134 @@
+"""``load_settings``: defaults, then one YAML file, then ``FERRET_<SECTION>_<KEY>`` environment variables."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+from ferret_core.errors import ConfigError
+from services.config.sections import SECTIONS, Section, Settings
+from services.config.values import (
+    ENV_PREFIX,
+    NULLS,
+    Invalid,
+    SettingsError,
+    coerce,
+    default_fix,
+    describe,
+    is_optional,
+)
+
+CONFIG_ENV = "FERRET_CONFIG"  # the YAML file's path when load_settings is given none
+EXAMPLE = "config/ferret.example.yaml"
+
+
+def load_settings(path: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> Settings:
+    """The settings from the defaults, the YAML file ``path`` (else ``$FERRET_CONFIG``, else none) and
+    the ``FERRET_<SECTION>_<KEY>`` variables of ``env`` (default ``os.environ``), validated.
+
+    Raises :class:`~services.config.values.SettingsError` (a ``ConfigError``) naming the key, its
+    source, the expected and the received value and the fix; ``ConfigError`` when the file cannot be read.
+    """
+    env = os.environ if env is None else env
+    if path is None and env.get(CONFIG_ENV):
+        path = env[CONFIG_ENV]
+    raw: dict[str, dict[str, tuple[Any, str]]] = {name: {} for name in SECTIONS}
+    source = None if path is None else Path(path)
+    if source is not None:
+        for section, values in _read_yaml(source).items():
+            raw[section].update({key: (value, f"in {source}") for key, value in values.items()})
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].lower().partition("_")
+        if section not in SECTIONS:
+            continue  # not a settings variable (e.g. FERRET_CONFIG)
+        _check_known(section, key, f"from {name}")
+        raw[section][key] = (env[name], f"from {name}")
+    sections = {name: build_section(cls, raw[name]) for name, cls in SECTIONS.items()}
+    return Settings(**sections, source=source)  # type: ignore[arg-type]
+
+
+def build_section(cls: type[Section], raw: Mapping[str, tuple[Any, str]]) -> Section:
+    """A section from raw values, each with its source (``"in FILE"``, ``"from FERRET_X"``)."""
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    for key, (value, source) in raw.items():
+        name = f"{cls.section}.{key}"
+        metadata = fields[key].metadata
+        try:
+            values[key] = _parse(value, hints[key], metadata)
+        except Invalid as exc:
+            fix = exc.fix or default_fix(name)
+            raise SettingsError(name, exc.expected, value, fix, source, secret=bool(metadata.get("secret"))) from None
+    try:
+        return cls(**values)
+    except SettingsError as exc:
+        origin = raw.get(exc.key.partition(".")[2])
+        raise (exc.with_source(origin[1]) if origin else exc) from None
+
+
+def _parse(value: Any, tp: Any, metadata: Mapping[str, Any]) -> Any:
+    parse = metadata.get("parse")
+    if parse is None:
+        return coerce(tp, value)
+    if is_optional(tp) and (value is None or (isinstance(value, str) and value.strip().lower() in NULLS)):
+        return None
+    try:
+        return parse(value)
+    except (ValueError, TypeError, ConfigError):
+        raise Invalid(metadata.get("expected") or describe(tp)) from None
+
+
+def _read_yaml(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read config file {str(path)!r}: {exc.strerror or exc}; pass an existing YAML file (see {EXAMPLE})"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    source = f"in {path}"
+    if not isinstance(data, dict):
+        sections = ", ".join(SECTIONS)
+        raise SettingsError("(top level)", f"a mapping of sections ({sections})", type(data).__name__, "", source)
+    out: dict[str, dict[str, Any]] = {}
+    for section, values in data.items():
+        if section not in SECTIONS:
+            hint = _did_you_mean(str(section), list(SECTIONS)) or f"see {EXAMPLE}"
+            raise SettingsError(str(section), f"a section ({', '.join(SECTIONS)})", section, hint, source)
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise SettingsError(section, "a mapping of keys", type(values).__name__, f"see {EXAMPLE}", source)
+        for key in values:
+            _check_known(section, str(key), source)
+        out[section] = {str(key): value for key, value in values.items()}
+    return out
+
+
+def _check_known(section: str, key: str, source: str) -> None:
+    names = [f.name for f in dataclasses.fields(SECTIONS[section])]  # type: ignore[arg-type]
+    if key not in names:
+        raise SettingsError(
+            f"{section}.{key}",
+            f"a key of section {section} ({', '.join(names)})",
+            key,
+            _did_you_mean(key, names) or "remove it",
+            source,
+        )
+
+
+def _did_you_mean(name: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(name, names, n=1)
+    return f"did you mean {close[0]!r}?" if close else ""

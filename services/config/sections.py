@@ -1,0 +1,329 @@
+"""The settings sections: frozen dataclasses that validate themselves in ``__post_init__`` (so
+``dataclasses.replace`` with a CLI flag's value is checked like a value from the file)."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal, get_type_hints
+
+from ferret_core.compensation import COMPENSATOR_NAMES
+from ferret_core.data import DATASET_NAMES
+from ferret_core.engine import METHOD_NAMES
+from ferret_core.zoo import MODEL_NAMES
+from services.cli.args import ArrivalInterval
+from services.config.values import (
+    SECRET,
+    Invalid,
+    Measured,
+    SettingsError,
+    between,
+    check_bootstrap,
+    check_device,
+    check_file,
+    check_listen,
+    check_name,
+    check_prefix,
+    check_redis_url,
+    default_fix,
+    describe,
+    has_type,
+    meta,
+    one_of,
+    parse_arrival,
+    parse_budget,
+    parse_rate,
+)
+from services.kafka.admin import TopicNames
+
+LabelMode = Literal["with-sample", "delayed", "none"]
+Split = Literal["train", "test"]
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
+
+# librdkafka properties that have a named setting (or that Ferret's semantics fix): not in kafka.properties.
+MANAGED_KAFKA_PROPERTIES = frozenset(
+    {
+        "bootstrap.servers",
+        "group.id",
+        "group.instance.id",
+        "session.timeout.ms",
+        "enable.idempotence",
+        "enable.auto.offset.store",
+        "security.protocol",
+        "sasl.mechanism",
+        "sasl.mechanisms",
+        "sasl.username",
+        "sasl.password",
+        "ssl.ca.location",
+        "ssl.certificate.location",
+        "ssl.key.location",
+        "ssl.key.password",
+    }
+)
+
+
+_BUDGET = "bytes as an integer or with a suffix (e.g. 2429288, 512MiB, 2GB), or null (unconstrained)"
+_ARRIVAL = "'auto' (= max_i t̂_i^f), 'Kx' (e.g. 2x), a positive number of seconds, or 'measured'"
+_RATE = "a positive number of items per second, or 'max'"
+
+
+def _check_properties(value: dict[str, str]) -> None:
+    managed = sorted(k for k in value if k in MANAGED_KAFKA_PROPERTIES)
+    if managed:
+        raise Invalid(
+            "librdkafka properties other than the ones with a named setting",
+            f"remove {managed} from kafka.properties and use the kafka.* settings of the same name",
+        )
+
+
+def _check_rate(value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise Invalid(_RATE)
+
+
+class Section:
+    """Validation shared by the sections: every field's type (Literal choices included), then its check,
+    then :meth:`_cross_check`."""
+
+    section: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        hints = get_type_hints(type(self))
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            key = f"{self.section}.{f.name}"
+            try:
+                if not has_type(value, hints[f.name]):
+                    raise Invalid(f.metadata.get("expected") or describe(hints[f.name]))
+                check = f.metadata.get("check")
+                if check is not None:
+                    check(value)
+            except Invalid as exc:
+                secret = bool(f.metadata.get("secret"))
+                raise SettingsError(key, exc.expected, value, exc.fix or default_fix(key), secret=secret) from None
+        self._cross_check()
+
+    def _cross_check(self) -> None:
+        """Checks between fields of a section (override)."""
+
+    def _fail(self, name: str, expected: str, fix: str) -> SettingsError:
+        return SettingsError(f"{self.section}.{name}", expected, getattr(self, name), fix)
+
+
+@dataclass(frozen=True)
+class KafkaSettings(Section):
+    """Broker, topics, consumer group and security. ``security_protocol``, ``sasl_*`` and ``ssl_*`` are
+    the librdkafka properties of the same name with dots; ``properties`` passes any other one through."""
+
+    section = "kafka"
+    bootstrap_servers: str = field(default="127.0.0.1:9092", metadata=meta(check=check_bootstrap))
+    topic_prefix: str = field(default="ferret", metadata=meta(check=check_prefix))
+    sample_partitions: int = field(default=1, metadata=meta(check=between(1, 10_000, "an integer")))
+    group_id: str = field(default="ferret-trainer", metadata=meta(check=check_name))
+    instance_id: str | None = field(default=None, metadata=meta(check=check_name))
+    session_timeout_ms: int = field(default=6000, metadata=meta(check=between(1000, 3_600_000, "milliseconds")))
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, metadata=meta(secret=True), repr=False)
+    ssl_ca_location: Path | None = field(default=None, metadata=meta(check=check_file))
+    ssl_certificate_location: Path | None = field(default=None, metadata=meta(check=check_file))
+    ssl_key_location: Path | None = field(default=None, metadata=meta(check=check_file))
+    ssl_key_password: str | None = field(default=None, metadata=meta(secret=True), repr=False)
+    properties: dict[str, str] = field(default_factory=dict, metadata=meta(check=_check_properties))
+
+    def _cross_check(self) -> None:
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and self.sasl_mechanism is None:
+            raise self._fail(
+                "sasl_mechanism",
+                f"a SASL mechanism with security_protocol {self.security_protocol}",
+                "set kafka.sasl_mechanism (e.g. PLAIN, SCRAM-SHA-512)",
+            )
+        needs_password = self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+        if sasl and needs_password and (self.sasl_username is None or self.sasl_password is None):
+            raise self._fail(
+                "sasl_username",
+                f"a user name and a password with SASL {self.sasl_mechanism}",
+                "set kafka.sasl_username and kafka.sasl_password (e.g. FERRET_KAFKA_SASL_PASSWORD from a secret)",
+            )
+        if (self.ssl_certificate_location is None) != (self.ssl_key_location is None):
+            raise self._fail(
+                "ssl_key_location",
+                "a client certificate and its key together, or neither",
+                "set both kafka.ssl_certificate_location and kafka.ssl_key_location, or remove both",
+            )
+
+    @property
+    def topics(self) -> TopicNames:
+        return TopicNames(self.topic_prefix)
+
+    def resolved_instance_id(self) -> str:
+        """``instance_id``, else the host name (a StatefulSet pod's name is stable across restarts)."""
+        return self.instance_id or socket.gethostname()
+
+    def client_config(self) -> dict[str, Any]:
+        """What every client needs: bootstrap servers, security, then ``properties``."""
+        config: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": self.security_protocol,
+        }
+        optional = {
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_username,
+            "sasl.password": self.sasl_password,
+            "ssl.ca.location": self.ssl_ca_location,
+            "ssl.certificate.location": self.ssl_certificate_location,
+            "ssl.key.location": self.ssl_key_location,
+            "ssl.key.password": self.ssl_key_password,
+        }
+        config.update({k: str(v) for k, v in optional.items() if v is not None})
+        config.update(self.properties)
+        return config
+
+    def producer_config(self) -> dict[str, Any]:
+        """An idempotent producer (acks=all) with the Java client's key partitioner (murmur2), so a label
+        keyed by its sample id lands on the partition index of its sample."""
+        config = {"enable.idempotence": True, "acks": "all", "partitioner": "murmur2_random", "linger.ms": 5}
+        return {**config, **self.client_config()}
+
+    def consumer_config(self) -> dict[str, Any]:
+        """The trainer's consumer: static membership, offsets stored only explicitly (DESIGN §4)."""
+        config: dict[str, Any] = {
+            "group.id": self.group_id,
+            "group.instance.id": self.resolved_instance_id(),
+            "session.timeout.ms": self.session_timeout_ms,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+        }
+        return {**config, **self.client_config()}
+
+
+@dataclass(frozen=True)
+class RedisSettings(Section):
+    """The snapshot store (DESIGN §4 "Redis snapshot layout")."""
+
+    section = "redis"
+    url: str = field(default="redis://127.0.0.1:6379/0", metadata=meta(check=check_redis_url))
+    namespace: str = field(default="ferret", metadata=meta(check=check_name))
+    snapshot_interval_s: float = field(default=60.0, metadata=meta(check=between(0, None, "seconds (0 = off)")))
+    keep: int = field(default=3, metadata=meta(check=between(1, None, "an integer")))
+
+
+@dataclass(frozen=True)
+class TrainerSettings(Section):
+    """What the trainer learns and how (the names of DESIGN §4)."""
+
+    section = "trainer"
+    dataset: str = field(default="mnist", metadata=meta(check=one_of(DATASET_NAMES)))
+    model: str = field(default="mnistnet", metadata=meta(check=one_of(MODEL_NAMES)))
+    method: str = field(default="ferret", metadata=meta(check=one_of(METHOD_NAMES)))
+    compensator: str = field(default="iter-fisher", metadata=meta(check=one_of(COMPENSATOR_NAMES)))
+    budget_bytes: int | None = field(
+        default=None, metadata=meta(parse=parse_budget, expected=_BUDGET, check=between(1, None, "bytes"))
+    )
+    arrival_interval: ArrivalInterval | Measured = field(
+        default=ArrivalInterval(multiple=1.0), metadata=meta(parse=parse_arrival, expected=_ARRIVAL)
+    )
+    arrival_drift_ratio: float = field(default=1.5, metadata=meta(check=between(1.0, None, "a ratio")))
+    decay: float | None = field(default=None, metadata=meta(check=between(0, None, "a decay constant")))
+    lr: float = field(default=1e-3, metadata=meta(check=between(1e-12, None, "a learning rate")))
+    device: str = field(default="cpu", metadata=meta(check=check_device))
+    threads: int = field(default=1, metadata=meta(check=between(1, 1024, "an integer")))
+    max_workers: int | None = field(default=None, metadata=meta(check=between(1, None, "an integer")))
+    profile: Path | None = field(default=None, metadata=meta(check=check_file))
+    label_window: int = field(default=10_000, metadata=meta(check=between(0, None, "a number of items")))
+
+
+@dataclass(frozen=True)
+class ProducerSettings(Section):
+    """``ferret produce``: which stream, how fast, and where the labels go (its flags override these)."""
+
+    section = "producer"
+    dataset: str = field(default="mnist", metadata=meta(check=one_of(DATASET_NAMES)))
+    data_root: Path | None = None
+    split: Split = "train"
+    stream: str | None = field(default=None, metadata=meta(check=check_name))
+    rate: float | None = field(default=None, metadata=meta(parse=parse_rate, expected=_RATE, check=_check_rate))
+    burst: int = field(default=1, metadata=meta(check=between(1, None, "an integer")))
+    items: int | None = field(default=None, metadata=meta(check=between(0, None, "an integer")))
+    loop: bool = False
+    labels: LabelMode = "with-sample"
+    label_delay_s: float = field(default=1.0, metadata=meta(check=between(0, 86_400, "seconds")))
+    seed: int = 0
+    shuffle: bool = False
+    flush_timeout_s: float = field(default=30.0, metadata=meta(check=between(0, None, "seconds")))
+
+    def _cross_check(self) -> None:
+        if self.loop and self.items is not None:
+            raise self._fail("loop", "loop=false when items is set (one or the other)", "unset producer.items or loop")
+
+
+@dataclass(frozen=True)
+class ControlSettings(Section):
+    """The gRPC control plane: ``token`` turns bearer-token auth on, ``tls_cert`` + ``tls_key`` TLS."""
+
+    section = "control"
+    listen: str = field(default="127.0.0.1:50051", metadata=meta(check=check_listen))
+    token: str | None = field(default=None, metadata=meta(secret=True), repr=False)
+    tls_cert: Path | None = field(default=None, metadata=meta(check=check_file))
+    tls_key: Path | None = field(default=None, metadata=meta(check=check_file))
+
+    def _cross_check(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise self._fail(
+                "tls_key",
+                "a certificate and its key together, or neither",
+                "set both control.tls_cert and control.tls_key, or remove both",
+            )
+
+
+@dataclass(frozen=True)
+class MetricsSettings(Section):
+    """The Prometheus endpoint; ``port: null`` turns it off, 0 picks a free port."""
+
+    section = "metrics"
+    port: int | None = field(default=9100, metadata=meta(check=between(0, 65535, "a TCP port")))
+    addr: str = "127.0.0.1"
+
+
+SECTIONS: dict[str, type[Section]] = {
+    "kafka": KafkaSettings,
+    "redis": RedisSettings,
+    "trainer": TrainerSettings,
+    "producer": ProducerSettings,
+    "control": ControlSettings,
+    "metrics": MetricsSettings,
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a service reads at start; ``source`` is the YAML file (None when there was none)."""
+
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    trainer: TrainerSettings = field(default_factory=TrainerSettings)
+    producer: ProducerSettings = field(default_factory=ProducerSettings)
+    control: ControlSettings = field(default_factory=ControlSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    source: Path | None = None
+
+    def redacted(self) -> dict[str, dict[str, Any]]:
+        """Plain values per section (for logs), secrets replaced by ``***``."""
+        out: dict[str, dict[str, Any]] = {}
+        for name in SECTIONS:
+            section = getattr(self, name)
+            values: dict[str, Any] = {}
+            for f in dataclasses.fields(section):
+                value = getattr(section, f.name)
+                if f.metadata.get("secret") and value is not None:
+                    value = SECRET
+                elif isinstance(value, Path | ArrivalInterval):
+                    value = str(value)
+                values[f.name] = value
+            out[name] = values
+        return out

@@ -1,0 +1,11 @@
+"""``ferret demo``: the whole service on one machine (DESIGN §6).
+
+Modules: ``options`` (what a run does, its defaults), ``commands`` (the children's command lines),
+``orchestrator`` (process life cycle), ``live_view`` (the terminal), ``collect`` (the independent
+read-back), ``record`` / ``report`` / ``plot`` (summary.json, report.md, the PNG).
+"""
+
+from services.demo.options import DemoOptions
+from services.demo.orchestrator import DemoError, DemoRun
+
+__all__ = ["DemoError", "DemoOptions", "DemoRun"]

@@ -1,0 +1,143 @@
+"""Wires a trainer process from its settings: model, profile, planner, learner, snapshots, control
+plane, metrics and signals. ``ferret run`` calls :func:`run_trainer`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+import torch
+
+from ferret_core.data import dataset_spec
+from ferret_core.errors import ConfigError, NotImplementedFeatureError
+from ferret_core.memory_model import MemorySettings
+from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.profile import ModelProfile
+from ferret_core.zoo import ZooModel, build_model
+from services.codec import SampleDecoder
+from services.config import Settings
+from services.control.auth import ServerTls
+from services.control.server import ControlServer, create_server
+from services.kafka.admin import ensure_topics
+from services.snapshots import SnapshotStore
+from services.trainer.metrics import TrainerMetrics
+from services.trainer.service import Trainer
+
+log = logging.getLogger("ferret.trainer")
+
+
+@dataclass
+class TrainerProcess:
+    """The parts of a running trainer, for tests and the demo's in-process use."""
+
+    trainer: Trainer
+    control: ControlServer
+    planner: Planner
+    metrics_port: int | None
+
+
+def build_zoo_model(settings: Settings) -> ZooModel:
+    shape, classes = dataset_spec(settings.trainer.dataset)
+    kwargs: dict[str, int] = {"num_classes": classes}
+    if len(shape) == 3:
+        if shape[1] != shape[2]:
+            raise ConfigError(f"dataset {settings.trainer.dataset!r} has non-square images {shape}")
+        kwargs.update(input_size=shape[1], in_channels=shape[0])
+    elif len(shape) == 1:
+        kwargs.update(in_features=shape[0])
+    return build_model(settings.trainer.model, **kwargs)  # type: ignore[arg-type]
+
+
+def load_profile(settings: Settings, model: ZooModel) -> ModelProfile:
+    if settings.trainer.profile is not None:
+        profile = ModelProfile.load(settings.trainer.profile)
+        if profile.num_units != model.num_units:
+            raise ConfigError(
+                f"profile {str(settings.trainer.profile)!r} has {profile.num_units} units, model "
+                f"{model.name!r} has {model.num_units}; profile the model with `ferret profile`"
+            )
+        return profile
+    from ferret_core.profiler import profile_model
+
+    log.info("profiling %s (no trainer.profile given)", model.name)
+    return profile_model(model, device=settings.trainer.device)
+
+
+def make_planner(settings: Settings, profile: ModelProfile) -> Planner:
+    t = settings.trainer
+    if t.arrival_interval == "measured":
+        raise NotImplementedFeatureError(
+            "trainer.arrival_interval: 'measured' (EWMA re-planning) is not implemented yet; "
+            "give 'auto', 'Kx' or a number of seconds"
+        )
+    max_workers = t.max_workers if t.max_workers is not None else max(1, os.cpu_count() or 1)
+    memory = MemorySettings(compensator=t.compensator)
+    planner_settings = PlannerSettings(
+        arrival_interval=t.arrival_interval.resolve(profile.max_forward_time),
+        decay=t.decay,
+        memory=memory,
+        max_workers=max_workers,
+    )
+    return Planner(profile, planner_settings)
+
+
+def start_trainer(settings: Settings) -> TrainerProcess:
+    """Build everything and start the control plane and metrics; the caller then runs the loop."""
+    t = settings.trainer
+    torch.set_num_threads(t.threads)
+    torch.set_flush_denormal(True)
+    model = build_zoo_model(settings)
+    profile = load_profile(settings, model)
+    planner = make_planner(settings, profile)
+    plan = planner.plan(t.budget_bytes)  # also warms the planner's paths before any gRPC thread uses it
+    from services.trainer.engine_learner import EngineLearner
+
+    learner = EngineLearner(model, plan, settings)
+    kafka = settings.kafka
+    ensure_topics(kafka.bootstrap_servers, kafka.topic_prefix, sample_partitions=kafka.sample_partitions)
+    client = redis.Redis.from_url(settings.redis.url)
+    store = SnapshotStore(client, settings.redis.namespace, kafka.resolved_instance_id())
+    shape, classes = dataset_spec(t.dataset)
+    holder: dict[str, ControlServer] = {}
+
+    def snapshot_health(ok: bool) -> None:
+        if "control" in holder:
+            holder["control"].health.set_snapshots_ok(ok)
+
+    trainer = Trainer(settings, learner, plan, SampleDecoder(shape, classes), store, on_snapshot_health=snapshot_health)
+    restored = trainer.restore_latest()
+    if restored is not None:
+        log.info("restored snapshot v%s; resuming at %s", restored.version, restored.offsets)
+    c = settings.control
+    tls = ServerTls(c.tls_cert, c.tls_key) if c.tls_cert is not None and c.tls_key is not None else None
+    control = create_server(planner, trainer, address=c.listen, token=c.token, tls=tls).start()
+    holder["control"] = control
+    metrics_port = None
+    if settings.metrics.port is not None:
+        metrics = TrainerMetrics(trainer.status, lambda: dict(learner.stats()))
+        trainer.on_latency = metrics.latency.observe
+        metrics_port = metrics.serve(settings.metrics.port, settings.metrics.addr)
+    log.info(
+        "trainer %s: control plane on %s, metrics on %s", kafka.resolved_instance_id(), control.target, metrics_port
+    )
+    return TrainerProcess(trainer, control, planner, metrics_port)
+
+
+def run_trainer(settings: Settings, *, on_ready: Callable[[TrainerProcess], None] | None = None) -> int:
+    """Run until SIGTERM/SIGINT: then drain, snapshot, commit and stop the control plane (exit 0)."""
+    process = start_trainer(settings)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    if on_ready is not None:
+        on_ready(process)
+    try:
+        process.trainer.run(stop)
+    finally:
+        process.control.stop(grace_s=5)
+    return 0

@@ -1,0 +1,110 @@
+"""End to end (STYLE 13): ``ferret demo`` as a user runs it, in a subprocess, on the embedded stack.
+
+The demo starts Tansu and Valkey, runs ``ferret run`` and ``ferret produce`` as processes of their own,
+changes the budget over gRPC and reads the predictions back with an independent consumer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from services.demo.options import REPO_ROOT, ferret_command
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _env() -> dict[str, str]:
+    """The caller's environment without FERRET_* settings (a developer's config must not leak in)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("FERRET_")}
+
+
+def test_demo_streams_changes_the_budget_and_reports(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    argv = [*ferret_command(), "demo", "--items", "300", "--dataset", "digits", "--model", "mlp", "--no-live"]
+    began = time.monotonic()
+    done = subprocess.run(
+        [*argv, "--out", str(out)], cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=240
+    )
+    seconds = time.monotonic() - began
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-4000:]}\n{done.stdout[-2000:]}"
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ok"] and summary["complete"]
+    assert summary["items_produced"] == 300
+    assert summary["samples_counted_from_topic"] == 300
+    assert summary["predictions_counted_from_topic"] == summary["items_produced"]
+    assert summary["predictions_published"] >= 300
+    assert summary["dlq"] == 0 and summary["dlq_counted_from_topic"] == 0
+    [change] = summary["budget_changes"]
+    assert change["from"] is None and change["to"] < summary["planned_bytes_before"]
+    assert change["plan_changed"] and change["plan_version_after"] == change["plan_version_before"] + 1
+    assert summary["plans"]["after"] != summary["plans"]["before"]
+    assert summary["plans"]["after"]["budget_bytes"] == change["to"]
+    assert summary["planned_bytes"] <= change["to"]
+    assert summary["snapshots"]["requested"]["version"] >= 1
+    assert summary["snapshots"]["in_redis"] and all(s["valid"] for s in summary["snapshots"]["in_redis"])
+    assert summary["trainer_exit_code"] == 0 and summary["producer_exit_code"] == 0
+    assert summary["latency_ms_p50"] is not None and summary["latency_ms_p99"] >= summary["latency_ms_p50"]
+    assert 0.0 <= summary["online_accuracy_from_topic"] <= 100.0
+    assert (out / "online_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| predictions on topic (read back, distinct) | 300 |" in (out / "report.md").read_text()
+    assert "predictions on topic" in done.stdout  # the table printed at the end
+    _assert_all_gone(out)
+    assert seconds < 120, f"the 300-item demo took {seconds:.0f} s"
+
+
+def test_demo_stops_every_process_on_ctrl_c(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    argv = [*ferret_command(), "demo", "--items", "100000", "--dataset", "digits", "--model", "mlp", "--no-live"]
+    process = subprocess.Popen(
+        [*argv, "--out", str(out)], cwd=REPO_ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + 120
+    try:
+        while not any("predicted" in line and "predicted 0 " not in line for line in seen):
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert line is not None, "the demo exited before streaming:\n" + "".join(seen[-30:])
+            seen.append(line)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=90) == 130
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    _assert_all_gone(out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["error"] == "interrupted" and not summary["complete"]
+
+
+def _assert_all_gone(out: Path) -> None:
+    """Every process the demo started (trainer, producer, broker, Redis) has exited."""
+    pids = json.loads((out / "pids.json").read_text())
+    assert {"trainer", "producer", "kafka", "redis"} <= pids.keys()
+    alive = []
+    for name, pid in pids.items():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        alive.append(f"{name} ({pid})")
+    assert not alive, f"left running: {alive}"

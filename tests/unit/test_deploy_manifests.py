@@ -1,0 +1,549 @@
+"""Offline checks of the deployment files: Dockerfile, .dockerignore, docker-compose.yml and k8s/.
+
+No engine, cluster or network: YAML is parsed, the Kustomize overlays are rendered by the small renderer
+below (only what k8s/ uses: resources, components, strategic-merge patches, namespace, images), and the
+objects are checked against the code they run: every FERRET_* variable and the mounted ferret.yaml go
+through ``services.config.load_settings``, the commands through the CLI's own parsers, the probes' health
+service names through ``services.control.health``. When they are on the machine, ``kubectl kustomize``
+(the renderer must agree with it), ``docker-compose config -q``, and the schemas of
+``kubernetes-validate`` and ``check-jsonschema`` (requirements-deploy.txt) are used as well; otherwise
+those parts skip, saying why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services.cli import produce_cmd, run_cmd
+from services.config import Settings, SettingsError, load_settings
+from services.control.health import LIVENESS, READINESS, ControlHealth
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "k8s"
+OVERLAYS = ("dev", "prod")
+COMPONENTS = ("kafka", "redis", "gpu", "prometheus")
+FERRET_UID = 10001
+# Containers allowed a writable root filesystem, and why.
+WRITABLE_ROOT = {"kafka": "apache/kafka writes its broker config under /opt/kafka/config at start"}
+
+Obj = dict[str, Any]
+
+
+def load_all(path: Path) -> list[Obj]:
+    return [doc for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")) if doc]
+
+
+# --- a small Kustomize renderer ------------------------------------------------------------------------
+
+KUSTOMIZATION_KEYS = {"apiVersion", "kind", "namespace", "resources", "components", "patches", "images"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume", "StorageClass"}
+# Strategic-merge keys of the lists k8s/ patches (others are replaced whole, as kustomize does).
+MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "volumes": "name"}
+MERGE_KEYS |= {"volumeMounts": "mountPath", "imagePullSecrets": "name"}
+
+
+def strategic_merge(base: Obj, patch: Obj) -> Obj:
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = strategic_merge(out[key], value)
+        elif isinstance(value, list) and isinstance(out.get(key), list) and key in MERGE_KEYS:
+            out[key] = _merge_list(out[key], value, MERGE_KEYS[key])
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _merge_list(base: list[Obj], patch: list[Obj], key: str) -> list[Obj]:
+    patches = {item[key]: item for item in patch}
+    present = {item[key] for item in base}
+    added = [copy.deepcopy(item) for item in patch if item[key] not in present]  # kustomize puts them first
+    return added + [strategic_merge(item, patches[item[key]]) if item[key] in patches else item for item in base]
+
+
+def object_id(obj: Obj) -> tuple[str, str, str, str]:
+    group = obj["apiVersion"].rpartition("/")[0]
+    return group, obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+
+def pod_specs(obj: Obj) -> list[Obj]:
+    if obj["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job", "ReplicaSet"):
+        return [obj["spec"]["template"]["spec"]]
+    if obj["kind"] == "CronJob":
+        return [obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]]
+    return [obj["spec"]] if obj["kind"] == "Pod" else []
+
+
+def _set_image(container: Obj, rule: Obj) -> None:
+    image = container["image"]
+    name, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
+    if name == rule["name"]:
+        tag = rule.get("newTag", tag)
+        container["image"] = rule.get("newName", name) + (f":{tag}" if tag else "")
+
+
+def build(directory: Path, accumulated: list[Obj] | None = None) -> list[Obj]:
+    """Render a Kustomization (from nothing) or apply a Component (to ``accumulated``)."""
+    spec = yaml.safe_load((directory / "kustomization.yaml").read_text(encoding="utf-8"))
+    unsupported = set(spec) - KUSTOMIZATION_KEYS
+    assert not unsupported, f"{directory}: the test renderer does not implement {sorted(unsupported)}"
+    objects = [] if spec["kind"] == "Kustomization" else copy.deepcopy(accumulated or [])
+    for entry in spec.get("resources", []):
+        path = (directory / entry).resolve()
+        objects += build(path) if path.is_dir() else load_all(path)
+    for entry in spec.get("components", []):
+        objects = build((directory / entry).resolve(), objects)
+    for entry in spec.get("patches", []):
+        assert set(entry) == {"path"}, f"{directory}: only `patches: - path: FILE` is implemented"
+        for patch in load_all(directory / entry["path"]):
+            group_kind, name = object_id(patch)[:2], patch["metadata"]["name"]
+            targets = [
+                i for i, o in enumerate(objects) if (object_id(o)[:2], o["metadata"]["name"]) == (group_kind, name)
+            ]
+            assert len(targets) == 1, f"{directory / entry['path']}: {len(targets)} targets for the patch"
+            objects[targets[0]] = strategic_merge(objects[targets[0]], patch)
+    if "namespace" in spec:
+        for obj in objects:
+            if obj["kind"] not in CLUSTER_SCOPED:
+                obj["metadata"]["namespace"] = spec["namespace"]
+    for rule in spec.get("images", []):
+        for obj in objects:
+            for pod in pod_specs(obj):
+                for container in pod.get("containers", []) + pod.get("initContainers", []):
+                    _set_image(container, rule)
+    return objects
+
+
+def kustomization_dir(tmp_path: Path, components: tuple[str, ...]) -> Path:
+    """A kustomization of base + ``components`` (for combinations no overlay uses)."""
+    rel = os.path.relpath(K8S, tmp_path)
+    spec = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "namespace": "ferret",
+        "resources": [f"{rel}/base"],
+        "components": [f"{rel}/components/{c}" for c in components],
+    }
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(spec), encoding="utf-8")
+    return tmp_path
+
+
+def rendered(name: str, tmp_path: Path) -> tuple[Path, list[Obj]]:
+    directory = K8S / "overlays" / name if name in OVERLAYS else kustomization_dir(tmp_path, COMPONENTS)
+    return directory, build(directory)
+
+
+# --- what the objects run --------------------------------------------------------------------------------
+
+
+def find(objects: list[Obj], kind: str, name: str) -> Obj:
+    matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected one {kind}/{name}, found {len(matches)}"
+    return matches[0]
+
+
+def is_ferret(container: Obj) -> bool:
+    return container["image"].rsplit("/", 1)[-1].split(":")[0] in ("ferret", "ferret-cuda")
+
+
+def container_settings(objects: list[Obj], obj: Obj, pod: Obj, container: Obj, tmp_path: Path) -> Settings:
+    """The settings the container would load: its env (downward API and secrets stood in for) and the
+    ConfigMap file FERRET_CONFIG names."""
+    env: dict[str, str] = {}
+    for var in container.get("env", []):
+        source = var.get("valueFrom", {})
+        if "value" in var:
+            env[var["name"]] = str(var["value"])
+        elif source.get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            env[var["name"]] = f"{obj['metadata']['name']}-0"
+        elif "secretKeyRef" in source:
+            assert source["secretKeyRef"].get("optional") is True, f"{var['name']}: no Secret ships; make it optional"
+            env[var["name"]] = "secret-from-the-cluster"
+        else:
+            pytest.fail(f"{container['name']}: unhandled env source {var}")
+    unknown = sorted(n for n in env if n.startswith("FERRET_") and n != "FERRET_CONFIG" and n not in known_env_names())
+    assert not unknown, f"{container['name']}: FERRET_* variables that name no setting: {unknown}"
+    if "FERRET_CONFIG" in env:
+        config = Path(env["FERRET_CONFIG"])
+        mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(config.parent))
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        data = find(objects, "ConfigMap", volume["configMap"]["name"])["data"]
+        local = tmp_path / f"{obj['metadata']['name']}-{config.name}"
+        local.write_text(data[config.name], encoding="utf-8")
+        env["FERRET_CONFIG"] = str(local)
+    return load_settings(env=env)
+
+
+def known_env_names() -> set[str]:
+    defaults = Settings()
+    sections = [f.name for f in dataclasses.fields(defaults) if f.name != "source"]
+    return {f"FERRET_{s}_{k.name}".upper() for s in sections for k in dataclasses.fields(getattr(defaults, s))}
+
+
+def cli_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ferret")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for module in (run_cmd, produce_cmd):
+        module.register(subparsers)
+    return parser
+
+
+def host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+# --- Kubernetes ----------------------------------------------------------------------------------------
+
+
+def test_every_yaml_file_parses() -> None:
+    files = [ROOT / "docker-compose.yml", *K8S.rglob("*.yaml")]
+    assert len(files) > 10
+    for path in files:
+        assert load_all(path), f"{path} is empty"
+
+
+@pytest.mark.parametrize("name", [*OVERLAYS, "base+all-components"])
+def test_renderer_agrees_with_kubectl_kustomize(name: str, tmp_path: Path) -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not on PATH: the overlays are checked with the test's own renderer only")
+    directory, ours = rendered(name, tmp_path)
+    out = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    theirs = [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+    assert sorted(map(object_id, ours)) == sorted(map(object_id, theirs))
+    by_id = {object_id(o): o for o in theirs}
+    for obj in ours:
+        assert obj == by_id[object_id(obj)], f"renderer and kustomize differ on {object_id(obj)}"
+
+
+@pytest.mark.parametrize("name", [*OVERLAYS, "base+all-components"])
+def test_objects_are_consistent_and_hardened(name: str, tmp_path: Path) -> None:
+    _, objects = rendered(name, tmp_path)
+    ids = [object_id(o) for o in objects]
+    assert len(ids) == len(set(ids)), "duplicate objects"
+    assert all(o["metadata"].get("namespace") == "ferret" for o in objects if o["kind"] != "Namespace")
+    pods = [(o, pod) for o in objects for pod in pod_specs(o)]
+    for obj, pod in pods:
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        assert obj["spec"]["selector"]["matchLabels"].items() <= obj["spec"]["template"]["metadata"]["labels"].items()
+        assert pod["securityContext"]["runAsNonRoot"] is True, where
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        assert pod["automountServiceAccountToken"] is False, where
+        # Service links would put e.g. FERRET_TRAINER_SERVICE_HOST in a Ferret pod (rejected at start) and
+        # KAFKA_* variables in the Kafka pod (which turns them into broker properties).
+        assert pod["enableServiceLinks"] is False, where
+        for volume in pod.get("volumes", []):
+            if "configMap" in volume:
+                find(objects, "ConfigMap", volume["configMap"]["name"])
+        for container in pod["containers"]:
+            security = container["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False, where
+            assert security["capabilities"]["drop"] == ["ALL"], where
+            assert security["readOnlyRootFilesystem"] is (container["name"] not in WRITABLE_ROOT), where
+            for bound in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(container["resources"][bound]), f"{where}: {bound}"
+            if is_ferret(container):
+                assert pod["securityContext"]["runAsUser"] == FERRET_UID == dockerfile_user()
+                tmp = next(m for m in container["volumeMounts"] if m["mountPath"] == "/tmp")
+                assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == tmp["name"])
+    for service in (o for o in objects if o["kind"] == "Service"):
+        selected = [
+            (o, p)
+            for o, p in pods
+            if service["spec"]["selector"].items() <= o["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert selected, f"Service {service['metadata']['name']} selects no pod"
+        names = {p["name"] for _, pod in selected for c in pod["containers"] for p in c.get("ports", [])}
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= names
+    for obj in (o for o in objects if o["kind"] == "StatefulSet"):
+        assert find(objects, "Service", obj["spec"]["serviceName"])["spec"]
+
+
+def trainer_and_settings(objects: list[Obj], tmp_path: Path) -> tuple[Obj, Obj, Settings]:
+    trainer = find(objects, "StatefulSet", "ferret-trainer")
+    pod = trainer["spec"]["template"]["spec"]
+    container = next(c for c in pod["containers"] if c["name"] == "trainer")
+    return trainer, container, container_settings(objects, trainer, pod, container, tmp_path)
+
+
+@pytest.mark.parametrize("name", [*OVERLAYS, "base+all-components"])
+def test_trainer_probes_ports_and_settings(name: str, tmp_path: Path) -> None:
+    _, objects = rendered(name, tmp_path)
+    trainer, container, settings = trainer_and_settings(objects, tmp_path)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    host, port = host_port(settings.control.listen)
+    assert host in ("0.0.0.0", "[::]") and ports["grpc"] == port
+    assert settings.metrics.addr in ("0.0.0.0", "::") and ports["metrics"] == settings.metrics.port
+    # Readiness = the overall service (NOT_SERVING while re-planning); liveness and start-up use the
+    # separate liveness name, so a re-plan never gets the pod killed (DESIGN §4, services.control.health).
+    assert container["readinessProbe"]["grpc"] == {"port": port} and READINESS == ""
+    assert container["livenessProbe"]["grpc"] == {"port": port, "service": LIVENESS}
+    assert container["startupProbe"]["grpc"] == {"port": port, "service": LIVENESS}
+    instance = next(e for e in container["env"] if e["name"] == "FERRET_KAFKA_INSTANCE_ID")
+    assert instance["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert settings.kafka.resolved_instance_id() == "ferret-trainer-0"
+    assert cli_parser().parse_args(container["args"]).command == "run"
+    limit = container["resources"]["limits"]["memory"]
+    assert (settings.trainer.budget_bytes or 0) < int(limit[:-2]) * 2 ** {"Mi": 20, "Gi": 30}[limit[-2:]]
+    replicas = trainer["spec"]["replicas"]
+    assert settings.kafka.sample_partitions >= replicas, "a trainer replica without a partition idles"
+    # Addresses either name a Service of this rendering or an external host name.
+    hosts = [host_port(a)[0] for a in settings.kafka.bootstrap_servers.split(",")]
+    hosts.append(re.sub(r"^\w+://([^:/]+).*", r"\1", settings.redis.url))
+    services = {o["metadata"]["name"] for o in objects if o["kind"] == "Service"}
+    assert all(h in services or "." in h for h in hosts), hosts
+    producer = find(objects, "Deployment", "ferret-producer")
+    pod = producer["spec"]["template"]["spec"]
+    container_settings(objects, producer, pod, pod["containers"][0], tmp_path)
+    assert cli_parser().parse_args(pod["containers"][0]["args"]).command == "produce"
+    if name == "prod":
+        assert replicas == 3 and producer["spec"]["replicas"] == 0
+        assert "." in hosts[0] and not services & {"kafka", "redis"}
+        assert container["image"].endswith("/ferret:0.1.0")
+    if name == "dev":
+        kafka = find(objects, "StatefulSet", "kafka")["spec"]["template"]["spec"]["containers"][0]
+        advertised = next(e["value"] for e in kafka["env"] if e["name"] == "KAFKA_ADVERTISED_LISTENERS")
+        assert f"PLAINTEXT://{settings.kafka.bootstrap_servers}" in advertised.split(",")
+        assert settings.redis.url.startswith("redis://redis:6379/")
+    if name == "base+all-components":
+        assert settings.trainer.device == "cuda" and container["image"] == "ferret-cuda:0.1.0"
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+        annotations = trainer["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/port"] == str(settings.metrics.port)
+
+
+def test_service_links_would_break_the_settings() -> None:
+    """Why every Ferret pod sets enableServiceLinks: false (the ferret-trainer Service's variables)."""
+    with pytest.raises(SettingsError, match=r"trainer\.service_host"):
+        load_settings(env={"FERRET_TRAINER_SERVICE_HOST": "10.0.0.1"})
+
+
+@pytest.mark.parametrize("name", [*OVERLAYS, "base+all-components"])
+def test_objects_match_the_kubernetes_schemas(name: str, tmp_path: Path) -> None:
+    reason = "kubernetes-validate not installed (requirements-deploy.txt)"
+    kv = pytest.importorskip("kubernetes_validate", reason=reason)
+    _, objects = rendered(name, tmp_path)
+    for obj in objects:
+        kv.validate(obj, kv.latest_version(), strict=True)
+
+
+def test_every_component_is_used_or_tested() -> None:
+    specs = [
+        yaml.safe_load((K8S / "overlays" / o / "kustomization.yaml").read_text(encoding="utf-8")) for o in OVERLAYS
+    ]
+    used = {Path(c).name for spec in specs for c in spec.get("components", [])}
+    assert {p.name for p in (K8S / "components").iterdir()} == set(COMPONENTS) == used | {"gpu", "prometheus"}
+
+
+def test_run_is_a_ferret_command() -> None:
+    """The manifests start the trainer as `ferret run` (the parsers above take run_cmd directly)."""
+    from services.cli.main import COMMAND_MODULES
+
+    if "services.cli.run_cmd" not in COMMAND_MODULES:
+        pytest.skip("services.cli.main does not register run_cmd yet: `ferret run` in the images would fail")
+
+
+# --- Dockerfile ------------------------------------------------------------------------------------------
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text(encoding="utf-8"))
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+def dockerfile_user() -> int:
+    user = [arg for op, arg in dockerfile() if op == "USER"][-1]
+    return int(user.split(":")[0])
+
+
+def test_dockerfile() -> None:
+    instructions = dockerfile()
+    args = dict(arg.split("=", 1) for op, arg in instructions if op == "ARG")
+    assert args["PYTHON_IMAGE"].startswith("python:3.11-slim")
+    assert args["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    torch_pin = next(d for d in pyproject["project"]["dependencies"] if d.startswith("torch=="))
+    assert torch_pin in args["TORCH_PACKAGES"].strip('"').split()
+    runs = [arg for op, arg in instructions if op == "RUN"]
+    assert any('--index-url "${TORCH_INDEX}" ${TORCH_PACKAGES}' in run for run in runs)
+    assert dockerfile_user() == FERRET_UID > 0
+    assert [arg for op, arg in instructions if op == "ENTRYPOINT"] == ['["ferret"]']
+    assert sum(op == "FROM" for op, _ in instructions) >= 2, "multi-stage"
+    # The build context (.dockerignore) holds what the image installs: the packages setuptools finds.
+    copied = {src for op, arg in instructions if op == "COPY" and "--from" not in arg for src in arg.split()[:-1]}
+    packages = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    assert packages | {"pyproject.toml", pyproject["project"]["readme"]} <= copied
+    sources = [p.relative_to(ROOT).as_posix() for pkg in packages for p in (ROOT / pkg).rglob("*.py")]
+    sources += ["pyproject.toml", "README.md", "config/ferret.example.yaml"]
+    excluded = [s for s in sources if "__pycache__" not in s and not in_build_context(s)]
+    assert not excluded, f".dockerignore leaves out {excluded[:5]}"
+    assert not any(in_build_context(p) for p in (".venv/bin/python", ".git/HEAD", "out/x", "tests/unit/x.py"))
+    assert not in_build_context("services/__pycache__/x.cpython-311.pyc")
+
+
+def in_build_context(path: str) -> bool:
+    """Docker's rule: the last .dockerignore pattern matching the path or one of its parents decides."""
+    included = True
+    parts = path.split("/")
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    for raw in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines():
+        pattern = raw.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        negate, pattern = pattern.startswith("!"), pattern.lstrip("!").rstrip("/")
+        regex = re.escape(pattern).replace(r"\*\*/", "(.*/)?").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+        regex = regex.replace(r"\[", "[").replace(r"\]", "]")
+        if any(re.fullmatch(regex, c) for c in candidates):
+            included = negate
+    return included
+
+
+# --- docker-compose.yml ----------------------------------------------------------------------------------
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """Compose's ${VAR}, ${VAR:-default} and $$, with ``env`` as the shell's environment."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def one(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, default = match.group(1), match.group(3) or ""
+        return env.get(name) or default
+
+    return re.sub(r"\$\$|\$\{(\w+)(:?-([^}]*))?\}", one, value)
+
+
+def compose(env: dict[str, str] | None = None) -> dict[str, Any]:
+    return interpolate(yaml.safe_load((ROOT / "docker-compose.yml").read_text(encoding="utf-8")), env or {})
+
+
+def service_env(service: dict[str, Any]) -> dict[str, str]:
+    return {k: "" if v is None else str(v) for k, v in service.get("environment", {}).items()}
+
+
+def test_compose_structure_and_settings() -> None:
+    services = compose()["services"]
+    assert {"kafka", "redis", "trainer", "producer"} <= set(services)
+    assert services["kafka"]["image"] == "apache/kafka:3.8.0"
+    assert services["redis"]["image"] == "redis:7.4-alpine"
+    for name, service in services.items():
+        for dependency, condition in service.get("depends_on", {}).items():
+            assert condition == {"condition": "service_healthy"}, f"{name} -> {dependency}"
+            assert "healthcheck" in services[dependency], f"{name} waits on {dependency}, which has no healthcheck"
+    assert set(services["trainer"]["depends_on"]) == {"kafka", "redis"}
+    assert set(services["producer"]["depends_on"]) == {"trainer"}
+    assert services["trainer"]["image"] == services["producer"]["image"] and "build" in services["producer"]
+    trainer = load_settings(env=service_env(services["trainer"]))
+    producer = load_settings(env=service_env(services["producer"]))
+    for env in (service_env(services["trainer"]), service_env(services["producer"])):
+        assert {n for n in env if n != "FERRET_CONFIG"} <= known_env_names()
+    assert trainer.kafka.instance_id and trainer.trainer.dataset == "digits"
+    published = {str(p).split(":")[-1] for p in services["trainer"]["ports"]}
+    host, port = host_port(trainer.control.listen)
+    assert host in ("0.0.0.0", "[::]") and {str(port), str(trainer.metrics.port)} <= published
+    assert trainer.metrics.addr == "0.0.0.0"
+    advertised = service_env(services["kafka"])["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    for settings in (trainer, producer):
+        assert f"PLAINTEXT://{settings.kafka.bootstrap_servers}" in advertised
+        assert settings.redis.url.startswith("redis://redis:6379/")
+        assert settings.kafka.sample_partitions == trainer.kafka.sample_partitions
+    assert cli_parser().parse_args(services["trainer"]["command"]).command == "run"
+    args = cli_parser().parse_args(services["producer"]["command"])
+    assert (args.command, args.dataset, args.rate, args.loop) == ("produce", "digits", 50.0, True)
+    budget = compose({"FERRET_TRAINER_BUDGET_BYTES": "64MiB"})["services"]["trainer"]
+    assert load_settings(env=service_env(budget)).trainer.budget_bytes == 64 * 2**20
+
+
+def test_compose_trainer_healthcheck_follows_readiness() -> None:
+    """Run the healthcheck's own command against the trainer's health servicer: SERVING exits 0, a
+    re-plan (readiness NOT_SERVING) exits 1, the trainer gone exits non-zero."""
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health_pb2_grpc
+
+    test = compose()["services"]["trainer"]["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"] and "127.0.0.1:50051" in test[3]
+    assert not re.search(r"\b(ferret_core|services)\b", test[3]), "the check must not need ferret's own code"
+    health = ControlHealth()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    code = test[3].replace("127.0.0.1:50051", f"127.0.0.1:{port}")
+
+    def check() -> int:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60).returncode
+
+    try:
+        assert check() == 0
+        with health.replanning():
+            assert check() == 1
+    finally:
+        server.stop(0)
+    assert check() != 0
+
+
+def test_compose_file_validates_with_docker_compose() -> None:
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        pytest.skip("docker-compose (v1, `apt-get install docker-compose`) is not installed")
+    out = subprocess.run(
+        [binary, "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
+    assert out.returncode == 0, out.stderr
+
+
+def test_compose_file_matches_the_compose_spec() -> None:
+    pytest.importorskip("check_jsonschema", reason="check-jsonschema not installed (requirements-deploy.txt)")
+    jsonschema = pytest.importorskip("jsonschema")
+    import json
+    from importlib import resources
+
+    schema_file = resources.files("check_jsonschema") / "builtin_schemas" / "vendor" / "compose-spec.json"
+    schema = json.loads(schema_file.read_text(encoding="utf-8"))
+    raw = yaml.safe_load((ROOT / "docker-compose.yml").read_text(encoding="utf-8"))
+    jsonschema.validate(raw, schema)
+
+
+def test_deploy_doc_covers_the_operations() -> None:
+    text = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
+    for needle in (
+        "docker compose up",
+        "ferret control budget",
+        "grpcurl",
+        "kafka-console-consumer",
+        "kubectl apply -k k8s/overlays/dev",
+        LIVENESS,
+        "ferret.snapshots",
+    ):
+        assert needle in text, needle
