@@ -31,7 +31,7 @@ from functools import lru_cache
 from ferret_core.cost_model import RateModel, paper_worker_elements
 from ferret_core.memory_model import MemoryModel
 from ferret_core.plan import PlanStep, WorkerConfig
-from ferret_core.staleness import other_updates_in_flight, own_updates_in_flight
+from ferret_core.staleness import own_updates_in_flight, refresh_interval, refresh_window
 
 
 @dataclass(frozen=True)
@@ -211,65 +211,69 @@ def _s4_ready(worker: WorkerConfig, num_stages: int) -> bool:
 @lru_cache(maxsize=65536)
 def _ring_terms(
     num_stages: int, accumulation: tuple[int, ...], omission: tuple[int, ...]
-) -> tuple[tuple[int, int], ...]:
-    """(own, other) updates in flight per stage for a worker configuration (cached: the greedy revisits
-    the same few configurations many times)."""
+) -> tuple[tuple[int, int, int], ...]:
+    """(own updates in flight, refresh interval q, refresh window L) per stage for a worker
+    configuration (cached: the greedy revisits the same few configurations many times)."""
     worker = WorkerConfig(0, True, False, accumulation, omission)
     return tuple(
-        (own_updates_in_flight(worker, i, num_stages), other_updates_in_flight(worker, i, num_stages))
+        (
+            own_updates_in_flight(worker, i, num_stages),
+            refresh_interval(worker, i),
+            refresh_window(worker, i, num_stages),
+        )
         for i in range(num_stages)
     )
 
 
 class _RingAccount:
-    """The compensator ring's elements for the current workers, and with one worker changed, in O(P).
+    """The compensator ring's elements for the current workers, and with one worker changed.
 
-    Per stage i the ring holds bound_i = max_n (own_n − other_n) + Σ_n other_n deltas of |w_i|
-    (:func:`ferret_core.staleness.bound_for_workers`); keeping Σ other and the two largest own − other
-    per stage lets a candidate be priced without rescanning every worker.
+    Per stage i the ring holds bound_i = max_n own_n + Σ_{m≠n} (⌈L_n/q_m⌉ + 1) deltas of |w_i|
+    (:func:`ferret_core.staleness.bound_for_workers`). Keeping, per stage and worker n, the sum
+    S_n = Σ_{m≠n} ⌈L_n/q_m⌉ prices a candidate that changes one worker in O(N) per changed stage.
     """
 
     def __init__(self, memory_model: MemoryModel, workers: Sequence[WorkerConfig]) -> None:
         self.weights = memory_model.geometry.weights
         self.p = memory_model.geometry.num_stages
-        self.terms = {w.index: self._terms(w) for w in workers if w.live}
-        self.sums: list[int] = []
-        self.best: list[tuple[int, int, int]] = []  # (top value, its worker, second value)
-        floor = -(10**9)
+        self.terms = {w.index: _ring_terms(self.p, w.accumulation, w.omission) for w in workers if w.live}
+        self.sums: list[dict[int, int]] = []
+        self.stage_elements: list[int] = []
+        count = len(self.terms)
         for i in range(self.p):
-            self.sums.append(sum(t[i][1] for t in self.terms.values()))
-            top, who, second = floor, -1, floor
-            for n, t in self.terms.items():
-                value = t[i][0] - t[i][1]
-                if value > top:
-                    top, who, second = value, n, top
-                elif value > second:
-                    second = value
-            self.best.append((top, who, second))
-        self.stage_elements = [self._bound(i, self.sums[i], self.best[i][0]) * self.weights[i] for i in range(self.p)]
+            sums = {
+                n: sum(-(-t[i][2] // u[i][1]) for m, u in self.terms.items() if m != n) for n, t in self.terms.items()
+            }
+            self.sums.append(sums)
+            bound = max((self.terms[n][i][0] + s for n, s in sums.items()), default=None)
+            self.stage_elements.append(0 if bound is None else (bound + count - 1) * self.weights[i])
         self.elements = sum(self.stage_elements)
 
-    def _terms(self, worker: WorkerConfig) -> tuple[tuple[int, int], ...]:
-        return _ring_terms(self.p, worker.accumulation, worker.omission)
-
-    def _bound(self, stage: int, total_other: int, top: int) -> int:
-        return 0 if top <= -(10**9) else top + total_other
-
     def elements_with(self, changed: WorkerConfig) -> int:
-        old = self.terms[changed.index]
-        new = self._terms(changed) if changed.live else None
+        k = changed.index
+        old = self.terms[k]
+        new = _ring_terms(self.p, changed.accumulation, changed.omission) if changed.live else None
+        count = len(self.terms) - (0 if new is not None else 1)
         total = self.elements
         for i in range(self.p):
             if new is not None and new[i] == old[i]:
                 continue  # stage i's bound depends only on the workers' terms at stage i
-            total -= self.stage_elements[i]
-            top, who, second = self.best[i]
-            rest = second if who == changed.index else top
-            total_other = self.sums[i] - old[i][1]
+            best: int | None = None
+            q_old = old[i][1]
+            for n, s in self.sums[i].items():
+                if n == k:
+                    continue
+                # n's sum with worker k's new refresh interval (or without k once removed)
+                window = self.terms[n][i][2]
+                s_new = s - (-(-window // q_old)) + (-(-window // new[i][1]) if new is not None else 0)
+                value = self.terms[n][i][0] + s_new
+                best = value if best is None or value > best else best
             if new is not None:
-                total_other += new[i][1]
-                rest = max(rest, new[i][0] - new[i][1])
-            total += self._bound(i, total_other, rest) * self.weights[i]
+                s_k = sum(-(-new[i][2] // self.terms[m][i][1]) for m in self.terms if m != k)
+                value = new[i][0] + s_k
+                best = value if best is None or value > best else best
+            bound = 0 if best is None else best + count - 1
+            total += bound * self.weights[i] - self.stage_elements[i]
         return total
 
 

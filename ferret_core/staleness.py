@@ -1,19 +1,23 @@
 """How stale a gradient can be when it is applied, derived from the plan (DESIGN §3.13).
 
 Staleness τ of a gradient applied at stage i = number of master updates of stage i between the refresh
-of the worker's replica it was computed on and its application.
+of the worker's replica it was computed on and its application. A worker's replica of stage i changes
+only at that worker's own update points, one every q_n = c^a_{n,i} · period_{n,i} of its items
+(period = the T3 back-propagation period, the LCM of §3.6), so:
 
-* The worker's own updates: in 1F1B the P−1−i older items of the same worker are in flight at stage i
-  when an item enters it; only those back-propagated at stage i (one in ``backprop_period``, T3) give
-  gradients, and they are applied every c^a of them (T2): ⌈⌊(P−1−i)/period⌋ / c^a⌉. With one worker,
-  c^a = 1 and no omission this is PipeDream's P−1−i.
-* Every other live worker n': during the item's residence at stage i (at most P−i of n''s item periods,
-  plus one for phase misalignment) n' back-propagates at most ⌈(P−i+1)/period⌉ items there and updates
-  ⌈that / c^a⌉ times. So the bound grows with N (≈ N·⌈(P−i)/c^a⌉; DESIGN §3.13's simulation: 10 at
-  stage 0 for P = 4, N = 3).
+* own_n: the worker's own updates between the item's forward and its backward at stage i: of the
+  P−1−i older items in flight there, ⌊(P−1−i)/period⌋ are back-propagated, applied every c^a:
+  ⌈⌊(P−1−i)/period⌋ / c^a⌉ (with one worker, c^a = 1, no omission: PipeDream's P−1−i);
+* the window between the refresh the gradient read and its application spans at most
+  L_n = (own_n + 1) · q_n of the worker's item periods (the replica may be one refresh interval old at
+  the forward, and own_n more refreshes happen before the backward);
+* every other live worker m updates at most ⌈L_n / q_m⌉ + 1 times in that window (all workers receive
+  one item per N arrivals; +1 for phase misalignment).
 
-The bound sizes the Iter-Fisher delta ring (:func:`ring_capacity`) and is what validators check executed
-traces against. The cost model counts the ring with the same functions.
+bound_i = max over live n of own_n + Σ_{m ≠ n} (⌈L_n / q_m⌉ + 1). It grows with N (DESIGN §3.13's
+simulation: 10 at stage 0 for P = 4, N = 3). The bound sizes the Iter-Fisher delta ring
+(:func:`ring_capacity`), the cost model counts that ring with the same function, and validators check
+executed traces against it.
 """
 
 from __future__ import annotations
@@ -30,22 +34,30 @@ def own_updates_in_flight(worker: WorkerConfig, stage: int, num_stages: int) -> 
     return math.ceil(older_backprops / worker.accumulation[stage])
 
 
-def other_updates_in_flight(worker: WorkerConfig, stage: int, num_stages: int) -> int:
-    """Updates of ``stage`` by ``worker`` during another worker's item residence at that stage."""
-    backprops = math.ceil((num_stages - stage + 1) / worker.backprop_period(stage))
-    return math.ceil(backprops / worker.accumulation[stage])
+def refresh_interval(worker: WorkerConfig, stage: int) -> int:
+    """q_n: the worker's items between two of its own updates (and replica refreshes) of ``stage``."""
+    return worker.accumulation[stage] * worker.backprop_period(stage)
+
+
+def refresh_window(worker: WorkerConfig, stage: int, num_stages: int) -> int:
+    """L_n: item periods between the refresh a gradient read and the gradient's application."""
+    return (own_updates_in_flight(worker, stage, num_stages) + 1) * refresh_interval(worker, stage)
+
+
+def updates_during(worker: WorkerConfig, stage: int, window: int) -> int:
+    """Most updates of ``stage`` that ``worker`` makes in ``window`` item periods."""
+    return math.ceil(window / refresh_interval(worker, stage)) + 1
 
 
 def bound_for_workers(workers: Sequence[WorkerConfig], stage: int, num_stages: int) -> int:
-    """max over live n of own(n) + Σ_{n' ≠ n live} other(n')."""
+    """max over live n of own_n + Σ_{m ≠ n live} (⌈L_n / q_m⌉ + 1)."""
     live = [w for w in workers if w.live]
-    if not live:
-        return 0
-    others = [other_updates_in_flight(w, stage, num_stages) for w in live]
-    total_other = sum(others)
-    return max(
-        own_updates_in_flight(w, stage, num_stages) + total_other - other for w, other in zip(live, others, strict=True)
-    )
+    worst = 0
+    for worker in live:
+        window = refresh_window(worker, stage, num_stages)
+        others = sum(updates_during(o, stage, window) for o in live if o.index != worker.index)
+        worst = max(worst, own_updates_in_flight(worker, stage, num_stages) + others)
+    return worst
 
 
 def staleness_bound(plan: Plan, stage: int) -> int:

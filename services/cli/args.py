@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,3 +101,13 @@ def existing_file(text: str) -> Path:
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"file {text!r} does not exist")
     return path
+
+
+def default_data_root() -> Path:
+    """``../shared/data`` next to the repository when it exists, else ``$XDG_CACHE_HOME/ferret/data``
+    (``~/.cache/ferret/data``). Only the CLI resolves this default; the core takes the root explicitly."""
+    shared = Path(__file__).resolve().parents[3] / "shared" / "data"
+    if shared.is_dir():
+        return shared
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "ferret" / "data"

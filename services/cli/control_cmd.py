@@ -268,7 +268,7 @@ def format_status(reply: pb.StatusReply) -> str:
         f"  items        received {reply.items_received}, valid {reply.items_valid}, dead-lettered "
         f"{reply.items_dead_lettered}, dispatched {reply.items_dispatched}",
         f"  predictions  published {reply.predictions_published} (duplicates {reply.duplicates_published}); "
-        f"online accuracy {reply.online_accuracy * 100:.2f} % "
+        f"online accuracy {reply.online_accuracy:.2f} % "
         f"({reply.correct_predictions}/{reply.labelled_predictions} labelled)",
         f"  training     backward passes {reply.backward_passes}; skipped {skipped}; "
         f"re-plans {reply.replans}, pauses {reply.pauses}",
@@ -292,6 +292,6 @@ WATCH_HEADER = (
 def format_status_line(reply: pb.StatusReply) -> str:
     return (
         f"{_utc(reply.time_ms):<19}  {_state(reply):<12}  {reply.plan_version:>4}  {reply.items_received:>9}  "
-        f"{reply.predictions_published:>9}  {reply.online_accuracy * 100:>6.2f}  {reply.lag_items:>6}  "
+        f"{reply.predictions_published:>9}  {reply.online_accuracy:>6.2f}  {reply.lag_items:>6}  "
         f"{format_bytes(reply.measured_bytes):>10}  {reply.latency_ms_p99:>7.2f}"
     )

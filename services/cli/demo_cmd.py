@@ -110,7 +110,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def options_from_args(args: argparse.Namespace, stamp: str | None = None) -> DemoOptions:
     """Resolve the defaults (dataset, model, profile, out dir, topic prefix) for the given flags."""
-    from services.cli.produce_cmd import default_data_root
+    from services.cli.args import default_data_root
 
     stamp = stamp or run_stamp()
     data_root = args.data_root if args.data_root is not None else default_data_root()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import signal
 import sys
 import threading
@@ -30,21 +29,12 @@ from typing import Any
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from ferret_core.data import DATASET_NAMES, load_dataset
+from services.cli.args import default_data_root
 from services.config import Settings, load_settings
 from services.producer import SampleProducer
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
-
-
-def default_data_root() -> Path:
-    """``../shared/data`` next to the repository when it exists, else ``$XDG_CACHE_HOME/ferret/data``
-    (``~/.cache/ferret/data``)."""
-    shared = Path(__file__).resolve().parents[3] / "shared" / "data"
-    if shared.is_dir():
-        return shared
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "ferret" / "data"
 
 
 def register(subparsers: Any) -> None:

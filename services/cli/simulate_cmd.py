@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,18 +34,10 @@ from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel, build_model
+from services.cli.args import default_data_root
 from services.cli.plan_cmd import add_planning_arguments, load_or_profile, planner_from_args
 
 MOMENTUM = 0.9  # --optimizer momentum
-
-
-def default_data_root() -> Path:
-    """``../shared/data`` next to the repository when it exists, else ``$XDG_CACHE_HOME/ferret/data``."""
-    shared = Path(__file__).resolve().parents[3] / "shared" / "data"
-    if shared.is_dir():
-        return shared
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "ferret" / "data"
 
 
 def register(subparsers: Any) -> None:
@@ -164,6 +155,7 @@ def _report(args: argparse.Namespace, result: SimulationResult, arrival: float, 
 
 def format_report(report: dict[str, Any]) -> str:
     """A readable summary of :func:`_report`'s values."""
+
     def fmt(values: list[Any]) -> str:
         return "[" + ", ".join("null" if v is None else f"{v:.4g}" for v in values) + "]"
 

@@ -28,6 +28,10 @@ CONFIG_ENV = "FERRET_CONFIG"  # the YAML file's path when load_settings is given
 EXAMPLE = "config/ferret.example.yaml"
 
 
+# Read by clients (``ferret control``), not by services: they may share an environment with ``ferret run``.
+CLIENT_VARIABLES = frozenset({"FERRET_CONTROL_TARGET"})
+
+
 def load_settings(path: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> Settings:
     """The settings from the defaults, the YAML file ``path`` (else ``$FERRET_CONFIG``, else none) and
     the ``FERRET_<SECTION>_<KEY>`` variables of ``env`` (default ``os.environ``), validated.
@@ -44,7 +48,7 @@ def load_settings(path: str | Path | None = None, *, env: Mapping[str, str] | No
         for section, values in _read_yaml(source).items():
             raw[section].update({key: (value, f"in {source}") for key, value in values.items()})
     for name in sorted(env):
-        if not name.startswith(ENV_PREFIX):
+        if not name.startswith(ENV_PREFIX) or name in CLIENT_VARIABLES:
             continue
         section, _, key = name[len(ENV_PREFIX) :].lower().partition("_")
         if section not in SECTIONS:

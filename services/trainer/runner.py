@@ -109,13 +109,26 @@ def start_trainer(settings: Settings) -> TrainerProcess:
         if "control" in holder:
             holder["control"].health.set_snapshots_ok(ok)
 
-    trainer = Trainer(settings, learner, plan, SampleDecoder(shape, classes), store, on_snapshot_health=snapshot_health)
+    def assigned() -> None:
+        if "control" in holder:
+            holder["control"].health.set_ready(True)
+
+    trainer = Trainer(
+        settings,
+        learner,
+        plan,
+        SampleDecoder(shape, classes),
+        store,
+        on_snapshot_health=snapshot_health,
+        on_assigned=assigned,
+    )
     restored = trainer.restore_latest()
     if restored is not None:
         log.info("restored snapshot v%s; resuming at %s", restored.version, restored.offsets)
     c = settings.control
     tls = ServerTls(c.tls_cert, c.tls_key) if c.tls_cert is not None and c.tls_key is not None else None
-    control = create_server(planner, trainer, address=c.listen, token=c.token, tls=tls).start()
+    # Not ready until the consumer has its partitions (the first assignment flips readiness on).
+    control = create_server(planner, trainer, address=c.listen, token=c.token, tls=tls, ready=False).start()
     holder["control"] = control
     metrics_port = None
     if settings.metrics.port is not None:

@@ -8,6 +8,7 @@ thread between batches, with consumption paused and counted; nothing else pauses
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -31,7 +32,7 @@ from services.control.trainer_port import (
     TrainerStatus,
 )
 from services.proto_gen.ferret.v1 import messages_pb2
-from services.snapshots import SnapshotNotFoundError, SnapshotPayload, SnapshotStore
+from services.snapshots import SnapshotManifest, SnapshotNotFoundError, SnapshotPayload, SnapshotStore
 from services.trainer.counters import StreamCounters
 from services.trainer.labels import LateLabelJoin
 from services.trainer.learner import Learner, Verdict
@@ -71,6 +72,7 @@ class Trainer:
         *,
         on_snapshot_health: Callable[[bool], None] | None = None,
         snapshot_on_stop: bool = True,
+        on_assigned: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.topics = settings.kafka.topics
@@ -79,6 +81,7 @@ class Trainer:
         self.decoder = decoder
         self.store = store
         self.snapshot_on_stop = snapshot_on_stop
+        self._on_assigned = on_assigned
         self._snapshot_health = on_snapshot_health or (lambda ok: None)
         self._plan = plan
         self._plan_version = 1
@@ -186,6 +189,8 @@ class Trainer:
             if tp.partition in self._seek_to:
                 tp.offset = self._seek_to[tp.partition]
         consumer.assign(partitions)
+        if self._on_assigned is not None:
+            self._on_assigned()  # readiness: only now can the trainer take the stream
 
     def _handle(self, message: Message) -> None:
         error = message.error()
@@ -390,7 +395,7 @@ class Trainer:
                 online_accuracy=c.oacc.get(),
                 budget_bytes=self._plan.budget_bytes,
                 planned_bytes=self._plan.predicted_bytes,
-                measured_bytes=int(stats.get("peak_bytes", 0)),
+                measured_bytes=int(stats.get("measured_bytes", 0)),  # peak under the plan in force
                 lag_items=self.ledger.unfinished(),
                 lag_seconds=lag,
                 items_per_second=c.items_valid / elapsed,
@@ -429,21 +434,11 @@ class Trainer:
         store = self._require_store()
         out = []
         for status in store.list_snapshots(verify=verify):
-            m = status.manifest
-            out.append(
-                SnapshotInfo(
-                    version=status.version,
-                    instance_id=self.instance_id,
-                    created_time_ms=m.created_time_ms if m else 0,
-                    chunks=len(m.chunks) if m else 0,
-                    total_bytes=m.total_bytes if m else 0,
-                    sha256=m.sha256 if m else "",
-                    offsets=_offsets(m.offsets) if m else (),
-                    plan_version=int(m.meta.get("plan_version", 0)) if m else 0,
-                    valid=status.valid,
-                    error=status.error,
-                )
-            )
+            if status.manifest is None:
+                out.append(SnapshotInfo(status.version, self.instance_id, valid=False, error=status.error))
+            else:
+                info = self._manifest_info(status.manifest)
+                out.append(dataclasses.replace(info, valid=status.valid, error=status.error))
         return out
 
     # -- snapshots ---------------------------------------------------------------------------------
@@ -483,8 +478,7 @@ class Trainer:
             self._state = previous
         self._last_snapshot_version = version
         self._last_snapshot_time = time.monotonic()
-        info = self._info(SnapshotPayload(**{**payload.__dict__, "version": version}))
-        return SnapshotInfo(**{**info.__dict__, "seconds": time.monotonic() - start})
+        return self._manifest_info(store.manifest(version), seconds=time.monotonic() - start)
 
     def _maybe_periodic_snapshot(self) -> None:
         interval = self.settings.redis.snapshot_interval_s
@@ -498,11 +492,27 @@ class Trainer:
                 self._last_snapshot_time = time.monotonic()
 
     def _info(self, payload: SnapshotPayload) -> SnapshotInfo:
+        if self.store is not None and payload.version:
+            return self._manifest_info(self.store.manifest(payload.version))
         return SnapshotInfo(
             version=payload.version or 0,
             instance_id=self.instance_id,
             offsets=_offsets(payload.offsets),
             plan_version=int(payload.meta.get("plan_version", 0)),
+        )
+
+    def _manifest_info(self, manifest: SnapshotManifest, *, seconds: float = 0.0) -> SnapshotInfo:
+        return SnapshotInfo(
+            version=manifest.version,
+            instance_id=manifest.instance_id,
+            created_time_ms=manifest.created_time_ms,
+            chunks=len(manifest.chunks),
+            total_bytes=manifest.total_bytes,
+            sha256=manifest.sha256,
+            offsets=_offsets(manifest.offsets),
+            plan_version=int(manifest.meta.get("plan_version", 0)),
+            metadata={k: str(v) for k, v in manifest.meta.items() if isinstance(v, str)},
+            seconds=seconds,
         )
 
 

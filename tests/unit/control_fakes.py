@@ -52,7 +52,7 @@ class FakeTrainer:
                 dead_lettered_by_reason={"bad_shape": 1},
                 labelled_predictions=n - 2,
                 correct_predictions=(n - 2) // 2,
-                online_accuracy=0.5,
+                online_accuracy=50.0,  # percent, as the trainer reports it
                 budget_bytes=self._plan.budget_bytes,
                 planned_bytes=self._plan.predicted_bytes,
                 measured_bytes=self._plan.predicted_bytes - 100,

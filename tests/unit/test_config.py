@@ -249,3 +249,11 @@ def test_client_configs() -> None:
     assert consumer["group.id"] == "g" and consumer["group.instance.id"] == "t-0"
     assert consumer["enable.auto.offset.store"] is False and consumer["session.timeout.ms"] == 6000
     assert consumer["bootstrap.servers"] == "k:9092" and "sasl.password" not in consumer
+
+
+def test_client_variables_do_not_break_service_settings() -> None:
+    """``ferret control`` reads FERRET_CONTROL_TARGET; ``ferret run`` in the same environment ignores it."""
+    from services.config import load_settings
+
+    settings = load_settings(None, env={"FERRET_CONTROL_TARGET": "10.0.0.1:50051", "FERRET_CONTROL_TOKEN": "t"})
+    assert settings.control.token == "t"

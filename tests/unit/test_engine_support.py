@@ -16,7 +16,6 @@ from ferret_core.engine import EngineSettings, FerretPolicy, SimulationResult, S
 from ferret_core.plan import Partition, Plan, WorkerConfig
 
 torch.set_num_threads(1)
-torch.set_flush_denormal(True)
 
 IN_FEATURES = 6
 CLASSES = 4

@@ -78,7 +78,6 @@ def test_staleness_stays_within_the_bound_for_planned_worker_counts(
     validate_trace(trace, plan)
 
 
-@pytest.mark.xfail(strict=True, reason="reported to the lead: staleness_bound misses the replica's age under T2/T3")
 @pytest.mark.parametrize(
     ("kwargs", "arrival", "tf", "tb"),
     [

@@ -99,7 +99,8 @@ def test_minimum_in_elements_has_the_closed_form(
 def test_rate_and_steps_are_consistent(planner: Planner, fraction: float) -> None:
     plan = planner.plan(_budget(planner, fraction))
     unconstrained = planner.plan(None)
-    assert all(step.delta_rate <= 1e-15 for step in plan.steps)
+    tolerance = 1e-12 * max(1.0, abs(unconstrained.adaptation_rate))  # rounding of re-evaluated sums
+    assert all(step.delta_rate <= tolerance for step in plan.steps)
     if plan.partition == unconstrained.partition and plan.workers[0].recompute == unconstrained.workers[0].recompute:
         total = unconstrained.adaptation_rate + sum(s.delta_rate for s in plan.steps)
         assert abs(total - plan.adaptation_rate) <= 1e-9 * max(1.0, abs(plan.adaptation_rate))
