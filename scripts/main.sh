@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
-# The README's main command: set up .venv, then run the main job.
-# Until the service lands, the main job profiles a model, prints its plan under a budget, and plans
-# again under a tighter budget (see README).
+# The README's main command: set up .venv, then run the demo on the embedded local stack (DESIGN §6):
+# a Kafka-protocol broker and a Redis server as child processes, `ferret produce` → `ferret run` (the
+# planned Ferret pipeline) → predictions, one budget change over gRPC mid-stream, a snapshot, and a
+# report in out/demo-<time>/ (summary.json, report.md, online_accuracy.png). Extra arguments go to
+# `ferret demo` (e.g. --items 1000 --out out/demo).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
-out="${FERRET_OUT:-out/main}"
-mkdir -p "$out"
-.venv/bin/ferret profile --model mnistnet --out "$out/mnistnet.profile.json"
-.venv/bin/ferret plan --model mnistnet --profile "$out/mnistnet.profile.json"
-.venv/bin/ferret plan --model mnistnet --profile "$out/mnistnet.profile.json" --budget 40MiB
+exec .venv/bin/ferret demo "$@"
