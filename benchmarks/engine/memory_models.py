@@ -94,18 +94,20 @@ def main() -> int:
                 }
             )
             print(
-                f"{name} {fraction:.2f}: measured {measured / 2**20:.2f} MiB, paper {plan.predicted_bytes / 2**20:.2f}, "
-                f"engine {engine_bytes / 2**20:.2f}",
+                f"{name} {fraction:.2f}: measured {measured / 2**20:.2f} MiB, "
+                f"paper {plan.predicted_bytes / 2**20:.2f}, engine {engine_bytes / 2**20:.2f}",
                 file=sys.stderr,
             )
     lines = [
-        "| model | budget (of min→max) | plan (stages, live/slots) | measured MiB | paper MiB | engine MiB | measured ÷ paper | measured ÷ engine |",
+        "| model | budget (of min→max) | plan (stages, live/slots) | measured MiB | paper MiB | engine MiB "
+        "| measured ÷ paper | measured ÷ engine |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['model']} | {r['budget_fraction']:.2f} | {r['stages']}, {r['live_workers']}/{r['slots']} | "
-            f"{r['measured_peak_bytes'] / 2**20:.2f} | {r['paper_bytes'] / 2**20:.2f} | {r['engine_bytes'] / 2**20:.2f} | "
+            f"{r['measured_peak_bytes'] / 2**20:.2f} | {r['paper_bytes'] / 2**20:.2f} | "
+            f"{r['engine_bytes'] / 2**20:.2f} | "
             f"{r['measured_over_paper']:.2f} | {r['measured_over_engine']:.2f} |"
         )
     table = "\n".join(lines)
