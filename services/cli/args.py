@@ -6,8 +6,10 @@ import argparse
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _SUFFIXES = {
     "": 1,
@@ -86,14 +88,26 @@ def arrival_interval_type(text: str) -> ArrivalInterval:
         ) from None
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
+def _number(kind: type[int] | type[float], accept: Callable[[float], bool], expected: str) -> Callable[[str], Any]:
+    """An argparse type converting to ``kind`` and accepting values for which ``accept`` holds."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not (math.isfinite(value) and accept(value)):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+positive_int = _number(int, lambda v: v >= 1, "an integer >= 1")
+non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+positive_float = _number(float, lambda v: v > 0, "a positive number")
+non_negative_float = _number(float, lambda v: v >= 0, "a finite number >= 0")
+fraction = _number(float, lambda v: 0 <= v <= 1, "a fraction in [0, 1] (e.g. 0.4)")
 
 
 def existing_file(text: str) -> Path:

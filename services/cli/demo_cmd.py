@@ -14,7 +14,6 @@ part fails, 130 on Ctrl-C (after stopping every child).
 from __future__ import annotations
 
 import argparse
-import math
 import signal
 import sys
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 
 from ferret_core.data import DATASET_NAMES
-from services.cli.args import budget_type
+from services.cli.args import budget_type, fraction, positive_float, positive_int
 from services.cli.plan_cmd import MODEL_CHOICES
 from services.demo.options import (
     DEFAULT_CHANGE_AT,
@@ -65,10 +64,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--model", choices=MODEL_CHOICES, default=None, help="model (default: mnistnet for 28x28 images, else mlp)"
     )
     parser.add_argument("--data-root", type=Path, default=None, help="data folder (default ../shared/data or cache)")
-    parser.add_argument("--items", type=_positive_int, default=DEFAULT_ITEMS, help=f"items to stream ({DEFAULT_ITEMS})")
+    parser.add_argument("--items", type=positive_int, default=DEFAULT_ITEMS, help=f"items to stream ({DEFAULT_ITEMS})")
     parser.add_argument(
         "--rate",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_RATE,
         metavar="ITEMS_PER_S",
         help=f"producer rate in items/s ({DEFAULT_RATE:g}: about a minute for the default items)",
@@ -87,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--change-at",
-        type=_fraction,
+        type=fraction,
         default=DEFAULT_CHANGE_AT,
         metavar="FRACTION",
         help=f"change the budget once this fraction of the items was predicted ({DEFAULT_CHANGE_AT:g})",
@@ -99,7 +98,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--out", type=Path, default=None, metavar="DIR", help="report folder (default out/demo-<time>)")
     parser.add_argument(
         "--snapshot-interval",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_SNAPSHOT_INTERVAL_S,
         metavar="S",
         help=f"seconds between the trainer's periodic snapshots ({DEFAULT_SNAPSHOT_INTERVAL_S:g})",
@@ -192,33 +191,3 @@ def _interrupt_on_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1] (e.g. 0.4), got {text!r}")
-    return value

@@ -12,7 +12,7 @@ from ferret_core.memory_model import MEMORY_VARIANTS, OPTIMIZER_SLOTS, MemorySet
 from ferret_core.plan import Plan
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import DTYPE_BYTES, ModelProfile
-from services.cli.args import ArrivalInterval, arrival_interval_type, budget_type, existing_file, positive_float
+from services.cli.args import ArrivalInterval, arrival_interval_type, budget_type, existing_file, non_negative_float
 
 MODEL_CHOICES = ("mlp", "mnistnet", "convnet", "resnet18", "mobilenet")
 COMPENSATOR_CHOICES = ("none", "step-aware", "gap-aware", "fisher", "iter-fisher", "iter-fisher-cf")
@@ -43,7 +43,7 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
         default=ArrivalInterval(multiple=1.0),
         help="t^d: 'auto' (= max_i t̂_i^f, the paper's rate, default), 'Kx' or seconds",
     )
-    parser.add_argument("--decay", type=positive_float, default=None, help="decay constant c (default ln2/T)")
+    parser.add_argument("--decay", type=non_negative_float, default=None, help="decay constant c (default ln2/T)")
     parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float32")
     parser.add_argument(
         "--input-size", type=int, choices=(32, 224), default=None, help="image side (resnet18, mobilenet)"

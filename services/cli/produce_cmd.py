@@ -29,7 +29,7 @@ from typing import Any
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from ferret_core.data import DATASET_NAMES, load_dataset
-from services.cli.args import default_data_root
+from services.cli.args import default_data_root, non_negative_float, non_negative_int, positive_int
 from services.config import Settings, load_settings
 from services.producer import SampleProducer
 
@@ -57,22 +57,22 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT", help="Kafka bootstrap servers")
     parser.add_argument("--topic-prefix", default=None, help="topic prefix (default ferret)")
     parser.add_argument(
-        "--partitions", type=_positive_int, default=None, metavar="K", help="partitions of created topics"
+        "--partitions", type=positive_int, default=None, metavar="K", help="partitions of created topics"
     )
     parser.add_argument(
         "--rate", type=_rate, default=None, metavar="ITEMS_PER_S", help="items per second, or 'max' (default max)"
     )
-    parser.add_argument("--burst", type=_positive_int, default=None, metavar="N", help="items sent back to back (1)")
+    parser.add_argument("--burst", type=positive_int, default=None, metavar="N", help="items sent back to back (1)")
     amount = parser.add_mutually_exclusive_group()
     amount.add_argument(
-        "--items", type=_non_negative_int, default=None, metavar="N", help="items to send (cycles the split)"
+        "--items", type=non_negative_int, default=None, metavar="N", help="items to send (cycles the split)"
     )
     amount.add_argument("--loop", action="store_true", default=None, help="cycle the split until stopped")
     parser.add_argument(
         "--labels", choices=("with-sample", "delayed", "none"), default=None, help="where labels go (with-sample)"
     )
     parser.add_argument(
-        "--label-delay-s", type=_non_negative_float, default=None, metavar="S", help="label delay in seconds (1)"
+        "--label-delay-s", type=non_negative_float, default=None, metavar="S", help="label delay in seconds (1)"
     )
     parser.add_argument("--seed", type=int, default=None, help="dataset loading / shuffling seed (0)")
     parser.add_argument("--shuffle", action="store_true", default=None, help="stream the split in a seeded order")
@@ -166,34 +166,4 @@ def _rate(text: str) -> float:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive number of items per second or 'max', got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value

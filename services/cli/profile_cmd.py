@@ -20,6 +20,7 @@ from ferret_core.errors import ConfigError
 from ferret_core.profile import DTYPE_BYTES, LayerProfile, ModelProfile
 from ferret_core.profiler import CLOCKS, profile_model, resolve_device
 from ferret_core.zoo import MODEL_NAMES, NORMS, build_model
+from services.cli.args import non_negative_int, positive_int
 
 
 def register(subparsers: Any) -> None:
@@ -36,17 +37,17 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--out", required=True, type=Path, help="where to write the profile JSON")
     parser.add_argument(
         "--input-size",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="square image side, e.g. 32 or 224 (default: the model's own: 28 mnistnet, 32 others)",
     )
-    parser.add_argument("--num-classes", type=_positive_int, default=10, help="output classes (default 10)")
+    parser.add_argument("--num-classes", type=positive_int, default=10, help="output classes (default 10)")
     parser.add_argument(
-        "--in-features", type=_positive_int, default=None, help="mlp only: flat input size (default 784)"
+        "--in-features", type=positive_int, default=None, help="mlp only: flat input size (default 784)"
     )
     parser.add_argument(
         "--in-channels",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="image channels (default 1 mnistnet, 3 others)",
     )
@@ -57,9 +58,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float32", help="default float32")
-    parser.add_argument("--warmup", type=_non_negative_int, default=3, help="untimed runs per unit (default 3)")
-    parser.add_argument("--repeats", type=_positive_int, default=10, help="timed runs per unit (default 10)")
-    parser.add_argument("--batch-size", type=_positive_int, default=1, help="items per step (default 1)")
+    parser.add_argument("--warmup", type=non_negative_int, default=3, help="untimed runs per unit (default 3)")
+    parser.add_argument("--repeats", type=positive_int, default=10, help="timed runs per unit (default 10)")
+    parser.add_argument("--batch-size", type=positive_int, default=1, help="items per step (default 1)")
     parser.add_argument(
         "--clock",
         choices=CLOCKS,
@@ -67,7 +68,7 @@ def register(subparsers: Any) -> None:
         help="timer: auto (one CPU thread: thread CPU time, immune to other processes; several threads: "
         "wall time; CUDA: events), wall, or cpu (default auto)",
     )
-    parser.add_argument("--threads", type=_positive_int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--json", action="store_true", help="print the profile JSON instead of the table")
     parser.set_defaults(handler=run)
 
@@ -157,14 +158,6 @@ class _Progress:
     def close(self) -> None:
         if self.enabled:
             print(file=sys.stderr)
-
-
-def _positive_int(text: str) -> int:
-    return _int_at_least(text, 1)
-
-
-def _non_negative_int(text: str) -> int:
-    return _int_at_least(text, 0)
 
 
 def _int_at_least(text: str, minimum: int) -> int:

@@ -34,7 +34,7 @@ from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel, build_model
-from services.cli.args import default_data_root
+from services.cli.args import default_data_root, non_negative_int, positive_float
 from services.cli.plan_cmd import add_planning_arguments, load_or_profile, planner_from_args
 
 MOMENTUM = 0.9  # --optimizer momentum
@@ -56,9 +56,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--method", required=True, choices=METHOD_NAMES, help="training method")
     add_planning_arguments(parser)
-    parser.add_argument("--items", type=_non_negative_int, default=None, help="stream length (default: all)")
+    parser.add_argument("--items", type=non_negative_int, default=None, help="stream length (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="model initialisation and dataset seed (default 0)")
-    parser.add_argument("--lr", type=_positive_float, default=1e-3, help="SGD learning rate (default 1e-3)")
+    parser.add_argument("--lr", type=positive_float, default=1e-3, help="SGD learning rate (default 1e-3)")
     parser.add_argument("--trace", type=Path, default=None, help="write the executed trace as CSV")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(handler=run)
@@ -181,23 +181,3 @@ def format_report(report: dict[str, Any]) -> str:
 
 def _bytes(value: int | None) -> str:
     return "n/a" if value is None else f"{value:,} B ({value / 2**20:.2f} MiB)"
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
