@@ -60,9 +60,7 @@ class CompensatorSettings:
         if self.nu < 0:
             raise ConfigError(f"nu is an ℓ2 weight and must be >= 0, got {self.nu}")
         if self.gap_eps <= 0:
-            raise ConfigError(
-                f"gap_eps must be > 0 (it keeps Gap-Aware's division finite), got {self.gap_eps}"
-            )
+            raise ConfigError(f"gap_eps must be > 0 (it keeps Gap-Aware's division finite), got {self.gap_eps}")
 
 
 def relative_change(new: Sequence[Tensor], old: Sequence[Tensor]) -> Tensor:
@@ -79,8 +77,7 @@ def _common_device(params: Sequence[Tensor]) -> torch.device:
     devices = {p.device for p in params}
     if len(devices) > 1:
         raise ConfigError(
-            "a stage's parameters must live on one device for its compensator, got "
-            f"{sorted(map(str, devices))}"
+            f"a stage's parameters must live on one device for its compensator, got {sorted(map(str, devices))}"
         )
     return devices.pop() if devices else torch.device("cpu")
 
@@ -92,6 +89,8 @@ class StageCompensator(ABC):
     """
 
     name: ClassVar[str]
+    # Whether observe_update needs θ_new − θ_old; callers may skip computing deltas otherwise.
+    needs_deltas: ClassVar[bool] = False
 
     def __init__(self, params: Sequence[Tensor], settings: CompensatorSettings) -> None:
         if not isinstance(settings, CompensatorSettings):
@@ -143,8 +142,9 @@ class StageCompensator(ABC):
         return out
 
     # ------------------------------------------------------------------------------ subclass hooks
-    @abstractmethod
-    def _observe(self, delta: Sequence[Tensor]) -> None: ...
+    def _observe(self, delta: Sequence[Tensor]) -> None:
+        """Record one master update θ_new − θ_old (only compensators with ``needs_deltas`` use it)."""
+        return None
 
     @abstractmethod
     def _compensate(

@@ -53,9 +53,6 @@ class FisherCompensator(StageCompensator):
         super().__init__(params, settings)
         self._lam = float(settings.fisher_lambda)
 
-    def _observe(self, delta: Sequence[Tensor]) -> None:
-        return None
-
     def _compensate(
         self,
         grads: list[Tensor],

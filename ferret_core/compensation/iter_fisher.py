@@ -66,12 +66,10 @@ class IterFisherCompensator(StageCompensator):
         if self._tuned:
             self._lam = torch.tensor(float(settings.lambda0), dtype=torch.float64, device=self._device)
             self._v_r = [
-                torch.zeros(s, dtype=d, device=self._device)
-                for s, d in zip(self._shapes, self._dtypes, strict=True)
+                torch.zeros(s, dtype=d, device=self._device) for s, d in zip(self._shapes, self._dtypes, strict=True)
             ]
             self._v_a = [
-                torch.zeros(s, dtype=d, device=self._device)
-                for s, d in zip(self._shapes, self._dtypes, strict=True)
+                torch.zeros(s, dtype=d, device=self._device) for s, d in zip(self._shapes, self._dtypes, strict=True)
             ]
 
     @property
@@ -84,6 +82,8 @@ class IterFisherCompensator(StageCompensator):
         return self.settings.eta_lambda > 0
 
     # --------------------------------------------------------------------------------- the two calls
+    needs_deltas = True
+
     def _observe(self, delta: Sequence[Tensor]) -> None:
         self._ring.push(delta)
 
@@ -152,9 +152,7 @@ class IterFisherCompensator(StageCompensator):
     def _load_extra_state(self, state: Mapping[str, Any]) -> None:
         """Ring, and — when λ is tuned — λ, v_r and v_a. A snapshot without v_r/v_a (taken with η_λ = 0)
         restarts them from zeros; with η_λ = 0, λ is the setting λ⁰, whatever the snapshot says."""
-        self._ring.load_state_dict(
-            state["ring"], shapes=self._shapes, dtypes=self._dtypes, device=self._device
-        )
+        self._ring.load_state_dict(state["ring"], shapes=self._shapes, dtypes=self._dtypes, device=self._device)
         if not self._tuned:
             return
         assert isinstance(self._lam, Tensor)
@@ -168,8 +166,7 @@ class IterFisherCompensator(StageCompensator):
             got = [tuple(t.shape) for t in src]
             if got != list(self._shapes):
                 raise ConfigError(
-                    f"{self.name} snapshot {key} shapes {got} do not match the stage's parameters "
-                    f"{list(self._shapes)}"
+                    f"{self.name} snapshot {key} shapes {got} do not match the stage's parameters {list(self._shapes)}"
                 )
             for d, t in zip(dst, src, strict=True):
                 d.copy_(t)

@@ -47,7 +47,5 @@ def make_compensator(
     if factory is None:
         raise ConfigError(f"unknown compensator {name!r}: expected one of {', '.join(COMPENSATOR_NAMES)}")
     if isinstance(ring_capacity, bool) or not isinstance(ring_capacity, int) or ring_capacity < 0:
-        raise ConfigError(
-            f"ring_capacity must be an int >= 0 (the stage's staleness bound), got {ring_capacity!r}"
-        )
+        raise ConfigError(f"ring_capacity must be an int >= 0 (the stage's staleness bound), got {ring_capacity!r}")
     return factory(list(params), settings, ring_capacity)

@@ -94,9 +94,7 @@ class DeltaRing:
                 raise ConfigError(
                     f"delta ring snapshot shapes {got} do not match the stage's parameters {list(shapes)}"
                 )
-            slots.append(
-                [d.to(device=device, dtype=dt, copy=True) for d, dt in zip(delta, dtypes, strict=True)]
-            )
+            slots.append([d.to(device=device, dtype=dt, copy=True) for d, dt in zip(delta, dtypes, strict=True)])
         self._slots = slots
         self._head = 0  # slots are oldest first: a full ring overwrites slot 0 next
         self.pushed = int(state["pushed"])

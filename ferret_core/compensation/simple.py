@@ -20,9 +20,6 @@ class NoCompensator(StageCompensator):
 
     name = "none"
 
-    def _observe(self, delta: Sequence[Tensor]) -> None:
-        return None
-
     def _compensate(
         self,
         grads: list[Tensor],
@@ -42,9 +39,6 @@ class StepAwareCompensator(StageCompensator):
     ``g / max(1, τ)`` — the learning rate modulated by 1/τ."""
 
     name = "step-aware"
-
-    def _observe(self, delta: Sequence[Tensor]) -> None:
-        return None
 
     def _compensate(
         self,
@@ -86,6 +80,8 @@ class GapAwareCompensator(StageCompensator):
         super().__init__(params, settings)
         self._avg_step = [torch.zeros_like(p.detach(), memory_format=torch.preserve_format) for p in params]
         self._updates = 0
+
+    needs_deltas = True
 
     def _observe(self, delta: Sequence[Tensor]) -> None:
         torch._foreach_lerp_(self._avg_step, torch._foreach_abs(list(delta)), 1.0 - self.settings.alpha)

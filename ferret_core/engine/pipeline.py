@@ -45,7 +45,6 @@ import torch
 from torch import Tensor
 
 from ferret_core.compensation import StageCompensator
-from ferret_core.compensation.simple import NoCompensator, StepAwareCompensator
 from ferret_core.engine.actions import Action, Kind, SkipReason, TraceEvent
 from ferret_core.engine.memory import MemoryMeter, StorageKey, storage_keys
 from ferret_core.engine.optim import Optimizer
@@ -65,7 +64,6 @@ from ferret_core.plan import Plan
 
 # Compensators whose observe_update does nothing: skipping it saves computing θ_new − θ_old (a pass over
 # the stage's parameters and an allocation of their size) on every update.
-_BLIND_TO_UPDATES = (NoCompensator, StepAwareCompensator)
 
 
 class Pipeline:
@@ -96,7 +94,7 @@ class Pipeline:
         self.store = VersionStore(initial, plan.num_workers, clone_replicas=clone_replicas)
         self.optimizer = optimizer
         self.compensators = tuple(compensators)
-        self._observes = tuple(not isinstance(c, _BLIND_TO_UPDATES) for c in compensators)
+        self._observes = tuple(c.needs_deltas for c in compensators)
         self.meter = meter
         self.counters = Counters(plan.num_workers, plan.num_stages)
         self.online = OnlineAccuracy()
@@ -109,9 +107,7 @@ class Pipeline:
         self._pending: list[list[list[tuple[list[Tensor], StageVersion]]]] = [
             [[] for _ in programs] for _ in plan.workers
         ]
-        self._runners = {
-            (w.index, j): p.runner() for w in plan.workers if w.live for j, p in enumerate(programs)
-        }
+        self._runners = {(w.index, j): p.runner() for w in plan.workers if w.live for j, p in enumerate(programs)}
         self._predict_runners = [p.runner() for p in programs]
         self._devices = [v.params[0].device if v.params else torch.device("cpu") for v in initial]
         if meter is not None:
@@ -347,9 +343,7 @@ class Pipeline:
         return sys.getrefcount(master) == own + 3
 
     # ------------------------------------------------------------------------------------ reporting
-    def _record(
-        self, kind: Kind, a: Action, read: int, written: int | None, start: float, end: float
-    ) -> None:
+    def _record(self, kind: Kind, a: Action, read: int, written: int | None, start: float, end: float) -> None:
         if self.trace is not None:
             self.trace.append(TraceEvent(kind, a.worker, a.stage, a.item, read, written, start, end))
 
