@@ -194,8 +194,7 @@ def search_path(rate_model: RateModel, memory_model: MemoryModel, num_workers: i
         )
         cache.pop(n, None)
         if ring is not None:
-            ring = _RingAccount(memory_model, workers)
-            assert fixed + ring.elements == shared
+            ring.apply(cand.worker)
         steps.append(replace(cand.step, delta_rate=d_rate, delta_bytes=d_bytes))
         changes.append(cand.worker)
         points.append(PathPoint(len(steps), sum(rates), (sum(elems) + shared) * unit, sum(paper)))
@@ -275,6 +274,28 @@ class _RingAccount:
             bound = 0 if best is None else best + count - 1
             total += bound * self.weights[i] - self.stage_elements[i]
         return total
+
+    def apply(self, changed: WorkerConfig) -> None:
+        """Take the step: worker ``changed.index`` now has ``changed``'s configuration (O(N) per stage)."""
+        k = changed.index
+        old = self.terms.pop(k)
+        new = _ring_terms(self.p, changed.accumulation, changed.omission) if changed.live else None
+        if new is not None:
+            self.terms[k] = new
+        count = len(self.terms)
+        for i in range(self.p):
+            if new is not None and new[i] == old[i]:
+                continue
+            sums = self.sums[i]
+            sums.pop(k)
+            for n in sums:
+                window = self.terms[n][i][2]
+                sums[n] += (-(-window // new[i][1]) if new is not None else 0) - (-(-window // old[i][1]))
+            if new is not None:
+                sums[k] = sum(-(-new[i][2] // self.terms[m][i][1]) for m in self.terms if m != k)
+            bound = max((self.terms[n][i][0] + s for n, s in sums.items()), default=None)
+            self.stage_elements[i] = 0 if bound is None else (bound + count - 1) * self.weights[i]
+        self.elements = sum(self.stage_elements)
 
 
 def _rank(d_rate: float, d_elements: int) -> tuple[float, ...]:

@@ -104,3 +104,14 @@ def test_rate_and_steps_are_consistent(planner: Planner, fraction: float) -> Non
     if plan.partition == unconstrained.partition and plan.workers[0].recompute == unconstrained.workers[0].recompute:
         total = unconstrained.adaptation_rate + sum(s.delta_rate for s in plan.steps)
         assert abs(total - plan.adaptation_rate) <= 1e-9 * max(1.0, abs(plan.adaptation_rate))
+
+
+@given(planners(), st.floats(0.0, 1.0))
+def test_incremental_ring_pricing_matches_a_full_recount(planner: Planner, fraction: float) -> None:
+    """The search prices the compensator ring incrementally; the plan's breakdown recounts it from
+    scratch with ferret_core.staleness. Both must agree (they are the same bytes)."""
+    plan = planner.plan(_budget(planner, fraction))
+    geometry = StageGeometry.from_profile(planner.profile, plan.partition)
+    model = MemoryModel(geometry, planner.profile, planner.settings.memory)
+    assert model.total(plan.workers) == plan.predicted_bytes
+    assert model.breakdown(plan.workers).get("compensator_ring", 0) == plan.memory_breakdown.get("compensator_ring", 0)
