@@ -20,6 +20,7 @@ from ferret_core.engine.policies import FerretPolicy
 from ferret_core.engine.wall_clock import WallClock
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
+from ferret_core.profiler import resolve_device
 from ferret_core.zoo import ZooModel
 from services.config import Settings
 from services.trainer.learner import LearnerPrediction, Verdict
@@ -39,6 +40,7 @@ class EngineLearner:
             keep_trace=False,
             validate=False,
         )
+        self.device = resolve_device(settings.trainer.device)
         self._peak_before = 0
         self._updates_before = 0
         self._backprops_before = 0
@@ -46,8 +48,18 @@ class EngineLearner:
 
     def _start(self, plan: Plan) -> None:
         setup = FerretPolicy(plan).setup(self.model.name, self.model.num_units, plan.arrival_interval)
-        self.engine = StreamEngine(self.model.units, setup, self.engine_settings)
+        self.engine = StreamEngine(self.model.units, setup, self.engine_settings, devices=self._stage_devices(plan))
         self.clock: WallClock = self.engine.wall_clock().start()
+
+    def _stage_devices(self, plan: Plan) -> list[torch.device] | None:
+        """CPU: None (where the units are). CUDA: ``cuda:N`` for every stage, or, for plain ``cuda`` with
+        several GPUs visible, stage j on GPU j mod count (a device per stage where several exist)."""
+        if self.device.type != "cuda":
+            return None
+        if self.device.index is not None:
+            return [self.device] * plan.num_stages
+        count = torch.cuda.device_count()
+        return [torch.device("cuda", j % count) for j in range(plan.num_stages)]
 
     # -- the loop's calls ----------------------------------------------------------------------------
     def arrive(
