@@ -107,6 +107,11 @@ class Planner:
         """Smallest budget any partition and c^r can meet (DESIGN §3.7)."""
         return min(self._path(i).min_bytes for i in range(len(self._candidates)))
 
+    def warm(self) -> int:
+        """Compute every greedy path now (later plans are lookups; the path cache is not thread-safe, so
+        warm a planner before sharing it); returns the minimum feasible bytes."""
+        return self.min_feasible_bytes
+
     def plan(self, budget_bytes: int | None = None) -> Plan:
         """The plan with the highest R_F within ``budget_bytes`` (None: unconstrained, the paper's M+)."""
         if budget_bytes is not None and budget_bytes < 0:

@@ -14,17 +14,19 @@ import redis
 import torch
 
 from ferret_core.data import dataset_spec
-from ferret_core.errors import ConfigError, NotImplementedFeatureError
+from ferret_core.errors import ConfigError
 from ferret_core.memory_model import MemorySettings
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel, build_model
+from services.cli.args import ArrivalInterval
 from services.codec import SampleDecoder
 from services.config import Settings
 from services.control.auth import ServerTls
 from services.control.server import ControlServer, create_server
 from services.kafka.admin import ensure_topics
 from services.snapshots import SnapshotStore
+from services.trainer.arrivals import ArrivalRate, DriftReplanner, SwitchablePlanner
 from services.trainer.metrics import TrainerMetrics
 from services.trainer.service import Trainer
 
@@ -37,8 +39,9 @@ class TrainerProcess:
 
     trainer: Trainer
     control: ControlServer
-    planner: Planner
+    planner: SwitchablePlanner
     metrics_port: int | None
+    drift: DriftReplanner | None = None
 
 
 def build_zoo_model(settings: Settings) -> ZooModel:
@@ -69,16 +72,14 @@ def load_profile(settings: Settings, model: ZooModel) -> ModelProfile:
 
 
 def make_planner(settings: Settings, profile: ModelProfile) -> Planner:
+    """The start-up planner. With ``arrival_interval: measured`` it starts at the paper's rate
+    (max_i t̂_i^f) and :class:`DriftReplanner` re-plans once the stream's measured rate is known."""
     t = settings.trainer
-    if t.arrival_interval == "measured":
-        raise NotImplementedFeatureError(
-            "trainer.arrival_interval: 'measured' (EWMA re-planning) is not implemented yet; "
-            "give 'auto', 'Kx' or a number of seconds"
-        )
+    arrival = ArrivalInterval(multiple=1.0) if t.arrival_interval == "measured" else t.arrival_interval
     max_workers = t.max_workers if t.max_workers is not None else max(1, os.cpu_count() or 1)
     memory = MemorySettings(compensator=t.compensator)
     planner_settings = PlannerSettings(
-        arrival_interval=t.arrival_interval.resolve(profile.max_forward_time),
+        arrival_interval=arrival.resolve(profile.max_forward_time),
         decay=t.decay,
         memory=memory,
         max_workers=max_workers,
@@ -93,8 +94,9 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     torch.set_flush_denormal(True)
     model = build_zoo_model(settings)
     profile = load_profile(settings, model)
-    planner = make_planner(settings, profile)
-    plan = planner.plan(t.budget_bytes)  # also warms the planner's paths before any gRPC thread uses it
+    planner = SwitchablePlanner(make_planner(settings, profile))
+    planner.current.warm()  # before any gRPC thread can reach the planner
+    plan = planner.plan(t.budget_bytes)
     from services.trainer.engine_learner import EngineLearner
 
     learner = EngineLearner(model, plan, settings)
@@ -109,6 +111,21 @@ def start_trainer(settings: Settings) -> TrainerProcess:
         if "control" in holder:
             holder["control"].health.set_snapshots_ok(ok)
 
+    measured = t.arrival_interval == "measured"
+    drift_holder: list[DriftReplanner] = []
+    trainer_holder: list[Trainer] = []
+    rate = (
+        ArrivalRate(partitions=lambda: trainer_holder[0].assigned_partitions if trainer_holder else ())
+        if measured
+        else None
+    )
+
+    def arrival(event_time_ms: int, partition: int) -> None:
+        assert rate is not None
+        estimate = rate.observe(event_time_ms, partition)
+        if estimate is not None and drift_holder:
+            drift_holder[0].offer(estimate)
+
     def assigned() -> None:
         if "control" in holder:
             holder["control"].health.set_ready(True)
@@ -121,7 +138,9 @@ def start_trainer(settings: Settings) -> TrainerProcess:
         store,
         on_snapshot_health=snapshot_health,
         on_assigned=assigned,
+        on_arrival=arrival if measured else None,
     )
+    trainer_holder.append(trainer)
     restored = trainer.restore_latest()
     if restored is not None:
         log.info("restored snapshot v%s; resuming at %s", restored.version, restored.offsets)
@@ -130,6 +149,17 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     # Not ready until the consumer has its partitions (the first assignment flips readiness on).
     control = create_server(planner, trainer, address=c.listen, token=c.token, tls=tls, ready=False).start()
     holder["control"] = control
+    drift = None
+    if measured:
+
+        def request(budget: int | None) -> object:
+            # the re-planner takes a byte budget: "unconstrained" is the unconstrained plan's own bytes
+            return control.replanner.request(budget if budget is not None else planner.plan(None).predicted_bytes)
+
+        drift = DriftReplanner(
+            planner, request, lambda: trainer.current_plan()[0].budget_bytes, ratio=t.arrival_drift_ratio
+        ).start()
+        drift_holder.append(drift)
     metrics_port = None
     if settings.metrics.port is not None:
         metrics = TrainerMetrics(trainer.status, lambda: dict(learner.stats()))
@@ -138,7 +168,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     log.info(
         "trainer %s: control plane on %s, metrics on %s", kafka.resolved_instance_id(), control.target, metrics_port
     )
-    return TrainerProcess(trainer, control, planner, metrics_port)
+    return TrainerProcess(trainer, control, planner, metrics_port, drift)
 
 
 def run_trainer(settings: Settings, *, on_ready: Callable[[TrainerProcess], None] | None = None) -> int:
@@ -152,5 +182,7 @@ def run_trainer(settings: Settings, *, on_ready: Callable[[TrainerProcess], None
     try:
         process.trainer.run(stop)
     finally:
+        if process.drift is not None:
+            process.drift.close()
         process.control.stop(grace_s=5)
     return 0

@@ -73,6 +73,7 @@ class Trainer:
         on_snapshot_health: Callable[[bool], None] | None = None,
         snapshot_on_stop: bool = True,
         on_assigned: Callable[[], None] | None = None,
+        on_arrival: Callable[[int, int], None] | None = None,
     ) -> None:
         self.settings = settings
         self.topics = settings.kafka.topics
@@ -82,6 +83,8 @@ class Trainer:
         self.store = store
         self.snapshot_on_stop = snapshot_on_stop
         self._on_assigned = on_assigned
+        self.assigned_partitions: frozenset[int] = frozenset()  # sample partitions this replica owns
+        self._on_arrival = on_arrival  # (event time ms, partition) of each valid item: `measured` interval
         self._snapshot_health = on_snapshot_health or (lambda ok: None)
         self._plan = plan
         self._plan_version = 1
@@ -176,6 +179,7 @@ class Trainer:
         committed offset was predicted before (offsets are stored only after delivery), so re-reading it
         re-emits predictions flagged ``duplicate``."""
         samples = [tp for tp in partitions if tp.topic == self.topics.samples]
+        self.assigned_partitions = frozenset(tp.partition for tp in samples)
         try:
             committed = consumer.committed(samples, timeout=10) if samples else []
         except KafkaException as exc:
@@ -215,6 +219,8 @@ class Trainer:
             item = self.counters.items_valid
             self.counters.items_valid += 1
             self.counters.last_event_time_ms = decoded.event_time_ms
+        if self._on_arrival is not None:
+            self._on_arrival(decoded.event_time_ms, partition)
         outcome = _Outcome(partition, offset)
         prediction, verdict = self.learner.arrive(item, decoded.x, decoded.label, lambda: self._finish(outcome))
         has_label = decoded.label is not None

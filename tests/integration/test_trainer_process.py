@@ -170,3 +170,22 @@ def test_crash_resumes_in_a_new_process_from_the_snapshot(trainer_env: dict[str,
     assert sorted(p.sequence for p in replayed if p.duplicate) == list(range(120, 200))  # flagged
     assert all(120 <= p.sequence < 200 for p in replayed)  # duplicates only after the snapshot
     assert not any(p.duplicate for p in predictions if p.sequence >= 200)
+
+
+def test_measured_arrival_interval_replans_when_the_stream_rate_drifts(
+    trainer_env: dict[str, str], tmp_path: Path
+) -> None:
+    bootstrap, prefix = trainer_env["FERRET_KAFKA_BOOTSTRAP_SERVERS"], trainer_env["FERRET_KAFKA_TOPIC_PREFIX"]
+    env = {**trainer_env, "FERRET_TRAINER_ARRIVAL_INTERVAL": "measured"}
+    trainer = TrainerProcess(env, tmp_path / "trainer.log")
+    client = ControlClient(trainer.target)
+    try:
+        before = json.loads(client.get_plan().plan_json)
+        produce_digits(bootstrap, TopicNames(prefix).samples, 300, spacing_ms=5)  # a 200 items/s stream
+        wait_status(client, "plan_version", 2)
+        after = json.loads(client.get_plan().plan_json)
+    finally:
+        client.close()
+        assert trainer.stop() == 0
+    assert before["arrival_interval"] < 0.001  # the paper's rate, max_i t̂_i^f, until measured
+    assert after["arrival_interval"] == pytest.approx(0.005, rel=0.05)

@@ -116,7 +116,10 @@ def settings_for(bootstrap: str, redis_url: str, prefix: str, **extra: str) -> S
     return load_settings(None, env=env)
 
 
-def produce_digits(bootstrap: str, topic: str, count: int, *, start: int = 0, labels: bool = True) -> list[str]:
+def produce_digits(
+    bootstrap: str, topic: str, count: int, *, start: int = 0, labels: bool = True, spacing_ms: int | None = None
+) -> list[str]:
+    """Produce ``count`` digits items; ``spacing_ms`` stamps event times that far apart (a paced stream)."""
     from ferret_core.data import load_dataset
 
     ds = load_dataset("digits", None)
@@ -125,7 +128,8 @@ def produce_digits(bootstrap: str, topic: str, count: int, *, start: int = 0, la
     for seq in range(start, start + count):
         x = (ds.x_train[seq % len(ds.x_train)] * 255).astype(np.uint8)
         label = int(ds.y_train[seq % len(ds.y_train)]) if labels else None
-        sample = encode_sample(x, stream="digits", sequence=seq, label=label)
+        event_time = None if spacing_ms is None else 1_700_000_000_000 + seq * spacing_ms
+        sample = encode_sample(x, stream="digits", sequence=seq, label=label, event_time_ms=event_time)
         producer.produce(topic, sample.SerializeToString(), key=sample.id.encode())
         ids.append(sample.id)
     producer.flush(30)

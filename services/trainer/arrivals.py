@@ -1,0 +1,136 @@
+"""The ``measured`` arrival interval (DESIGN §4): an EWMA of the stream's observed inter-arrival time,
+and re-planning when it drifts beyond a ratio of the interval the plan was made for.
+
+The estimate comes from the producers' event times, not from when the trainer reads the records (Kafka
+delivers them in batches): every ``window`` items, the interval is (newest − oldest event time) /
+(window − 1), folded into an EWMA. The loop thread only records; a separate thread re-plans, through the
+control plane's re-planner, so re-plans stay serialised and versioned like budget changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Collection
+from dataclasses import replace
+
+from ferret_core.errors import ConfigError
+from ferret_core.plan import Plan
+from ferret_core.planner import Planner
+
+log = logging.getLogger("ferret.trainer")
+
+
+class ArrivalRate:
+    """EWMA of the stream's inter-arrival interval (seconds) from event times (milliseconds).
+
+    Kafka delivers records a partition batch at a time, so consecutive records the trainer reads are not
+    consecutive in the stream. Each partition's rate is measured over windows of its own items, and the
+    stream's interval is 1 / Σ_p rate_p (keys spread items over partitions; a partition without items
+    adds nothing)."""
+
+    def __init__(
+        self, window: int = 50, alpha: float = 0.5, partitions: Callable[[], Collection[int]] | None = None
+    ) -> None:
+        """``partitions``: the sample partitions assigned to this trainer (an estimate waits for all)."""
+        if window < 2 or not 0.0 <= alpha < 1.0:
+            raise ConfigError(f"need window >= 2 and alpha in [0, 1), got {window} and {alpha}")
+        self.window = window
+        self.alpha = alpha
+        self.partitions = partitions or (lambda: ())
+        self.estimate: float | None = None
+        self._rates: dict[int, float] = {}  # items per second, per partition
+        self._open: dict[int, tuple[int, int, int]] = {}  # partition -> (first, last, seen)
+
+    def observe(self, event_time_ms: int, partition: int = 0) -> float | None:
+        """Record one arrival; returns a new estimate when a partition completes a window, else None."""
+        first, last, seen = self._open.get(partition, (event_time_ms, event_time_ms, 0))
+        first, last, seen = min(first, event_time_ms), max(last, event_time_ms), seen + 1
+        if seen < self.window:
+            self._open[partition] = (first, last, seen)
+            return None
+        del self._open[partition]
+        self._rates[partition] = (self.window - 1) / (max(last - first, 1) / 1000.0)
+        if any(p not in self._rates for p in (*self._open, *self.partitions())):
+            return None  # an assigned or active partition has no rate yet: the sum would be too small
+        interval = 1.0 / sum(self._rates.values())
+        self.estimate = interval if self.estimate is None else self.alpha * self.estimate + (1 - self.alpha) * interval
+        return self.estimate
+
+
+class SwitchablePlanner:
+    """What the control plane's re-planner calls: the planner for the arrival interval in force.
+    Swapping is one assignment; only the re-planner's worker thread calls :meth:`plan`."""
+
+    def __init__(self, planner: Planner) -> None:
+        self.current = planner
+
+    def plan(self, budget_bytes: int | None) -> Plan:
+        return self.current.plan(budget_bytes)
+
+    @property
+    def min_feasible_bytes(self) -> int:
+        return self.current.min_feasible_bytes
+
+
+class DriftReplanner:
+    """Re-plans when the measured interval leaves [t^d / ratio, t^d · ratio] of the plan's t^d."""
+
+    def __init__(
+        self,
+        planners: SwitchablePlanner,
+        request: Callable[[int | None], object],
+        budget: Callable[[], int | None],
+        *,
+        ratio: float,
+        cooldown_s: float = 10.0,
+    ) -> None:
+        if ratio <= 1.0:
+            raise ConfigError(f"arrival_drift_ratio must be > 1, got {ratio}")
+        self.planners = planners
+        self.request = request
+        self.budget = budget
+        self.ratio = ratio
+        self.cooldown_s = cooldown_s
+        self.replans = 0
+        self._estimates: queue.SimpleQueue[float | None] = queue.SimpleQueue()
+        self._last = -float("inf")
+        self._thread = threading.Thread(target=self._loop, name="ferret-arrivals", daemon=True)
+
+    def start(self) -> DriftReplanner:
+        self._thread.start()
+        return self
+
+    def offer(self, estimate: float) -> None:
+        """From the loop thread: never blocks."""
+        self._estimates.put(estimate)
+
+    def close(self) -> None:
+        self._estimates.put(None)
+        self._thread.join(10)
+
+    def drifted(self, estimate: float) -> bool:
+        planned = self.planners.current.arrival_interval
+        return not planned / self.ratio <= estimate <= planned * self.ratio
+
+    def _loop(self) -> None:
+        while (estimate := self._estimates.get()) is not None:
+            if not self.drifted(estimate) or time.monotonic() - self._last < self.cooldown_s:
+                continue
+            self._last = time.monotonic()
+            try:
+                self.replan(estimate)
+            except Exception as exc:  # a failed re-plan keeps the plan in force; the stream goes on
+                log.error("re-planning for the measured arrival interval %.4g s failed: %s", estimate, exc)
+
+    def replan(self, estimate: float) -> None:
+        old = self.planners.current
+        settings = replace(old.settings, arrival_interval=estimate)
+        planner = Planner(old.profile, settings)
+        planner.warm()  # every path computed here, not on the re-planner's thread
+        self.planners.current = planner
+        log.info("measured arrival interval %.4g s (plan made for %.4g s): re-planning", estimate, old.arrival_interval)
+        self.request(self.budget())
+        self.replans += 1
