@@ -42,14 +42,24 @@ from services.localstack import LocalStack, free_port  # noqa: E402
 from services.producer import ProduceReport, SampleProducer  # noqa: E402
 from services.proto_gen.ferret.v1 import messages_pb2  # noqa: E402
 
-# The local broker (Tansu) does not answer a waiting fetch when records arrive: with librdkafka's defaults
-# (fetch.wait.max.ms 500) records reach a consumer 10-260 ms after they were produced (evenly spread; see
-# latency.md). "tansu-tuned" shortens the wait through the supported kafka.properties setting (no code
-# change), at a price: Tansu's CPU per fetch grows with the records it holds, and the consumer now fetches
-# ~100 times a second. "default" is the service as shipped.
-KAFKA_CONFIGS: dict[str, dict[str, Any]] = {
-    "default": {},
-    "tansu-tuned": {"fetch.wait.max.ms": 10},
+# The local broker (Tansu) does not answer a waiting fetch when records arrive: with librdkafka's default
+# fetch.wait.max.ms (500) records reach a consumer 10-260 ms after they were produced (evenly spread; see
+# latency.md). Since commit 37aa77e the trainer's consumer sets fetch.wait.max.ms 10 itself ("shipped");
+# "fetch-500" puts librdkafka's default back through the supported kafka.properties setting (what the trainer
+# did before). The shorter wait has a price on Tansu: its CPU per fetch grows with the records it holds, and
+# the consumer fetches ~100 times a second (broker_effects.md).
+KAFKA_CONFIGS: dict[str, dict[str, Any]] = {  # FERRET_KAFKA_PROPERTIES given to the trainer
+    "shipped": {},
+    "fetch-500": {"fetch.wait.max.ms": 500},
+}
+# what the trainer's consumer then uses, for baselines that mimic it (a Kafka hop, the arrival pattern)
+CONSUMER_FETCH: dict[str, dict[str, Any]] = {
+    "shipped": {"fetch.wait.max.ms": 10},
+    "fetch-500": {"fetch.wait.max.ms": 500},
+}
+CONFIG_NOTES = {
+    "shipped": "the trainer as committed: its consumer sets fetch.wait.max.ms 10 (since 37aa77e)",
+    "fetch-500": "kafka.properties {fetch.wait.max.ms: 500}: librdkafka's default, the trainer before 37aa77e",
 }
 DISPATCHED = messages_pb2.TRAINING_DECISION_DISPATCHED
 SKIPPED_BUSY = messages_pb2.TRAINING_DECISION_SKIPPED_BUSY
@@ -58,6 +68,17 @@ SKIPPED_BUSY = messages_pb2.TRAINING_DECISION_SKIPPED_BUSY
 # -- machine -------------------------------------------------------------------------------------------
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def git_head() -> str:
+    """The commit the service code under test was at (plus ``+dirty`` when services/ has local changes)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain", "services", "ferret_core"], cwd=ROOT,
+                               capture_output=True, text=True).stdout
+    except OSError:
+        return "unknown"
+    return head.strip() + ("+dirty" if dirty.strip() else "")
 
 
 def machine() -> dict[str, Any]:

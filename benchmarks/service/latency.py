@@ -4,13 +4,15 @@ p99 ≤ 50 ms on this CPU) and ``mlp``, measured on predictions read back by an 
 Latency = the Prediction's ``latency_ms``: the trainer's publish time (when it hands the Prediction to its
 Kafka client) − the sample's event time (stamped by the producer when it encodes the sample).
 
-Per model and Kafka client configuration (``default`` = the service as shipped; ``tansu-tuned`` =
-``fetch.wait.max.ms: 10`` through ``kafka.properties``, because Tansu does not answer a waiting fetch when
-records arrive), in one run:
+Per model and Kafka client configuration (``shipped`` = the trainer as committed, whose consumer uses
+``fetch.wait.max.ms`` 10; ``fetch-500`` = librdkafka's default 500 ms through ``kafka.properties``, the trainer
+before commit 37aa77e — Tansu does not answer a waiting fetch when records arrive, so the wait matters), in
+one run:
 - **service**: ``ferret run`` as its own process; one stream at R = saturation/2 (from
   ``results/saturation.json``) starting as soon as the trainer reports SERVING, for 10 s of warm-up + 60 s.
   Reported for all items, for the warm-up only, and without the warm-up (nothing is dropped silently).
-- **Kafka hop** (baseline, a fresh broker, same properties, no trainer): the same producer at R, read by two independent consumers: one record per ``poll()``, and ``consume(256, timeout=0.05)``
+- **Kafka hop** (baseline, a fresh broker, the trainer consumer's fetch wait, no trainer): the same producer
+  at R, read by two independent consumers: one record per ``poll()``, and ``consume(256, timeout=0.05)``
   batches as the trainer's loop reads them. Latency = receive time − event time, first second left out
   (a fresh idempotent producer's first records wait ~0.5 s on Tansu).
 - **engine alone** (baseline, no Kafka): the trainer's learner (same plan and engine options) fed with
@@ -103,7 +105,7 @@ def service_latency(model: str, config: str, rate: float, dataset: Any) -> dict[
             "load_average": h.load_average(),
         }
     # the baseline on a fresh broker of its own (Tansu's fetch cost grows with the records it holds)
-    result["hop"] = kafka_hop(props, dataset, rate)
+    result["hop"] = kafka_hop(h.CONSUMER_FETCH[config], dataset, rate)
     return result
 
 
@@ -184,7 +186,7 @@ def main() -> int:
     global WINDOW_S
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["mnistnet", "mlp"])
-    parser.add_argument("--configs", nargs="+", default=["tansu-tuned", "default"], choices=sorted(h.KAFKA_CONFIGS))
+    parser.add_argument("--configs", nargs="+", default=["shipped", "fetch-500"], choices=sorted(h.KAFKA_CONFIGS))
     parser.add_argument("--rate", action="append", default=[], metavar="MODEL=R", help="override saturation/2")
     parser.add_argument("--window-s", type=float, default=WINDOW_S)
     args = parser.parse_args()
@@ -217,7 +219,7 @@ def main() -> int:
     command += f" --window-s {WINDOW_S:g}" if WINDOW_S != 60.0 else ""
     if args.models != ["mnistnet", "mlp"]:
         command += f" --models {' '.join(args.models)}"
-    if args.configs != ["tansu-tuned", "default"]:
+    if args.configs != ["shipped", "fetch-500"]:
         command += f" --configs {' '.join(args.configs)}"
     summary = [
         "| model | Kafka config | rate (= saturation/2) | p50 ms (steady) | p99 ms (steady) | p99 ms (all, warm-up "
@@ -272,8 +274,7 @@ def main() -> int:
             "max_ms": eng["predict_all_max_ms"],
         }
         text += [
-            f"## {r['model']}, {r['kafka_config']} (`{r['kafka_properties'] or 'no extra properties'}`), "
-            f"{r['rate']:g} items/s",
+            f"## {r['model']}, {r['kafka_config']} ({h.CONFIG_NOTES[r['kafka_config']]}), {r['rate']:g} items/s",
             "",
             f"SERVING {r['serving_s']:.1f} s after start; first prediction {r['first_prediction_after_serving_s']:.2f} s "
             f"after SERVING; {r['read_back']:,} of {r['produced']:,} predictions read back "
@@ -293,6 +294,8 @@ def main() -> int:
         ]
     payload = {
         "command": command,
+        "git_head": h.git_head(),
+        "configs": {c: h.CONFIG_NOTES[c] for c in args.configs},
         "machine": h.machine(),
         "load_average_before": load_before,
         "load_average_after": load_after,

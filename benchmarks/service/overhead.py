@@ -12,11 +12,11 @@ In one run, per model (``mnistnet``, ``mlp``), at R = half the saturation rate o
   second. The stream's first second is left out of the service's rate (a fresh idempotent producer's first
   records wait ~0.5 s on Tansu and then arrive as a burst); the figure with it is in the JSON.
 - **engine alone, bursty** (attribution, not the goal's baseline): the same, but each period's items submitted
-  back to back at the period's end — 250 ms for ``default`` (Tansu does not answer a waiting fetch when
-  records arrive: with the client defaults a Kafka hop takes 10–260 ms, evenly spread, see latency.py) and
-  50 ms for ``tansu-tuned`` (the trainer loop's ``consume(256, 0.05)``).
+  back to back at the period's end — 50 ms for ``shipped`` (the trainer loop's ``consume(256, 0.05)`` returns
+  after 256 records or 50 ms) and 250 ms for ``fetch-500`` (Tansu does not answer a waiting fetch when
+  records arrive: with librdkafka's 500-ms wait a Kafka hop takes 10–260 ms, evenly spread, see latency.md).
 Both also report backward passes per second (the trainer's GetStatus counter / the engine's counter). The
-service runs twice per model: with the Kafka client defaults and with ``fetch.wait.max.ms: 10``.
+service runs twice per model: as shipped (its consumer uses ``fetch.wait.max.ms`` 10) and with 500 ms.
 
 The service shares the 2 cores with the broker, the producer and the reader: that is part of the overhead
 measured here (the CPU columns say where the cores went).
@@ -41,11 +41,11 @@ import harness as h
 COMMAND = "python benchmarks/service/overhead.py"
 GOAL = 0.85
 WINDOW_S = 30.0
-# How the service's trainer receives its records. default: in batches about every 250 ms (Tansu does not
-# answer a waiting fetch when records arrive; latency.py's Kafka hop with the client defaults spreads evenly
-# over 10-260 ms). tansu-tuned: every <= 50 ms (the loop's consume(256, timeout=0.05) returns when 256
-# records or the 50 ms are there).
-BURSTS = {"default": 0.25, "tansu-tuned": 0.05}
+# How the service's trainer receives its records. shipped: every <= 50 ms (the loop's consume(256,
+# timeout=0.05) returns when 256 records or the 50 ms are there). fetch-500: in batches about every 250 ms
+# (Tansu does not answer a waiting fetch when records arrive; latency.py's Kafka hop with a 500-ms wait
+# spreads evenly over 10-260 ms).
+BURSTS = {"shipped": 0.05, "fetch-500": 0.25}
 EXCLUDE_FIRST_S = 1.0
 
 
@@ -86,7 +86,7 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=["mnistnet", "mlp"])
     parser.add_argument("--rate", action="append", default=[], metavar="MODEL=R", help="override saturation/2")
     parser.add_argument("--window-s", type=float, default=WINDOW_S)
-    parser.add_argument("--configs", nargs="+", default=["default", "tansu-tuned"], choices=sorted(h.KAFKA_CONFIGS))
+    parser.add_argument("--configs", nargs="+", default=["shipped", "fetch-500"], choices=sorted(h.KAFKA_CONFIGS))
     args = parser.parse_args()
     WINDOW_S = args.window_s
 
@@ -141,7 +141,7 @@ def main() -> int:
     command += f" --window-s {WINDOW_S:g}" if WINDOW_S != 30.0 else ""
     if args.models != ["mnistnet", "mlp"]:
         command += f" --models {' '.join(args.models)}"
-    if args.configs != ["default", "tansu-tuned"]:
+    if args.configs != ["shipped", "fetch-500"]:
         command += f" --configs {' '.join(args.configs)}"
     rows = [
         "| model | Kafka config | rate/s | plan (stages × workers) | same plan | engine alone trained/s (busy %) | service "
@@ -168,7 +168,7 @@ def main() -> int:
         "",
         f"Command: `{command}` — {h.machine()['cpus']} CPUs, torch {h.machine()['torch']}; {WINDOW_S:g}-s windows; "
         f"rates = half of `results/saturation.json` ({saturation or 'not found'}); trainer = `ferret run` as a "
-        f"separate process, Kafka client settings {', '.join(f'{c} `{h.KAFKA_CONFIGS[c]}`' for c in args.configs)}; "
+        f"separate process, Kafka client settings {'; '.join(f'{c}: {h.CONFIG_NOTES[c]}' for c in args.configs)}; "
         "periodic snapshots off. Load "
         f"average (1/5/15 min) {load_before} before, {load_after} after.",
         "",
@@ -177,17 +177,19 @@ def main() -> int:
         "plan = the service's GetPlan equals the engine's `Plan.to_dict()`. CPU in cores (1.0 = one core busy) "
         "over the window: the engine alone has the machine to itself; the service shares it with the broker, "
         "the producer and the reader (in the benchmark process). *Arrivals in the service's bursts*: the same engine, "
-        "items, rate and plan, but each period's items submitted back to back at its end — 250 ms for `default` "
-        "(Tansu does not answer a waiting fetch when records arrive: with the client defaults a Kafka hop takes "
-        "10–260 ms, evenly spread, see latency.md) and 50 ms for `tansu-tuned` (the trainer loop's "
-        "`consume(256, timeout=0.05)` returns after 256 records or 50 ms): the part of the gap that the arrival "
-        "pattern alone explains, without Kafka.",
+        "items, rate and plan, but each period's items submitted back to back at its end — 50 ms for `shipped` "
+        "(the trainer loop's `consume(256, timeout=0.05)` returns after 256 records or 50 ms) and 250 ms for "
+        "`fetch-500` (Tansu does not answer a waiting fetch when records arrive: with a 500-ms wait a Kafka hop "
+        "takes 10–260 ms, evenly spread, see latency.md): the part of the gap that the arrival pattern alone "
+        "explains, without Kafka.",
         "",
         *rows,
         "",
     ]
     payload = {
         "command": command,
+        "git_head": h.git_head(),
+        "configs": {c: h.CONFIG_NOTES[c] for c in args.configs},
         "machine": h.machine(),
         "load_average_before": load_before,
         "load_average_after": load_after,

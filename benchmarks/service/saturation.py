@@ -13,9 +13,9 @@ records it holds, so a window must not inherit the previous windows' records):
 2. coarse search: 15-s windows at geometric rates (×1.5) until the first window whose lag is not bounded;
 3. confirmation: 60-s windows, first at the geometric mean of the last bounded and the first unbounded
    coarse rate, then (while unbounded) at the last bounded coarse rate and below (at most 3 windows).
-The saturation rate is the highest rate bounded over a 60-s window. Kafka client settings: ``default``
-(the service as shipped) unless ``--kafka tansu-tuned`` (``fetch.wait.max.ms: 10``; lower latency, but
-the broker's CPU then grows with every record it holds).
+The saturation rate is the highest rate bounded over a 60-s window. Kafka client settings: ``shipped``
+(the trainer as committed; its consumer uses ``fetch.wait.max.ms`` 10) unless ``--kafka fetch-500``
+(librdkafka's 500 ms through ``kafka.properties``, what the trainer used before commit 37aa77e).
 
 Bounded: every item's prediction is read back within the drain time, and the median latency of the
 window's last quarter ≤ max(2 × the first quarter's median, first quarter + 50 ms) and < 1 s. Latency is
@@ -200,13 +200,13 @@ def render(payload: dict[str, Any]) -> str:
             f"{r['startup']['serving_s']:.1f} s | {r['startup']['first_prediction_after_serving_s']:.2f} s | "
             f"{h.fmt(warm['p99_ms'], 0)} / {h.fmt(warm['max_ms'], 0)} |"
         )
-    kafka = results[0]["kafka_config"] if results else "default"
+    kafka = results[0]["kafka_config"] if results else "shipped"
     text = [
         "# Saturation rate of the trainer service (MNIST)",
         "",
         f"Command: `{payload['command']}` — {payload['machine']['cpus']} CPUs, torch {payload['machine']['torch']}; "
         "trainer = `ferret run` as a separate process; broker = embedded Tansu on the same machine; Kafka client "
-        f"properties `{h.KAFKA_CONFIGS[kafka]}` ({kafka}); periodic snapshots off. Load average (1/5/15 min) "
+        f"settings: {kafka} — {payload.get('kafka_note') or h.CONFIG_NOTES.get(kafka, '')}; periodic snapshots off. Load average (1/5/15 min) "
         f"{payload['load_average_before']} before, {payload['load_average_after']} after; each window's own is in "
         "the JSON.",
         "",
@@ -234,7 +234,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["mnistnet", "mlp"], choices=sorted(START))
     parser.add_argument("--budget", type=budget_type, default=None, help="memory budget (default: unconstrained)")
-    parser.add_argument("--kafka", choices=sorted(h.KAFKA_CONFIGS), default="default")
+    parser.add_argument("--kafka", choices=sorted(h.KAFKA_CONFIGS), default="shipped")
     parser.add_argument("--out", default="saturation", help="results/<out>.{md,json}")
     parser.add_argument("--coarse-s", type=float, default=COARSE_S, help="coarse window (s)")
     parser.add_argument("--confirm-s", type=float, default=CONFIRM_S, help="confirmation window (s); DESIGN: 60")
@@ -254,12 +254,14 @@ def main() -> int:
     load_after = h.load_average()
     command = f"{COMMAND}" + (f" --models {' '.join(args.models)}" if args.models != ["mnistnet", "mlp"] else "")
     command += f" --budget {args.budget}" if args.budget is not None else ""
-    command += f" --kafka {args.kafka}" if args.kafka != "default" else ""
+    command += f" --kafka {args.kafka}" if args.kafka != "shipped" else ""
     command += f" --out {args.out}" if args.out != "saturation" else ""
     command += f" --coarse-s {COARSE_S:g}" if COARSE_S != 15.0 else ""
     command += f" --confirm-s {CONFIRM_S:g}" if CONFIRM_S != 60.0 else ""
     payload = {
         "command": command,
+        "kafka_note": h.CONFIG_NOTES[args.kafka],
+        "git_head": h.git_head(),
         "machine": h.machine(),
         "load_average_before": load_before,
         "load_average_after": load_after,
