@@ -2,11 +2,16 @@
 
 Tensors are written with ``torch.save`` and read with ``torch.load(weights_only=True)``, which accepts
 tensors and plain containers only and never runs code from the bytes it reads.
+
+Signing: with a key, the manifest carries ``"hmac"``: HMAC-SHA256 over the canonical JSON (sorted keys,
+no spaces) of every other field: offsets, checksums, plan, tensors, counters. Whoever can write Redis but
+lacks the key cannot forge offsets or swap chunks (the chunk checksums are signed) unnoticed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
 import json
 import time
@@ -71,8 +76,9 @@ class SnapshotManifest:
     def created_at(self) -> str:
         return datetime.fromtimestamp(self.created_time_ms / 1000, tz=UTC).isoformat()
 
-    def to_json(self) -> bytes:
-        document = {
+    def to_json(self, key: bytes | None = None) -> bytes:
+        """The manifest document; with ``key``, signed (module docstring)."""
+        document: dict[str, Any] = {
             "format": FORMAT,
             "version": self.version,
             "instance_id": self.instance_id,
@@ -89,12 +95,20 @@ class SnapshotManifest:
             "compensator": dict(self.compensator),
             "meta": dict(self.meta),
         }
+        if key is not None:
+            document[SIGNATURE_FIELD] = signature(document, key)
         return json.dumps(document, sort_keys=True, allow_nan=False).encode()
 
     @classmethod
-    def from_json(cls, raw: bytes) -> SnapshotManifest:
+    def from_json(cls, raw: bytes, key: bytes | None = None) -> SnapshotManifest:
+        """Parse (and with ``key`` verify the signature of) a manifest; :class:`SnapshotCorruptError` when
+        it is malformed, unsigned or its signature differs."""
         try:
             doc = json.loads(raw)
+            if not isinstance(doc, dict):
+                raise ValueError(f"a JSON object was expected, got {type(doc).__name__}")
+            if key is not None:
+                _verify(doc, key)
             if doc.get("format") != FORMAT:
                 raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT}")
             chunks = tuple(
@@ -116,8 +130,42 @@ class SnapshotManifest:
                 compensator=dict(doc["compensator"]),
                 meta=dict(doc["meta"]),
             )
+        except SnapshotCorruptError:
+            raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SnapshotCorruptError(f"snapshot manifest is malformed: {exc}") from exc
+
+
+SIGNATURE_FIELD = "hmac"
+
+
+def _canonical(document: dict[str, Any]) -> bytes:
+    unsigned = {k: v for k, v in document.items() if k != SIGNATURE_FIELD}
+    return json.dumps(unsigned, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def signature(document: dict[str, Any], key: bytes) -> str:
+    """HMAC-SHA256 (hex) of the document without its signature field."""
+    return hmac.new(key, _canonical(document), hashlib.sha256).hexdigest()
+
+
+def _verify(document: dict[str, Any], key: bytes) -> None:
+    given = document.get(SIGNATURE_FIELD)
+    if not isinstance(given, str):
+        raise SnapshotCorruptError("snapshot manifest is unsigned, but a signing key is configured")
+    if not hmac.compare_digest(given, signature(document, key)):
+        raise SnapshotCorruptError("snapshot manifest signature does not match (forged or another key)")
+
+
+def non_finite(tensors: Mapping[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors holding NaN or ±inf (a snapshot never holds them)."""
+    return [
+        name
+        for name, t in tensors.items()
+        if isinstance(t, torch.Tensor)
+        and (t.is_floating_point() or t.is_complex())
+        and not bool(torch.isfinite(t).all())
+    ]
 
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:

@@ -19,3 +19,8 @@ class SnapshotCorruptError(SnapshotError, ValueError):
 
 class SnapshotWriteError(SnapshotError):
     """Saving a snapshot failed; ``latest`` still points at the previous one."""
+
+
+class SnapshotUnavailableError(SnapshotError, ConnectionError):
+    """Redis cannot be reached or did not answer in time (connection refused, socket timeout): the store
+    is degraded, not corrupt; retry later (:class:`services.snapshots.connect.Reconnect`)."""

@@ -11,7 +11,15 @@ Keys of one replica (``{…}`` is a Redis Cluster hash tag, so one replica's key
 ``save`` writes every chunk, then one Lua script writes the manifest, adds the version to the set and
 moves ``latest`` forward: a failed or interrupted save never becomes visible, and its chunks are
 removed. ``load`` checks every chunk's size and sha256 and the total before ``torch.load(...,
-weights_only=True)``.
+weights_only=True)``, then that the plan parses, every tensor has the shape and dtype the manifest
+lists, and no tensor holds NaN or ±inf (non-finite tensors are never written either).
+
+Bad state never crashes a reader: a garbage ``latest`` or a non-numeric ``versions`` member is logged
+and ignored; :meth:`SnapshotStore.newest_compatible` walks the versions newest first and returns the
+first that verifies and matches the configured model (:class:`ModelFingerprint`), with every skipped
+one and why. :meth:`SnapshotStore.prune` keeps the newest K *valid* versions. With ``hmac_key`` the
+manifests are signed and an unsigned or forged one is invalid. Redis errors that mean "unreachable or
+too slow" raise :class:`SnapshotUnavailableError` (degraded, retry: ``connect.Reconnect``).
 """
 
 from __future__ import annotations
@@ -20,26 +28,30 @@ import logging
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Literal, NoReturn, cast
 
 import redis
 
 from ferret_core.errors import ConfigError
+from services.failpoints import failpoint
 from services.snapshots.codec import (
     ChunkInfo,
     SnapshotManifest,
     SnapshotPayload,
     decode_tensors,
     encode_tensors,
+    non_finite,
     now_ms,
     sha256_hex,
     split,
     tensor_summary,
 )
+from services.snapshots.compat import ModelFingerprint, TensorSpec, check_plan
 from services.snapshots.errors import (
     SnapshotCorruptError,
     SnapshotError,
     SnapshotNotFoundError,
+    SnapshotUnavailableError,
     SnapshotWriteError,
 )
 
@@ -54,7 +66,7 @@ _NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _COMMIT = """
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[2])
-local current = tonumber(redis.call('GET', KEYS[3]) or '0')
+local current = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
 if tonumber(ARGV[2]) > current then
   redis.call('SET', KEYS[3], ARGV[2])
   return 1
@@ -73,11 +85,40 @@ class SnapshotStatus:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class SkippedSnapshot:
+    """A version a restore passed over: ``corrupt`` (fails verification: chunks, plan, signature,
+    shapes, non-finite values) or ``incompatible`` (sound, but of another model)."""
+
+    version: int
+    kind: Literal["corrupt", "incompatible"]
+    reason: str
+
+
+@dataclass(frozen=True)
+class RestoreChoice:
+    """What :meth:`SnapshotStore.newest_compatible` found: the payload (None: start fresh) and every
+    newer version it skipped, newest first."""
+
+    payload: SnapshotPayload | None
+    skipped: tuple[SkippedSnapshot, ...] = ()
+
+    def describe(self) -> str:
+        """One line for the log: what is restored and what was skipped."""
+        head = f"v{self.payload.version}" if self.payload is not None else "no compatible snapshot"
+        if not self.skipped:
+            return head
+        return f"{head}; skipped " + "; ".join(f"v{s.version} ({s.kind}: {s.reason})" for s in self.skipped)
+
+
 class SnapshotStore:
     """Snapshots of one trainer replica (``instance_id``) under ``namespace`` in Redis.
 
-    ``redis_client`` must return bytes (``decode_responses=False``). Not safe for two writers with the
-    same instance id beyond this guarantee: versions never collide and ``latest`` only moves forward.
+    ``redis_client`` must return bytes (``decode_responses=False``); give it socket timeouts
+    (:func:`services.snapshots.connect.redis_client`) so a frozen Redis cannot stall a save forever.
+    ``hmac_key``: sign manifests on save and accept only validly signed ones on load. Not safe for two
+    writers with the same instance id beyond this guarantee: versions never collide and ``latest`` only
+    moves forward.
     """
 
     def __init__(
@@ -86,6 +127,8 @@ class SnapshotStore:
         namespace: str,
         instance_id: str,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        *,
+        hmac_key: bytes | None = None,
     ) -> None:
         for what, value in (("namespace", namespace), ("instance id", instance_id)):
             if not _NAME.match(value):
@@ -97,12 +140,19 @@ class SnapshotStore:
             raise ConfigError(f"chunk_bytes must be in 1..{MAX_CHUNK_BYTES} (Redis's value limit), got {chunk_bytes}")
         if redis_client.get_connection_kwargs().get("decode_responses"):
             raise ConfigError("the snapshot store needs a Redis client with decode_responses=False (bytes)")
+        if hmac_key is not None and len(hmac_key) < 16:
+            raise ConfigError("the snapshot signing key must have at least 16 bytes")
         self._redis = redis_client
         self.namespace = namespace
         self.instance_id = instance_id
         self.chunk_bytes = chunk_bytes
+        self._key = hmac_key
         self._base = f"{namespace}:snap:{{{instance_id}}}"
         self._commit = redis_client.register_script(_COMMIT)
+        self._verified: set[int] = set()  # versions this process wrote or fully verified (prune's memo)
+
+    def __repr__(self) -> str:  # never the key
+        return f"SnapshotStore({self.namespace!r}, {self.instance_id!r}, signed={self._key is not None})"
 
     # -- keys ------------------------------------------------------------------------------------------
     @property
@@ -123,12 +173,33 @@ class SnapshotStore:
     def chunk_key(self, version: int, index: int) -> str:
         return f"{self._base}:v{version}:chunk:{index}"
 
+    def _fail(self, what: str, exc: redis.RedisError) -> NoReturn:
+        """Raise the store's error for a Redis failure: unreachable / timed out, or anything else."""
+        who = f"snapshots of {self.instance_id}"
+        if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+            raise SnapshotUnavailableError(f"{who}: Redis unavailable while {what}: {exc}") from exc
+        raise SnapshotError(f"{who}: Redis failed while {what}: {exc}") from exc
+
+    def ping(self) -> None:
+        """Raise :class:`SnapshotUnavailableError` unless Redis answers."""
+        try:
+            self._redis.ping()
+        except redis.RedisError as exc:
+            self._fail("pinging", exc)
+
     # -- writing ---------------------------------------------------------------------------------------
     def save(self, payload: SnapshotPayload) -> int:
         """Write ``payload`` as a new version and point ``latest`` at it; return the version.
 
-        Raises :class:`SnapshotWriteError` (``latest`` unchanged) when anything fails.
+        Raises :class:`SnapshotWriteError` (``latest`` unchanged) when anything fails, including
+        non-finite tensors (never written) and Redis timeouts.
         """
+        bad = non_finite(payload.tensors)
+        if bad:
+            raise SnapshotWriteError(
+                f"snapshot of {self.instance_id} refused: {len(bad)} tensors hold NaN or inf "
+                f"({', '.join(bad[:3])}); a snapshot never holds non-finite weights"
+            )
         try:
             data = encode_tensors(payload.tensors)
         except (TypeError, ValueError, RuntimeError) as exc:
@@ -154,7 +225,7 @@ class SnapshotStore:
             meta=payload.meta,
         )
         try:
-            document = manifest.to_json()
+            document = manifest.to_json(self._key)
         except (TypeError, ValueError) as exc:
             raise SnapshotWriteError(
                 f"snapshot of {self.instance_id}: plan, offsets, counters, compensator and meta must be "
@@ -162,6 +233,7 @@ class SnapshotStore:
             ) from exc
         try:
             self._put_chunks(version, chunks)
+            failpoint("snapshot.mid-write")
             self._commit_version(version, document)
         except BaseException as exc:
             self._discard_chunks(version, len(chunks))
@@ -170,6 +242,7 @@ class SnapshotStore:
                     f"snapshot v{version} of {self.instance_id} failed and was discarded (latest is unchanged): {exc}"
                 ) from exc
             raise
+        self._verified.add(version)
         log.info("snapshot v%d of %s: %d bytes in %d chunks", version, self.instance_id, len(data), len(chunks))
         return version
 
@@ -198,31 +271,59 @@ class SnapshotStore:
 
     # -- reading ---------------------------------------------------------------------------------------
     def latest_version(self) -> int | None:
-        """The version ``latest`` points at (None when no snapshot was committed)."""
+        """The version ``latest`` points at (None when none was committed, or when the key holds garbage:
+        that is logged and the versions set is used instead)."""
         try:
             raw = cast(bytes | None, self._redis.get(self.latest_key))
         except redis.RedisError as exc:
-            raise SnapshotError(f"snapshots of {self.instance_id}: Redis failed: {exc}") from exc
-        return int(raw) if raw is not None else None
+            self._fail("reading latest", exc)
+        if raw is None:
+            return None
+        try:
+            version = int(raw)
+        except ValueError:
+            version = 0
+        if version < 1:
+            log.warning("snapshots of %s: ignoring the garbage latest pointer %r", self.instance_id, raw[:40])
+            return None
+        return version
 
     def list_versions(self) -> list[int]:
-        """Committed versions, oldest first."""
+        """Committed versions, oldest first (non-numeric members of the set are logged and ignored)."""
+        return self._members()[0]
+
+    def _members(self) -> tuple[list[int], list[bytes]]:
         try:
             members = cast(list[bytes], self._redis.zrange(self.versions_key, 0, -1))
         except redis.RedisError as exc:
-            raise SnapshotError(f"snapshots of {self.instance_id}: Redis failed: {exc}") from exc
-        return sorted(int(m) for m in members)
+            self._fail("listing versions", exc)
+        versions, garbage = [], []
+        for member in members:
+            if member.isdigit() and int(member) >= 1:
+                versions.append(int(member))
+            else:
+                garbage.append(member)
+        if garbage:
+            log.warning(
+                "snapshots of %s: ignoring %d non-numeric versions (%r…)",
+                self.instance_id,
+                len(garbage),
+                garbage[0][:40],
+            )
+        return sorted(versions), garbage
 
     def manifest(self, version: int) -> SnapshotManifest:
+        """The version's manifest (signature checked when a key is configured)."""
         try:
             raw = cast(bytes | None, self._redis.get(self.manifest_key(version)))
         except redis.RedisError as exc:
-            raise SnapshotError(f"snapshots of {self.instance_id}: Redis failed: {exc}") from exc
+            self._fail(f"reading manifest v{version}", exc)
         if raw is None:
-            raise SnapshotNotFoundError(
-                f"snapshot v{version} of {self.instance_id} does not exist (versions: {self.list_versions()})"
-            )
-        manifest = SnapshotManifest.from_json(raw)
+            raise SnapshotNotFoundError(f"snapshot v{version} of {self.instance_id} does not exist")
+        try:
+            manifest = SnapshotManifest.from_json(raw, self._key)
+        except SnapshotCorruptError as exc:
+            raise SnapshotCorruptError(f"snapshot v{version} of {self.instance_id}: {exc}") from None
         if manifest.version != version or manifest.instance_id != self.instance_id:
             raise SnapshotCorruptError(
                 f"manifest under v{version} of {self.instance_id} describes v{manifest.version} of "
@@ -231,22 +332,35 @@ class SnapshotStore:
         return manifest
 
     def load(self, version: int | None = None) -> SnapshotPayload:
-        """The snapshot ``version`` (default: ``latest``), every checksum verified.
+        """The snapshot ``version`` (default: ``latest``), fully verified (module docstring).
 
-        Raises :class:`SnapshotNotFoundError` when it does not exist and :class:`SnapshotCorruptError`
-        when a chunk is missing or differs, or the content is not a plain dict of tensors.
+        Raises :class:`SnapshotNotFoundError` when it does not exist, :class:`SnapshotCorruptError` when
+        it fails verification, :class:`SnapshotUnavailableError` when Redis does not answer.
         """
         if version is None:
             version = self.latest_version()
             if version is None:
                 raise SnapshotNotFoundError(f"no snapshot of {self.instance_id} in namespace {self.namespace!r} yet")
-        manifest = self.manifest(version)
+        return self._load_verified(self.manifest(version))
+
+    def _load_verified(self, manifest: SnapshotManifest) -> SnapshotPayload:
+        who = f"snapshot v{manifest.version} of {self.instance_id}"
+        check_plan(manifest.plan, who)
         tensors = decode_tensors(self._read_verified(manifest))
         if set(tensors) != set(manifest.tensors):
             raise SnapshotCorruptError(
-                f"snapshot v{version} of {self.instance_id}: tensors {sorted(tensors)} differ from the "
-                f"manifest's {sorted(manifest.tensors)}"
+                f"{who}: tensors {sorted(tensors)[:5]} differ from the manifest's {sorted(manifest.tensors)[:5]}"
             )
+        for name, tensor in tensors.items():
+            listed = TensorSpec.from_summary(manifest.tensors[name])
+            if TensorSpec.of(tensor) != listed:
+                raise SnapshotCorruptError(
+                    f"{who}: tensor {name} is {TensorSpec.of(tensor)}, the manifest says {listed}"
+                )
+        bad = non_finite(tensors)
+        if bad:
+            raise SnapshotCorruptError(f"{who}: {len(bad)} tensors hold NaN or inf ({', '.join(bad[:3])})")
+        self._verified.add(manifest.version)
         return SnapshotPayload(
             tensors=tensors,
             plan=manifest.plan,
@@ -254,26 +368,42 @@ class SnapshotStore:
             counters=manifest.counters,
             compensator=manifest.compensator,
             meta=manifest.meta,
-            version=version,
+            version=manifest.version,
         )
 
-    def load_latest_valid(self) -> SnapshotPayload:
-        """The newest snapshot that loads and verifies, skipping (and logging) corrupt ones.
-
-        Raises :class:`SnapshotNotFoundError` when none is valid; Redis failures propagate as
-        :class:`SnapshotError` rather than being taken for corruption.
-        """
+    def newest_compatible(self, fingerprint: ModelFingerprint | None = None) -> RestoreChoice:
+        """The newest version that verifies and (with ``fingerprint``) matches the configured model, and
+        every newer one skipped with why (each also logged). Never raises for bad snapshot state; raises
+        :class:`SnapshotUnavailableError` when Redis does not answer (start degraded, retry later)."""
         latest = self.latest_version()
         candidates = [v for v in reversed(self.list_versions()) if latest is None or v <= latest]
-        problems: list[str] = []
+        skipped: list[SkippedSnapshot] = []
         for version in candidates:
             try:
-                return self.load(version)
+                manifest = self.manifest(version)
+                who = f"snapshot v{version} of {self.instance_id}"
+                plan = check_plan(manifest.plan, who)
+                reason = None
+                if fingerprint is not None:
+                    reason = fingerprint.mismatch(plan.model if plan else "(no plan)", manifest.tensors)
+                if reason is not None:
+                    skipped.append(SkippedSnapshot(version, "incompatible", reason))
+                    log.warning("skipping incompatible snapshot v%d of %s: %s", version, self.instance_id, reason)
+                    continue
+                return RestoreChoice(self._load_verified(manifest), tuple(skipped))
             except (SnapshotCorruptError, SnapshotNotFoundError) as exc:
                 log.warning("skipping snapshot v%d of %s: %s", version, self.instance_id, exc)
-                problems.append(f"v{version}: {exc}")
-        detail = "; ".join(problems) if problems else "none was saved"
-        raise SnapshotNotFoundError(f"no valid snapshot of {self.instance_id}: {detail}")
+                skipped.append(SkippedSnapshot(version, "corrupt", str(exc)))
+        return RestoreChoice(None, tuple(skipped))
+
+    def load_latest_valid(self, fingerprint: ModelFingerprint | None = None) -> SnapshotPayload:
+        """Like :meth:`newest_compatible`, but raises :class:`SnapshotNotFoundError` (naming what was
+        skipped) when no version qualifies."""
+        choice = self.newest_compatible(fingerprint)
+        if choice.payload is None:
+            detail = "; ".join(f"v{s.version}: {s.reason}" for s in choice.skipped) or "none was saved"
+            raise SnapshotNotFoundError(f"no valid snapshot of {self.instance_id}: {detail}")
+        return choice.payload
 
     def _read_verified(self, manifest: SnapshotManifest) -> bytes:
         parts: list[bytes] = []
@@ -283,7 +413,7 @@ class SnapshotStore:
             try:
                 values = cast(list[bytes | None], self._redis.mget(keys))
             except redis.RedisError as exc:
-                raise SnapshotError(f"{who}: Redis failed: {exc}") from exc
+                self._fail(f"reading {who}", exc)
             for info, value in zip(manifest.chunks[start : start + batch], values, strict=True):
                 if value is None:
                     raise SnapshotCorruptError(f"{who}: chunk {info.index} is missing")
@@ -304,8 +434,9 @@ class SnapshotStore:
         manifest: SnapshotManifest | None = None
         try:
             manifest = self.manifest(version)
+            check_plan(manifest.plan, f"snapshot v{version} of {self.instance_id}")
             if verify:
-                decode_tensors(self._read_verified(manifest))
+                self._load_verified(manifest)
         except (SnapshotCorruptError, SnapshotNotFoundError) as exc:
             return SnapshotStatus(version=version, manifest=manifest, valid=False, error=str(exc))
         return SnapshotStatus(version=version, manifest=manifest, valid=True)
@@ -329,16 +460,63 @@ class SnapshotStore:
                 self._redis.unlink(*keys[start : start + 1000])
             self._redis.zrem(self.versions_key, str(version))
         except redis.RedisError as exc:
-            raise SnapshotError(f"could not delete snapshot v{version} of {self.instance_id}: {exc}") from exc
+            self._fail(f"deleting snapshot v{version}", exc)
+        self._verified.discard(version)
+
+    def _valid(self, version: int) -> bool:
+        if version in self._verified:
+            return True
+        return self.describe(version, verify=True).valid
 
     def prune(self, keep: int) -> list[int]:
-        """Delete all but the ``keep`` newest versions (never the one ``latest`` points at); return the
-        deleted versions."""
+        """Keep the ``keep`` newest *valid* versions and every invalid one newer than the oldest of them;
+        delete everything older (never the version ``latest`` points at) and drop non-numeric members of
+        the versions set. Returns the deleted versions. A version is valid when it fully verifies (done
+        once per version per process: versions this store wrote or verified are remembered)."""
         if keep < 1:
             raise ConfigError(f"prune keeps at least one snapshot, got keep={keep}")
         latest = self.latest_version()
-        versions = self.list_versions()
-        doomed = [v for v in versions[: max(0, len(versions) - keep)] if v != latest]
+        versions, garbage = self._members()
+        valid = 0
+        doomed: list[int] = []
+        for version in reversed(versions):
+            if valid >= keep:
+                if version != latest:
+                    doomed.append(version)
+            elif self._valid(version):
+                valid += 1
         for version in doomed:
             self.delete(version)
-        return doomed
+        if garbage:
+            try:
+                self._redis.zrem(self.versions_key, *garbage)
+            except redis.RedisError as exc:
+                self._fail("dropping non-numeric versions", exc)
+        return sorted(doomed)
+
+    def sweep_orphans(self) -> list[int]:
+        """Delete the chunks of versions that were never committed (a writer killed mid-write) and are
+        older than the newest handed-out version; returns those versions. SCANs the keyspace: call it
+        at start-up, not per snapshot."""
+        try:
+            seq = int(cast(bytes | None, self._redis.get(self.seq_key)) or 0)
+            committed = set(self.list_versions())
+            orphans: set[int] = set()
+            for key in self._redis.scan_iter(match=f"{self._base}:v*:chunk:*", count=1000):
+                match = re.search(rb":v([0-9]+):chunk:", key)
+                if match is not None and int(match.group(1)) not in committed and int(match.group(1)) < seq:
+                    orphans.add(int(match.group(1)))
+            for version in orphans:
+                keys = list(self._redis.scan_iter(match=f"{self._base}:v{version}:chunk:*", count=1000))
+                for start in range(0, len(keys), 1000):
+                    self._redis.unlink(*keys[start : start + 1000])
+        except redis.RedisError as exc:
+            self._fail("sweeping orphan chunks", exc)
+        except ValueError:
+            log.warning("snapshots of %s: the version counter holds garbage; orphan sweep skipped", self.instance_id)
+            return []
+        if orphans:
+            log.info(
+                "snapshots of %s: removed the chunks of uncommitted versions %s", self.instance_id, sorted(orphans)
+            )
+        return sorted(orphans)
