@@ -3,8 +3,9 @@
 ============================  ==========================================================================
 service name                  SERVING when
 ============================  ==========================================================================
-``""`` (and ``ferret.v1.      readiness: the trainer says it is ready, no re-plan is in progress and the
-Control``)                    server is not shutting down. Kubernetes' readiness probe checks this.
+``""`` (and ``ferret.v1.      readiness: the trainer says it is ready, no re-plan is in progress, no
+Control``)                    guarded blocking write (a snapshot) has stalled past its deadline and the
+                              server is not shutting down. Kubernetes' readiness probe checks this.
 ``ferret.liveness``           liveness: the trainer says it is alive and no guarded operation (a re-plan,
                               a snapshot) has overrun its deadline. A re-plan never fails it, so a
                               re-plan never gets the pod killed; the liveness probe checks this name.
@@ -52,6 +53,7 @@ class ControlHealth:
         self._snapshots_ok = True
         self._replans = 0
         self._overdue: set[str] = set()
+        self._stalled: set[str] = set()
         self._shutting_down = False
         self._publish()
 
@@ -103,6 +105,31 @@ class ControlHealth:
                 self._overdue.discard(what)
                 self._publish()
 
+    @contextlib.contextmanager
+    def readiness_deadline(self, what: str, seconds: float) -> Iterator[None]:
+        """Readiness goes NOT_SERVING if the block is still running after ``seconds`` (e.g. a snapshot
+        write stalled on a frozen Redis holds up the stream) and comes back when the block ends."""
+        done = threading.Event()
+        timer = threading.Timer(seconds, self._stall, args=(what, seconds, done))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            with self._lock:
+                done.set()
+                self._stalled.discard(what)
+                self._publish()
+
+    def _stall(self, what: str, seconds: float, done: threading.Event) -> None:
+        with self._lock:
+            if done.is_set():
+                return
+            self._stalled.add(what)
+            self._publish()
+        log.warning("%s has blocked for more than %.1f s: readiness is NOT_SERVING until it ends", what, seconds)
+
     def enter_shutdown(self) -> None:
         """Readiness and the snapshot part go NOT_SERVING for good; liveness keeps its status."""
         with self._lock:
@@ -127,7 +154,7 @@ class ControlHealth:
             self._publish()
 
     def _is_ready(self) -> bool:
-        return self._ready and self._replans == 0 and not self._shutting_down
+        return self._ready and self._replans == 0 and not self._stalled and not self._shutting_down
 
     def _is_live(self) -> bool:
         return self._live and not self._overdue

@@ -495,16 +495,15 @@ class SnapshotStore:
         return sorted(doomed)
 
     def sweep_orphans(self) -> list[int]:
-        """Delete the chunks of versions that were never committed (a writer killed mid-write) and are
-        older than the newest handed-out version; returns those versions. SCANs the keyspace: call it
-        at start-up, not per snapshot."""
+        """Delete the chunks of versions that were never committed (a writer killed mid-write); returns
+        those versions. Call it at start-up, before this replica's first save (a save in progress would
+        lose its chunks); it SCANs the keyspace, so not per snapshot."""
         try:
-            seq = int(cast(bytes | None, self._redis.get(self.seq_key)) or 0)
             committed = set(self.list_versions())
             orphans: set[int] = set()
             for key in self._redis.scan_iter(match=f"{self._base}:v*:chunk:*", count=1000):
                 match = re.search(rb":v([0-9]+):chunk:", key)
-                if match is not None and int(match.group(1)) not in committed and int(match.group(1)) < seq:
+                if match is not None and int(match.group(1)) not in committed:
                     orphans.add(int(match.group(1)))
             for version in orphans:
                 keys = list(self._redis.scan_iter(match=f"{self._base}:v{version}:chunk:*", count=1000))
@@ -512,9 +511,6 @@ class SnapshotStore:
                     self._redis.unlink(*keys[start : start + 1000])
         except redis.RedisError as exc:
             self._fail("sweeping orphan chunks", exc)
-        except ValueError:
-            log.warning("snapshots of %s: the version counter holds garbage; orphan sweep skipped", self.instance_id)
-            return []
         if orphans:
             log.info(
                 "snapshots of %s: removed the chunks of uncommitted versions %s", self.instance_id, sorted(orphans)
