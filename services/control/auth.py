@@ -1,9 +1,12 @@
 """Optional token auth (a server interceptor) and TLS credentials from PEM files.
 
 Token: clients send the metadata ``authorization: Bearer <token>``; a call without it, or with another
-token, ends UNAUTHENTICATED before reaching the servicer. ``grpc.health.v1`` and server reflection are
-exempt so probes and ``grpcurl list`` work without the secret. The token travels in clear text on an
-insecure channel: turn TLS on whenever the port is reachable beyond loopback.
+token, ends UNAUTHENTICATED before reaching the servicer. This holds for every service on the control
+port, ``grpc.health.v1`` and server reflection included (``grpcurl -H 'authorization: Bearer …'``): an
+unauthenticated client can hold no server thread. Probes that cannot send a token (the kubelet's gRPC
+probe) use the separate health port (``control.health_listen``), which serves ``grpc.health.v1`` alone.
+The token travels in clear text on an insecure channel: turn TLS on whenever the port is reachable
+beyond loopback.
 """
 
 from __future__ import annotations
@@ -19,11 +22,6 @@ import grpc
 from ferret_core.errors import ConfigError
 
 AUTH_METADATA = "authorization"
-EXEMPT_PREFIXES: tuple[str, ...] = (
-    "/grpc.health.v1.Health/",
-    "/grpc.reflection.v1alpha.ServerReflection/",
-    "/grpc.reflection.v1.ServerReflection/",
-)
 
 
 def token_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -32,7 +30,7 @@ def token_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Rejects non-exempt calls whose ``authorization`` metadata is not ``Bearer <token>``."""
+    """Rejects every call whose ``authorization`` metadata is not ``Bearer <token>``."""
 
     def __init__(self, token: str) -> None:
         if not token or token != token.strip():
@@ -42,8 +40,6 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     def intercept_service(
         self, continuation: Callable[[Any], grpc.RpcMethodHandler | None], details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
-        if details.method.startswith(EXEMPT_PREFIXES):
-            return continuation(details)
         reason = self._rejection(details.invocation_metadata or ())
         handler = continuation(details)
         if reason is None or handler is None:

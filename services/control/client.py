@@ -1,7 +1,8 @@
 """A small client of ``ferret.v1.Control`` (used by ``ferret control`` and the demo).
 
 Every failed call raises :class:`ControlCallError` with the gRPC status code and one-line details; an
-infeasible budget also carries ``min_feasible_bytes`` (from the server's trailing metadata).
+infeasible budget also carries ``min_feasible_bytes``, read from the reply's rich error details
+(``google.rpc.ErrorInfo`` / ``PreconditionFailure``), else from the older trailing metadata.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from types import TracebackType
 from typing import Any
 
 import grpc
+from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
 
 from services.control.auth import channel_credentials, token_metadata
-from services.control.errors import MIN_FEASIBLE_METADATA, ControlError
+from services.control.errors import BUDGET_BELOW_MINIMUM, MIN_FEASIBLE_METADATA, ControlError
 from services.proto_gen.ferret.v1 import control_pb2 as pb
 from services.proto_gen.ferret.v1 import control_pb2_grpc
 
@@ -33,14 +36,27 @@ class ControlCallError(ControlError):
         super().__init__(f"{method}: {code.name}: {details}")
 
 
-def _error(method: str, exc: grpc.RpcError) -> ControlCallError:
-    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-    details = (exc.details() if hasattr(exc, "details") else None) or str(code.name)
-    minimum = None
+def min_feasible_from(exc: grpc.RpcError) -> int | None:
+    """The minimum feasible budget an infeasible SetMemoryBudget reply carries (None: none)."""
+    try:
+        status = rpc_status.from_call(exc) if hasattr(exc, "trailing_metadata") else None
+    except ValueError:  # details that contradict the call's code or message
+        status = None
+    for detail in status.details if status is not None else ():
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info) and info.reason == BUDGET_BELOW_MINIMUM and "min_feasible_bytes" in info.metadata:
+            return int(info.metadata["min_feasible_bytes"])
     trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
     for key, value in trailing or ():
         if key == MIN_FEASIBLE_METADATA:
-            minimum = int(value)
+            return int(value)
+    return None
+
+
+def _error(method: str, exc: grpc.RpcError) -> ControlCallError:
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = (exc.details() if hasattr(exc, "details") else None) or str(code.name)
+    minimum = min_feasible_from(exc) if code == grpc.StatusCode.FAILED_PRECONDITION else None
     return ControlCallError(method, code, details.splitlines()[0] if details else code.name, minimum)
 
 
@@ -128,7 +144,9 @@ class ControlClient:
     def health(self, service: str = "") -> str:
         """``SERVING``, ``NOT_SERVING`` or ``SERVICE_UNKNOWN`` for a health service name."""
         try:
-            reply = self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=self._timeout_s)
+            reply = self._health.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=self._timeout_s, metadata=self._metadata
+            )
         except grpc.RpcError as exc:
             raise _error("Health.Check", exc) from None
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 from ferret_core.errors import ConfigError, FerretError
 
-# Trailing metadata of a FAILED_PRECONDITION reply to SetMemoryBudget: the minimum feasible bytes, so a
-# client need not parse the message.
+# A FAILED_PRECONDITION reply to SetMemoryBudget carries the minimum feasible bytes as gRPC rich error
+# details (google.rpc.PreconditionFailure with a violation of this type on subject "budget_bytes", and
+# google.rpc.ErrorInfo with this reason, ERROR_DOMAIN and metadata {"min_feasible_bytes": "<bytes>"}),
+# and, for clients without grpcio-status, in this trailing metadata key. No client parses the message.
 MIN_FEASIBLE_METADATA = "ferret-min-feasible-bytes"
+BUDGET_BELOW_MINIMUM = "BUDGET_BELOW_MINIMUM"
+ERROR_DOMAIN = "ferret.v1"
 
 
 class ControlError(FerretError):

@@ -26,6 +26,7 @@ from ferret_core.plan import Plan
 from services.control.errors import InvalidRequest, ServiceUnavailable, Superseded
 from services.control.health import ControlHealth
 from services.control.trainer_port import TrainerPort
+from services.failpoints import failpoint
 
 # Anything above 1 EiB is a typo, not a budget.
 MAX_BUDGET_BYTES = 2**60
@@ -151,6 +152,7 @@ class Replanner:
                 plan = self._planner.plan(budget)
                 planning_seconds = time.perf_counter() - started
                 self._check_newest(budget, generation)
+                failpoint("control.mid-replan")
                 _, current_version = self._trainer.current_plan()
                 applied = self._trainer.apply_plan(plan, current_version + 1)
         finally:

@@ -5,11 +5,19 @@ start-up into a ``grpc.Server`` serving ``ferret.v1.Control``, ``grpc.health.v1`
 but not started (the port is known, so tests use ``127.0.0.1:0``). ``serve`` starts it and blocks until
 SIGTERM/SIGINT or a stop event, then stops gracefully.
 
-Thread pool: ``max_watchers + unary_workers`` threads. A WatchStatus stream holds a thread for its
-whole life, so ``max_watchers`` (default 16) are reserved for them (the servicer refuses more with
-RESOURCE_EXHAUSTED); ``unary_workers`` (default 8) serve unary calls and reflection streams. A
-SetMemoryBudget call waits on the re-planner's own worker thread, so it holds one unary thread and
-never computes on it. Health Watch streams are non-blocking and hold none.
+Thread pool: ``max_watchers + unary_workers`` threads. A stream (WatchStatus, a reflection session)
+holds a thread for its whole life, so at most ``max_watchers`` (default 16) streams run at once, at
+most ``max_streams_per_peer`` (default 4) from one client address (:mod:`services.control.limits`;
+beyond either: RESOURCE_EXHAUSTED at once), and ``unary_workers`` (default 8) threads are always left
+for unary calls. A SetMemoryBudget call waits on the re-planner's own worker thread, so it holds one
+unary thread and never computes on it. Health Watch streams are non-blocking and hold none.
+
+Auth and exposure: with ``token``, every service on the port requires it, health and reflection
+included (:mod:`services.control.auth`). ``health_address`` opens a second port serving only
+``grpc.health.v1``, unauthenticated (statuses carry no secret) on its own two threads, for probes that
+cannot send a token and so that no client of the control port can starve them. Binding the control
+port beyond loopback needs a token, TLS with client certificates, or ``insecure=True`` (logged as a
+warning) (:mod:`services.exposure`).
 
 Graceful stop: readiness goes NOT_SERVING, WatchStatus streams end (each after a last STOPPING status),
 queued re-plans fail UNAVAILABLE, in-flight calls get ``grace_s`` to finish, then the re-planner's
@@ -33,13 +41,18 @@ from grpc_reflection.v1alpha import reflection
 from ferret_core.errors import ConfigError
 from services.control.auth import ServerTls, TokenAuthInterceptor
 from services.control.health import ControlHealth
+from services.control.limits import StreamLimiter
 from services.control.replanner import PlannerLike, Replanner
 from services.control.servicer import ControlServicer
 from services.control.trainer_port import TrainerPort
+from services.exposure import check_exposure, is_loopback, split_host
 from services.proto_gen.ferret.v1 import control_pb2, control_pb2_grpc
 
 DEFAULT_MAX_WATCHERS = 16
 DEFAULT_UNARY_WORKERS = 8
+DEFAULT_MAX_STREAMS_PER_PEER = 4
+HEALTH_WORKERS = 2
+QUEUED_CALLS = 64  # calls beyond the pool wait in a bounded queue; beyond it: RESOURCE_EXHAUSTED
 CONTROL_SERVICE_NAME: str = control_pb2.DESCRIPTOR.services_by_name["Control"].full_name
 
 log = logging.getLogger(__name__)
@@ -62,6 +75,9 @@ class ControlServer:
     replanner: Replanner
     servicer: ControlServicer
     host: str
+    health_server: grpc.Server | None = None
+    health_port: int | None = None
+    limiter: StreamLimiter | None = None
 
     @property
     def target(self) -> str:
@@ -71,7 +87,9 @@ class ControlServer:
 
     def start(self) -> ControlServer:
         self.server.start()
-        log.info("control plane listening on %s", self.target)
+        if self.health_server is not None:
+            self.health_server.start()
+        log.info("control plane listening on %s (health port %s)", self.target, self.health_port)
         return self
 
     def stop(self, grace_s: float = 5.0) -> None:
@@ -80,6 +98,8 @@ class ControlServer:
         self.servicer.shutdown()
         self.replanner.close(wait=False)
         self.server.stop(grace_s).wait()
+        if self.health_server is not None:
+            self.health_server.stop(0).wait()
         self.replanner.close(wait=True)
 
 
@@ -90,8 +110,11 @@ def create_server(
     address: str = "127.0.0.1:0",
     token: str | None = None,
     tls: ServerTls | None = None,
+    insecure: bool = False,
+    health_address: str | None = None,
     max_watchers: int = DEFAULT_MAX_WATCHERS,
     unary_workers: int = DEFAULT_UNARY_WORKERS,
+    max_streams_per_peer: int = DEFAULT_MAX_STREAMS_PER_PEER,
     ready: bool = True,
     stuck_after_s: float = 300.0,
 ) -> ControlServer:
@@ -99,32 +122,65 @@ def create_server(
 
     ``planner``: the ``ferret_core.planner.Planner`` built once from the start-up profile.
     ``trainer``: the trainer's :class:`TrainerPort`. ``token``: require ``authorization: Bearer
-    <token>`` (health and reflection exempt). ``tls``: serve TLS from PEM files. ``ready``: initial
-    readiness (the trainer flips it later through ``.health.set_ready``).
+    <token>`` on every call of this port. ``tls``: serve TLS from PEM files. ``insecure``: allow binding
+    beyond loopback without a token or client certificates. ``health_address``: also serve
+    ``grpc.health.v1`` alone, unauthenticated, there. ``ready``: initial readiness (the trainer flips it
+    later through ``.health.set_ready``). Raises ``ConfigError`` (one line) when a port cannot be bound.
     """
+    authenticated = token is not None or (tls is not None and tls.client_ca_file is not None)
+    check_exposure(
+        "the control plane", "control.listen", split_host(address), authenticated=authenticated, insecure=insecure
+    )
+    if token is not None and tls is None and not _is_local(address):
+        log.warning("the control token travels in clear text on %s: turn TLS on (control.tls_cert)", address)
     health_state = ControlHealth(ready=ready)
     replanner = Replanner(planner, trainer, health_state, stuck_after_s=stuck_after_s)
     servicer = ControlServicer(trainer, replanner, max_watchers=max_watchers)
+    threads = pool_size(max_watchers, unary_workers)
+    limiter = StreamLimiter(max(1, max_watchers), max_streams_per_peer)
+    interceptors: list[grpc.ServerInterceptor] = [TokenAuthInterceptor(token)] if token is not None else []
     server = grpc.server(
-        ThreadPoolExecutor(max_workers=pool_size(max_watchers, unary_workers), thread_name_prefix="ferret-grpc"),
-        interceptors=[TokenAuthInterceptor(token)] if token is not None else [],
+        ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ferret-grpc"),
+        interceptors=[*interceptors, limiter],
+        maximum_concurrent_rpcs=threads + QUEUED_CALLS,
         # Refuse to share a port with another process (gRPC sets SO_REUSEPORT by default on Linux).
         options=[("grpc.so_reuseport", 0)],
     )
     control_pb2_grpc.add_ControlServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
     reflection.enable_server_reflection((CONTROL_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    host = address.rsplit(":", 1)[0]
+    try:
+        port = _bind(server, address, tls, "control.listen")
+        health_server, health_port = None, None
+        if health_address is not None:
+            health_server = grpc.server(
+                ThreadPoolExecutor(max_workers=HEALTH_WORKERS, thread_name_prefix="ferret-health"),
+                maximum_concurrent_rpcs=HEALTH_WORKERS + QUEUED_CALLS,
+                options=[("grpc.so_reuseport", 0)],
+            )
+            health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, health_server)
+            health_port = _bind(health_server, health_address, tls, "control.health_listen")
+    except ConfigError:
+        replanner.close()
+        raise
+    host = split_host(address)
+    return ControlServer(server, port, health_state, replanner, servicer, host, health_server, health_port, limiter)
+
+
+def _is_local(address: str) -> bool:
+    return is_loopback(split_host(address))
+
+
+def _bind(server: grpc.Server, address: str, tls: ServerTls | None, key: str) -> int:
     try:
         port = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
     except RuntimeError as exc:
-        port, reason = 0, str(exc)
+        port, reason = 0, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     else:
         reason = "the address is in use or not local"
     if not port:
-        replanner.close()
-        raise ConfigError(f"cannot bind the control plane to {address!r}: {reason}; pick another --control-address")
-    return ControlServer(server, port, health_state, replanner, servicer, host)
+        raise ConfigError(f"{key}: cannot bind the control plane to {address!r}: {reason}; pick another address")
+    return int(port)
 
 
 def serve(
@@ -136,6 +192,8 @@ def serve(
     stop: threading.Event | None = None,
     token: str | None = None,
     tls: ServerTls | None = None,
+    insecure: bool = False,
+    health_address: str | None = None,
     max_watchers: int = DEFAULT_MAX_WATCHERS,
     unary_workers: int = DEFAULT_UNARY_WORKERS,
 ) -> None:
@@ -147,6 +205,8 @@ def serve(
         address=address,
         token=token,
         tls=tls,
+        insecure=insecure,
+        health_address=health_address,
         max_watchers=max_watchers,
         unary_workers=unary_workers,
     ).start()

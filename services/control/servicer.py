@@ -16,9 +16,14 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from ferret_core.errors import ConfigError, FerretError, InfeasibleBudgetError
 from services.control.errors import (
+    BUDGET_BELOW_MINIMUM,
+    ERROR_DOMAIN,
     MIN_FEASIBLE_METADATA,
     InvalidRequest,
     ServiceUnavailable,
@@ -60,12 +65,39 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"unexpected {type(exc).__name__}: {reason}"
 
 
+def infeasible_status(exc: InfeasibleBudgetError, details: str) -> grpc.Status:
+    """FAILED_PRECONDITION with the minimum feasible budget as rich error details (``google.rpc``
+    ``PreconditionFailure`` and ``ErrorInfo``, in ``grpc-status-details-bin``) and, for older clients,
+    the ``ferret-min-feasible-bytes`` trailing metadata."""
+    minimum = str(exc.min_feasible_bytes)
+    violation = error_details_pb2.PreconditionFailure.Violation(
+        type=BUDGET_BELOW_MINIMUM,
+        subject="budget_bytes",
+        description=f"the minimum feasible budget is {minimum} bytes",
+    )
+    info = error_details_pb2.ErrorInfo(
+        reason=BUDGET_BELOW_MINIMUM, domain=ERROR_DOMAIN, metadata={"min_feasible_bytes": minimum}
+    )
+    detail_messages = [any_pb2.Any(), any_pb2.Any()]
+    detail_messages[0].Pack(error_details_pb2.PreconditionFailure(violations=[violation]))
+    detail_messages[1].Pack(info)
+    rich = rpc_status.to_status(
+        status_pb2.Status(code=code_pb2.FAILED_PRECONDITION, message=details, details=detail_messages)
+    )
+    return _Status(rich.code, rich.details, (*rich.trailing_metadata, (MIN_FEASIBLE_METADATA, minimum)))
+
+
+class _Status(grpc.Status):  # type: ignore[misc]
+    def __init__(self, code: grpc.StatusCode, details: str, trailing_metadata: tuple[tuple[str, Any], ...]) -> None:
+        self.code, self.details, self.trailing_metadata = code, details, trailing_metadata
+
+
 def _abort(context: grpc.ServicerContext, exc: BaseException) -> NoReturn:
     code, details = status_for(exc)
     if code == grpc.StatusCode.INTERNAL:
         log.error("control call failed: %s", details, exc_info=exc)
     if isinstance(exc, InfeasibleBudgetError):
-        context.set_trailing_metadata(((MIN_FEASIBLE_METADATA, str(exc.min_feasible_bytes)),))
+        context.abort_with_status(infeasible_status(exc, details))
     context.abort(code, details)
     raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
 

@@ -40,17 +40,49 @@ def test_missing_or_wrong_token_is_unauthenticated(control: ControlServer, token
         assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_right_token_is_served_and_health_and_reflection_are_exempt(control: ControlServer) -> None:
+def list_services(target: str, token: str | None) -> set[str]:
+    with grpc.insecure_channel(target) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        (response,) = list(stub.ServerReflectionInfo(iter([request]), timeout=5, metadata=metadata))
+    return {s.name for s in response.list_services_response.service}
+
+
+def test_right_token_is_served_health_and_reflection_included(control: ControlServer) -> None:
     with ControlClient(control.target, token=TOKEN) as client:
         assert client.get_plan().plan_version == 1
         assert next(client.watch_status(interval_s=0.01)).items_received == 10
-    with ControlClient(control.target) as anonymous:
-        assert anonymous.health() == "SERVING"
-    with grpc.insecure_channel(control.target) as channel:
-        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-        request = reflection_pb2.ServerReflectionRequest(list_services="")
-        (response,) = list(stub.ServerReflectionInfo(iter([request]), timeout=5))
-    assert "ferret.v1.Control" in {s.name for s in response.list_services_response.service}
+        assert client.health() == "SERVING"
+    assert "ferret.v1.Control" in list_services(control.target, TOKEN)
+
+
+@pytest.mark.parametrize("token", [None, "wrong"])
+def test_health_and_reflection_need_the_token_too(control: ControlServer, token: str | None) -> None:
+    with ControlClient(control.target, token=token) as anonymous:
+        with pytest.raises(ControlCallError) as err:
+            anonymous.health()
+        assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as rpc:
+        list_services(control.target, token)
+    assert rpc.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_the_health_port_serves_probes_without_the_token() -> None:
+    server = create_server(PLANNER, FakeTrainer(PLANNER.plan(None)), token=TOKEN, health_address="127.0.0.1:0").start()
+    try:
+        assert server.health_port
+        with ControlClient(f"127.0.0.1:{server.health_port}") as probe:
+            assert probe.health() == "SERVING"
+            assert probe.health("ferret.liveness") == "SERVING"
+            with pytest.raises(ControlCallError) as err:
+                probe.get_plan()  # the health port serves health alone
+            assert err.value.code == grpc.StatusCode.UNIMPLEMENTED
+        server.health.set_ready(False)
+        with ControlClient(f"127.0.0.1:{server.health_port}") as probe:
+            assert probe.health() == "NOT_SERVING"
+    finally:
+        server.stop(grace_s=1.0)
 
 
 def test_empty_token_is_a_config_error() -> None:
