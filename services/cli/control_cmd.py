@@ -111,7 +111,12 @@ def run(args: argparse.Namespace) -> int:
         with ControlClient(args.target, token=args.token, tls_ca=args.tls_ca, timeout_s=args.timeout) as client:
             return int(action(client, args))
     except ControlCallError as exc:
-        print(f"ferret control: {exc.code.name}: {exc.details}", file=sys.stderr)
+        minimum = ""
+        if exc.min_feasible_bytes is not None:  # from the reply's rich error details
+            minimum = (
+                f" [minimum feasible budget: {exc.min_feasible_bytes} bytes ({format_bytes(exc.min_feasible_bytes)})]"
+            )
+        print(f"ferret control: {exc.code.name}: {exc.details}{minimum}", file=sys.stderr)
         if exc.code == grpc.StatusCode.FAILED_PRECONDITION and exc.method == "SetMemoryBudget":
             return EXIT_INFEASIBLE
         if exc.code == grpc.StatusCode.INVALID_ARGUMENT:

@@ -56,6 +56,9 @@ def test_exit_statuses_in_subprocesses(control: ControlServer) -> None:
         assert results[name][0] == expected, (name, results[name])
     assert "Applied v2" in results["ok"][1]
     assert "FAILED_PRECONDITION" in results["infeasible"][2] and str(MIN_BYTES) in results["infeasible"][2]
+    # the minimum comes from the rich error details, not from parsing the message
+    assert f"[minimum feasible budget: {MIN_BYTES} bytes" in results["infeasible"][2]
+    assert len(results["infeasible"][2].strip().splitlines()) == 1
     assert "INVALID_ARGUMENT" in results["invalid"][2]
 
 
