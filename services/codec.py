@@ -8,16 +8,26 @@ stay ``uint8``, so an MNIST item's tensor is 784 bytes). :func:`encode_sample` i
 Consuming: :class:`SampleDecoder` checks a record's value and returns a :class:`ValidSample` (a float32
 tensor normalised like :func:`ferret_core.data.normalise`: ``uint8`` / 255, floats as they are) or a
 :class:`Rejection` with a stable reason code (:data:`REASONS`), checked in this order: ``undecodable``
-(no value, or not a ``Sample``), ``missing_id``, ``missing_tensor``, ``bad_dtype`` (not one of
-:data:`ALLOWED_DTYPES`), ``bad_size`` (byte length ≠ product(shape) × itemsize, or a negative
-dimension), ``wrong_shape`` (≠ the model's input shape), ``non_finite`` (NaN or ±inf), and
-``label_out_of_range`` (a label present and outside ``[0, num_classes)``). A rejected record goes to
-``<prefix>.samples.dlq`` as :func:`dead_letter` builds it: the original bytes and key, the original
-headers, plus ``ferret.dlq.*`` headers naming the reason, detail, source topic, partition and offset.
+(no value, or not a ``Sample``), ``too_large`` (the value exceeds ``max_record_bytes``, or the id or
+stream name exceeds :data:`MAX_ID_BYTES`, so the Prediction keyed by it might not fit the producer's
+message limit), ``missing_id``, ``missing_tensor``, ``bad_dtype`` (not one of :data:`ALLOWED_DTYPES`),
+``bad_size`` (byte length ≠ product(shape) × itemsize, or a negative dimension), ``wrong_shape`` (≠ the
+model's input shape), ``non_finite`` (NaN or ±inf), ``out_of_range`` (a finite value outside the
+input contract's range, after ``uint8`` scaling; with the ``clip`` normaliser values are clamped
+instead, with ``minmax`` each sample is rescaled into the range) and ``label_out_of_range`` (a label
+present and outside ``[0, num_classes)``). The range exists because large finite inputs (float32 1e6,
+±3e38, float16 65504) pass a NaN check and still drive the weights to NaN.
+
+A rejected record goes to ``<prefix>.samples.dlq`` as :func:`dead_letter_record` builds it: the original
+key, bytes and headers plus ``ferret.dlq.*`` headers naming the reason, detail, source topic, partition
+and offset, all within ``max_bytes`` (the producer's message limit): a record too large to forward is
+truncated (``ferret.dlq.truncated: true``, with the original size and sha256), so a dead letter can
+always be written and a huge record can never crash-loop the trainer.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Sequence
@@ -41,6 +51,9 @@ RejectReason = Literal[
     "wrong_shape",
     "non_finite",
     "label_out_of_range",
+    # added by issue 12 (codes are only ever appended)
+    "too_large",
+    "out_of_range",
 ]
 REASONS: tuple[RejectReason, ...] = get_args(RejectReason)
 
@@ -54,6 +67,16 @@ ALLOWED_DTYPES: dict[str, np.dtype[np.generic]] = {
 _FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})
 _DETAIL_LIMIT = 1000  # characters of a rejection's detail kept in the DLQ header
 
+# The input contract's defaults: the finite range values must lie in (after uint8 → [0, 1] scaling) and
+# the longest sample id / stream name (both are copied into the Prediction, the id is also its key).
+DEFAULT_INPUT_RANGE = (-1000.0, 1000.0)
+MAX_ID_BYTES = 1024
+RECORD_SLACK_BYTES = 64 * 1024  # a Sample's bytes beyond its tensor: id, stream, numbers, framing
+# librdkafka's default message.max.bytes; a dead letter (key + value + headers) stays below it.
+DEFAULT_MESSAGE_LIMIT = 1_000_000
+Normaliser = Literal["none", "clip", "minmax"]
+NORMALISERS: tuple[Normaliser, ...] = get_args(Normaliser)
+
 # Headers of a dead letter (values are UTF-8 text; partition, offset and times in decimal).
 DLQ_REASON = "ferret.dlq.reason"
 DLQ_DETAIL = "ferret.dlq.detail"
@@ -61,7 +84,20 @@ DLQ_TOPIC = "ferret.dlq.topic"
 DLQ_PARTITION = "ferret.dlq.partition"
 DLQ_OFFSET = "ferret.dlq.offset"
 DLQ_TIME_MS = "ferret.dlq.time_ms"
-DLQ_HEADERS = (DLQ_REASON, DLQ_DETAIL, DLQ_TOPIC, DLQ_PARTITION, DLQ_OFFSET, DLQ_TIME_MS)
+DLQ_TRUNCATED = "ferret.dlq.truncated"  # "true" when the value (or key, headers) was cut to fit
+DLQ_ORIGINAL_BYTES = "ferret.dlq.original_bytes"
+DLQ_ORIGINAL_SHA256 = "ferret.dlq.original_sha256"
+DLQ_HEADERS = (
+    DLQ_REASON,
+    DLQ_DETAIL,
+    DLQ_TOPIC,
+    DLQ_PARTITION,
+    DLQ_OFFSET,
+    DLQ_TIME_MS,
+    DLQ_TRUNCATED,
+    DLQ_ORIGINAL_BYTES,
+    DLQ_ORIGINAL_SHA256,
+)
 
 
 def sample_id(stream: str, sequence: int) -> str:
@@ -176,28 +212,63 @@ class ValidSample:
 
 
 class SampleDecoder:
-    """Validates consumed ``Sample`` values for a model with ``input_shape`` and ``num_classes``."""
+    """Validates consumed ``Sample`` values against the model's input contract: ``input_shape``,
+    ``num_classes``, ``allowed_dtypes``, the finite ``input_range`` (after ``uint8`` scaling) and what to
+    do with values outside it (``normaliser``: ``none`` rejects them ``out_of_range``, ``clip`` clamps
+    them, ``minmax`` rescales each sample into the range). ``max_record_bytes`` (default: the largest
+    valid Sample's tensor plus :data:`RECORD_SLACK_BYTES`) bounds what is parsed at all."""
 
     def __init__(
-        self, input_shape: Sequence[int], num_classes: int, *, allowed_dtypes: Sequence[str] = tuple(ALLOWED_DTYPES)
+        self,
+        input_shape: Sequence[int],
+        num_classes: int,
+        *,
+        allowed_dtypes: Sequence[str] = tuple(ALLOWED_DTYPES),
+        input_range: tuple[float, float] = DEFAULT_INPUT_RANGE,
+        normaliser: Normaliser = "none",
+        max_record_bytes: int | None = None,
     ) -> None:
         unknown = [d for d in allowed_dtypes if d not in ALLOWED_DTYPES]
         if unknown or not allowed_dtypes:
             raise ConfigError(f"allowed dtypes must be a non-empty subset of {list(ALLOWED_DTYPES)}, got {unknown}")
         if num_classes < 1 or any(s < 0 for s in input_shape):
             raise ConfigError(f"need num_classes >= 1 and sizes >= 0, got {num_classes} and {list(input_shape)}")
+        low, high = (float(v) for v in input_range)
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ConfigError(f"input_range must be two finite numbers [low, high] with low < high, got {input_range}")
+        if normaliser not in NORMALISERS:
+            raise ConfigError(f"normaliser must be one of {', '.join(NORMALISERS)}, got {normaliser!r}")
         self.input_shape = tuple(int(s) for s in input_shape)
         self.num_classes = int(num_classes)
         self.allowed_dtypes = tuple(allowed_dtypes)
+        self.input_range = (low, high)
+        self.normaliser = normaliser
+        largest = math.prod(self.input_shape) * max(ALLOWED_DTYPES[d].itemsize for d in self.allowed_dtypes)
+        self.max_record_bytes = max_record_bytes if max_record_bytes is not None else largest + RECORD_SLACK_BYTES
+        if self.max_record_bytes < 1:
+            raise ConfigError(f"max_record_bytes must be >= 1, got {self.max_record_bytes}")
 
     def decode(self, value: bytes | None) -> ValidSample | Rejection:
         """The sample in ``value``, or why it is rejected (never raises for bad input)."""
         if value is None:
             return Rejection("undecodable", "the record has no value (a tombstone)")
+        if len(value) > self.max_record_bytes:
+            return Rejection(
+                "too_large",
+                f"the record has {len(value)} bytes, more than the {self.max_record_bytes} a sample of shape "
+                f"{list(self.input_shape)} can take",
+            )
         try:
             sample = Sample.FromString(value)
-        except DecodeError as exc:
+        except (DecodeError, RuntimeWarning) as exc:
             return Rejection("undecodable", f"not a ferret.v1.Sample ({len(value)} bytes): {exc}")
+        for what, text in (("id", sample.id), ("stream name", sample.stream)):
+            if len(text.encode("utf-8")) > MAX_ID_BYTES:
+                return Rejection(
+                    "too_large",
+                    f"the sample's {what} has {len(text.encode('utf-8'))} bytes, more than {MAX_ID_BYTES} (it is "
+                    "copied into the Prediction and its key)",
+                )
         if not sample.id:
             return Rejection("missing_id", f"sample {sample.stream or '?'}/{sample.sequence} has an empty id")
         if not sample.HasField("tensor"):
@@ -230,6 +301,10 @@ class SampleDecoder:
                 bad = int(array.size - np.count_nonzero(finite))
                 return Rejection("non_finite", f"sample {sample.id}: {bad} of {array.size} values are NaN or infinite")
             array = array.astype(np.float32, copy=False)
+        x = normalise(array)
+        out_of_range = self._apply_range(x, sample.id)
+        if out_of_range is not None:
+            return out_of_range
         label: int | None = None
         if sample.HasField("label"):
             label = int(sample.label)
@@ -241,11 +316,35 @@ class SampleDecoder:
             sample_id=sample.id,
             sequence=int(sample.sequence),
             event_time_ms=int(sample.event_time_ms),
-            x=normalise(array),
+            x=x,
             label=label,
             task=int(sample.task),
             stream=sample.stream,
         )
+
+    def _apply_range(self, x: torch.Tensor, ident: str) -> Rejection | None:
+        """Check (``none``), clamp (``clip``) or rescale (``minmax``) ``x`` in place into the input range."""
+        low, high = self.input_range
+        if x.numel() == 0:
+            return None
+        smallest, largest = float(x.min()), float(x.max())
+        if low <= smallest and largest <= high:
+            return None
+        if self.normaliser == "clip":
+            x.clamp_(low, high)
+        elif self.normaliser == "minmax":
+            span = largest - smallest
+            if span > 0 and math.isfinite(span):
+                x.sub_(smallest).div_(span).mul_(high - low).add_(low)
+            else:  # one repeated value, or a span beyond float32: fall back to clamping
+                x.clamp_(low, high)
+        else:
+            return Rejection(
+                "out_of_range",
+                f"sample {ident}: values span [{smallest:.6g}, {largest:.6g}], the input range is "
+                f"[{low:g}, {high:g}] (trainer.input_range; trainer.input_normaliser clip or minmax accepts them)",
+            )
+        return None
 
     def decode_or_raise(self, value: bytes | None) -> ValidSample:
         """Like :meth:`decode`, raising :class:`SampleRejectedError` for a rejected value."""
@@ -268,24 +367,74 @@ class KafkaRecord(Protocol):
 Headers = list[tuple[str, bytes]]
 
 
-def dead_letter(
-    record: KafkaRecord, rejection: Rejection, *, time_ms: int | None = None
-) -> tuple[bytes | None, Headers]:
-    """``(value, headers)`` of the DLQ message for a rejected record: its original bytes, its original
-    headers (other than ``ferret.dlq.*``), then the reason, detail, source topic, partition and offset.
-    Produce it with the record's original key."""
-    original = [
-        (k, v if v is not None else b"") for k, v in (record.headers() or []) if not k.startswith("ferret.dlq.")
-    ]
+@dataclass(frozen=True)
+class DeadLetter:
+    """The DLQ record for a rejected record: produce ``value`` with ``key`` and ``headers``."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    truncated: bool
+
+
+_HEADER_OVERHEAD = 64  # bytes per record and per header beyond their names and values (framing)
+
+
+def dead_letter_record(
+    record: KafkaRecord, rejection: Rejection, *, max_bytes: int = DEFAULT_MESSAGE_LIMIT, time_ms: int | None = None
+) -> DeadLetter:
+    """The DLQ record for ``record`` within ``max_bytes`` (key + value + headers; the producer's
+    ``message.max.bytes``): the original key, value and headers (other than ``ferret.dlq.*``) plus ours.
+    What does not fit is cut, original headers first dropped, then key and value truncated; a cut record
+    says so in ``ferret.dlq.truncated`` with the original value's size and sha256."""
+    key_getter = getattr(record, "key", None)
+    key = key_getter() if callable(key_getter) else None
+    value = record.value()
     ours = {
         DLQ_REASON: rejection.reason,
         DLQ_DETAIL: rejection.detail[:_DETAIL_LIMIT],
-        DLQ_TOPIC: record.topic() or "",
+        DLQ_TOPIC: (record.topic() or "")[:256],
         DLQ_PARTITION: str(record.partition()),
         DLQ_OFFSET: str(record.offset()),
         DLQ_TIME_MS: str(now_ms() if time_ms is None else time_ms),
     }
-    return record.value(), original + [(k, v.encode("utf-8")) for k, v in ours.items()]
+    original = [
+        (k, v if v is not None else b"") for k, v in (record.headers() or []) if not k.startswith("ferret.dlq.")
+    ]
+
+    def size(headers: Headers, key: bytes | None, value: bytes | None) -> int:
+        fields = sum(len(k.encode()) + len(v) + _HEADER_OVERHEAD for k, v in headers)
+        return _HEADER_OVERHEAD + len(key or b"") + len(value or b"") + fields
+
+    encoded = [(k, v.encode("utf-8")) for k, v in ours.items()]
+    if size(original + encoded, key, value) <= max_bytes:
+        return DeadLetter(key, value, original + encoded, truncated=False)
+    extra = {
+        DLQ_TRUNCATED: "true",
+        DLQ_ORIGINAL_BYTES: str(len(value or b"")),
+        DLQ_ORIGINAL_SHA256: hashlib.sha256(value or b"").hexdigest(),
+    }
+    encoded += [(k, v.encode("utf-8")) for k, v in extra.items()]
+    kept: Headers = []
+    used = size(encoded, None, None)
+    for name, data in original:  # keep the original headers that fit in half the limit, in order
+        cost = len(name.encode()) + len(data) + _HEADER_OVERHEAD
+        if used + cost <= max_bytes // 2:
+            kept.append((name, data))
+            used += cost
+    headers = kept + encoded
+    key = None if key is None else key[: min(len(key), MAX_ID_BYTES)]
+    room = max(0, max_bytes - size(headers, key, b""))
+    return DeadLetter(key, None if value is None else value[:room], headers, truncated=True)
+
+
+def dead_letter(
+    record: KafkaRecord, rejection: Rejection, *, time_ms: int | None = None, max_bytes: int = DEFAULT_MESSAGE_LIMIT
+) -> tuple[bytes | None, Headers]:
+    """``(value, headers)`` of :func:`dead_letter_record` (produce it with the record's key, which
+    :func:`dead_letter_record` also bounds: prefer that one)."""
+    letter = dead_letter_record(record, rejection, max_bytes=max_bytes, time_ms=time_ms)
+    return letter.value, letter.headers
 
 
 def dead_letter_info(headers: Sequence[tuple[str, bytes | None]] | None) -> dict[str, str]:

@@ -47,6 +47,8 @@ def test_reason_codes_are_stable() -> None:
         "wrong_shape",
         "non_finite",
         "label_out_of_range",
+        "too_large",
+        "out_of_range",
     )
 
 
