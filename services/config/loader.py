@@ -22,6 +22,7 @@ from services.config.values import (
     default_fix,
     describe,
     is_optional,
+    shown,
 )
 
 CONFIG_ENV = "FERRET_CONFIG"  # the YAML file's path when load_settings is given none
@@ -71,11 +72,12 @@ def build_section(cls: type[Section], raw: Mapping[str, tuple[Any, str]]) -> Sec
             values[key] = _parse(value, hints[key], metadata)
         except Invalid as exc:
             fix = exc.fix or default_fix(name)
-            raise SettingsError(name, exc.expected, value, fix, source, secret=bool(metadata.get("secret"))) from None
+            got = shown(value, metadata)
+            raise SettingsError(name, exc.expected, got, fix, source, secret=bool(metadata.get("secret"))) from None
     try:
         return cls(**values)
     except SettingsError as exc:
-        origin = raw.get(exc.key.partition(".")[2])
+        origin = raw.get(exc.key.split(".")[1] if "." in exc.key else exc.key)
         raise (exc.with_source(origin[1]) if origin else exc) from None
 
 
@@ -99,7 +101,10 @@ def _read_yaml(path: Path) -> dict[str, dict[str, Any]]:
             f"cannot read config file {str(path)!r}: {exc.strerror or exc}; pass an existing YAML file (see {EXAMPLE})"
         ) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}: {problem}") from None
     if data is None:
         return {}
     source = f"in {path}"

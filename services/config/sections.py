@@ -14,6 +14,7 @@ from ferret_core.data import DATASET_NAMES
 from ferret_core.engine import METHOD_NAMES
 from ferret_core.zoo import MODEL_NAMES
 from services.cli.args import ArrivalInterval
+from services.codec import DEFAULT_INPUT_RANGE, Normaliser
 from services.config.values import (
     SECRET,
     Invalid,
@@ -23,6 +24,7 @@ from services.config.values import (
     check_bootstrap,
     check_device,
     check_file,
+    check_host,
     check_listen,
     check_name,
     check_prefix,
@@ -30,11 +32,16 @@ from services.config.values import (
     default_fix,
     describe,
     has_type,
+    is_secret_property,
     meta,
     one_of,
     parse_arrival,
     parse_budget,
+    parse_range,
     parse_rate,
+    redact_properties,
+    redact_url,
+    shown,
 )
 from services.kafka.admin import TopicNames
 
@@ -77,11 +84,50 @@ def _check_properties(value: dict[str, str]) -> None:
             "librdkafka properties other than the ones with a named setting",
             f"remove {managed} from kafka.properties and use the kafka.* settings of the same name",
         )
+    for name, text in value.items():
+        problem = librdkafka_rejects(name, text)
+        if problem is not None:
+            raise Invalid(
+                f"a librdkafka property with a valid value (librdkafka: {problem})",
+                "see CONFIGURATION.md of librdkafka for the property names and values",
+                subkey=name,
+                got=SECRET if is_secret_property(name) else text,
+            )
+
+
+def librdkafka_rejects(name: str, value: str) -> str | None:
+    """Why librdkafka refuses ``name: value`` for both a producer and a consumer (None: accepted).
+    Builds a client without brokers (no connection is made, ~0.3 ms each) so a bad property fails at
+    start with one line rather than when the trainer creates its clients."""
+    from confluent_kafka import Consumer, KafkaException, Producer
+
+    for make, base in ((Producer, {}), (Consumer, {"group.id": "ferret-config-check"})):
+        try:
+            client = make({"log_level": 0, **base, name: value})
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else exc
+            text = str(error.str() if hasattr(error, "str") else error).strip().splitlines()[0]
+            return text.replace(value, SECRET) if is_secret_property(name) and value else text
+        except (TypeError, ValueError) as exc:
+            return str(exc).splitlines()[0]
+        if make is Consumer:
+            client.close()
+    return None
+
+
+def _check_key(value: str | None) -> None:
+    if value is not None and len(value.encode("utf-8")) < 16:
+        raise Invalid("a signing key of at least 16 bytes", "set FERRET_REDIS_HMAC_KEY to a long random string")
 
 
 def _check_rate(value: float | None) -> None:
     if value is not None and not value > 0:
         raise Invalid(_RATE)
+
+
+def _check_optional_listen(value: str | None) -> None:
+    if value is not None:
+        check_listen(value)
 
 
 class Section:
@@ -103,7 +149,9 @@ class Section:
                     check(value)
             except Invalid as exc:
                 secret = bool(f.metadata.get("secret"))
-                raise SettingsError(key, exc.expected, value, exc.fix or default_fix(key), secret=secret) from None
+                got = exc.got if exc.subkey else shown(value, f.metadata)
+                where = f"{key}.{exc.subkey}" if exc.subkey else key
+                raise SettingsError(where, exc.expected, got, exc.fix or default_fix(key), secret=secret) from None
         self._cross_check()
 
     def _cross_check(self) -> None:
@@ -133,7 +181,9 @@ class KafkaSettings(Section):
     ssl_certificate_location: Path | None = field(default=None, metadata=meta(check=check_file))
     ssl_key_location: Path | None = field(default=None, metadata=meta(check=check_file))
     ssl_key_password: str | None = field(default=None, metadata=meta(secret=True), repr=False)
-    properties: dict[str, str] = field(default_factory=dict, metadata=meta(check=_check_properties))
+    properties: dict[str, str] = field(
+        default_factory=dict, metadata=meta(check=_check_properties, redact=redact_properties)
+    )
 
     def _cross_check(self) -> None:
         sasl = self.security_protocol.startswith("SASL_")
@@ -207,10 +257,14 @@ class RedisSettings(Section):
     """The snapshot store (DESIGN §4 "Redis snapshot layout")."""
 
     section = "redis"
-    url: str = field(default="redis://127.0.0.1:6379/0", metadata=meta(check=check_redis_url))
+    url: str = field(default="redis://127.0.0.1:6379/0", metadata=meta(check=check_redis_url, redact=redact_url))
     namespace: str = field(default="ferret", metadata=meta(check=check_name))
     snapshot_interval_s: float = field(default=60.0, metadata=meta(check=between(0, None, "seconds (0 = off)")))
     keep: int = field(default=3, metadata=meta(check=between(1, None, "an integer")))
+    # Sign snapshot manifests (HMAC-SHA256) and accept only signed ones; >= 16 bytes. Prefer the env var.
+    hmac_key: str | None = field(default=None, metadata=meta(secret=True, check=_check_key), repr=False)
+    # Every Redis command fails after this many seconds (a frozen Redis cannot stall a snapshot longer).
+    timeout_s: float = field(default=5.0, metadata=meta(check=between(0.1, 3600, "seconds")))
 
 
 @dataclass(frozen=True)
@@ -236,6 +290,12 @@ class TrainerSettings(Section):
     max_workers: int | None = field(default=None, metadata=meta(check=between(1, None, "an integer")))
     profile: Path | None = field(default=None, metadata=meta(check=check_file))
     label_window: int = field(default=10_000, metadata=meta(check=between(0, None, "a number of items")))
+    # The input contract's finite range (after uint8 → [0, 1]); values outside are rejected (out_of_range)
+    # unless input_normaliser clips them (clip) or rescales each sample into the range (minmax).
+    input_range: tuple[float, float] = field(
+        default=DEFAULT_INPUT_RANGE, metadata=meta(parse=parse_range, expected="[low, high], finite, low < high")
+    )
+    input_normaliser: Normaliser = "none"
 
 
 @dataclass(frozen=True)
@@ -271,6 +331,11 @@ class ControlSettings(Section):
     token: str | None = field(default=None, metadata=meta(secret=True), repr=False)
     tls_cert: Path | None = field(default=None, metadata=meta(check=check_file))
     tls_key: Path | None = field(default=None, metadata=meta(check=check_file))
+    # Accept unauthenticated clients on an address beyond loopback (logged as a warning at start);
+    # without it (or a token) the trainer refuses to bind beyond loopback (services.exposure).
+    insecure: bool = False
+    # HOST:PORT serving grpc.health.v1 alone, without the token (the kubelet's probes); null: none.
+    health_listen: str | None = field(default=None, metadata=meta(check=_check_optional_listen))
 
     def _cross_check(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -287,7 +352,11 @@ class MetricsSettings(Section):
 
     section = "metrics"
     port: int | None = field(default=9100, metadata=meta(check=between(0, 65535, "a TCP port")))
-    addr: str = "127.0.0.1"
+    addr: str = field(default="127.0.0.1", metadata=meta(check=check_host))
+    # Bearer token the scraper must send (Prometheus: authorization.credentials); null: none.
+    token: str | None = field(default=None, metadata=meta(secret=True), repr=False)
+    # Serve unauthenticated metrics on an address beyond loopback (logged as a warning at start).
+    insecure: bool = False
 
 
 SECTIONS: dict[str, type[Section]] = {
@@ -322,6 +391,8 @@ class Settings:
                 value = getattr(section, f.name)
                 if f.metadata.get("secret") and value is not None:
                     value = SECRET
+                elif f.metadata.get("redact") is not None:
+                    value = shown(value, f.metadata)
                 elif isinstance(value, Path | ArrivalInterval):
                     value = str(value)
                 values[f.name] = value

@@ -3,12 +3,14 @@ YAML / environment values to a field's annotated type."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -43,19 +45,48 @@ class SettingsError(ConfigError):
 
 
 class Invalid(Exception):
-    """Raised by a check or a coercion: what was expected (and optionally the fix)."""
+    """Raised by a check or a coercion: what was expected (and optionally the fix). A check of a mapping
+    may name the entry (``subkey``, appended to the key) and what it holds (``got``)."""
 
-    def __init__(self, expected: str, fix: str = "") -> None:
+    def __init__(self, expected: str, fix: str = "", *, subkey: str = "", got: Any = None) -> None:
         super().__init__(expected)
-        self.expected, self.fix = expected, fix
+        self.expected, self.fix, self.subkey, self.got = expected, fix, subkey, got
 
 
 def meta(
-    *, check: Check | None = None, secret: bool = False, parse: Callable[[Any], Any] | None = None, expected: str = ""
+    *,
+    check: Check | None = None,
+    secret: bool = False,
+    parse: Callable[[Any], Any] | None = None,
+    expected: str = "",
+    redact: Callable[[Any], str] | None = None,
+    doc: str = "",
 ) -> dict[str, Any]:
-    """A field's metadata: its check, an optional parser of raw values (with what it ``expected``), and
-    whether the value is secret (then also pass ``repr=False`` to ``field``)."""
-    return {"check": check, "secret": secret, "parse": parse, "expected": expected}
+    """A field's metadata: its check, an optional parser of raw values (with what it ``expected``),
+    whether the value is secret (then also pass ``repr=False`` to ``field``), how to show it without its
+    secret part in messages and logs (``redact``, e.g. a URL's password), and a one-line ``doc`` for the
+    JSON Schema."""
+    return {"check": check, "secret": secret, "parse": parse, "expected": expected, "redact": redact, "doc": doc}
+
+
+def shown(value: Any, metadata: Any) -> Any:
+    """``value`` as messages may show it (``redact`` applied)."""
+    redact = metadata.get("redact") if metadata else None
+    return redact(value) if redact is not None and value is not None else value
+
+
+_SECRET_NAME = re.compile(r"password|secret|token|credential|\.key$|key\.pem|jaas", re.IGNORECASE)
+
+
+def is_secret_property(name: str) -> bool:
+    """Whether a librdkafka property's value may be a secret (never shown)."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def redact_properties(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    return {k: (SECRET if is_secret_property(str(k)) else v) for k, v in value.items()}
 
 
 def env_name(key: str) -> str:
@@ -120,9 +151,68 @@ def check_name(value: str | None) -> None:
         raise Invalid("1-128 characters from letters, digits, '.', '_' and '-'")
 
 
+_REDIS_URL = "a redis://, rediss:// or unix:// URL (e.g. redis://127.0.0.1:6379/0, redis://:PASSWORD@host:6379/0)"
+
+
 def check_redis_url(value: str) -> None:
-    if not re.match(r"^(redis|rediss|unix)://", value):
-        raise Invalid("a redis://, rediss:// or unix:// URL (e.g. redis://127.0.0.1:6379/0)")
+    """Scheme, numeric port in 1..65535 and numeric database, as redis-py will read them."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # raises ValueError for a non-numeric or out-of-range port
+    except ValueError:
+        raise Invalid(_REDIS_URL, "the port must be a number in 1..65535") from None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise Invalid(_REDIS_URL)
+    if parts.scheme != "unix" and not parts.hostname:
+        raise Invalid(_REDIS_URL, "give a host name (e.g. redis://127.0.0.1:6379/0)")
+    if port == 0:
+        raise Invalid(_REDIS_URL, "the port must be a number in 1..65535")
+    database = parts.path.lstrip("/") if parts.scheme != "unix" else ""
+    if database and not database.isdigit():
+        raise Invalid(_REDIS_URL, f"the database after the last '/' must be a number, got {database!r}")
+
+
+def redact_url(value: str) -> str:
+    """A URL without its password (``redis://user:***@host``)."""
+    try:
+        parts = urlsplit(value)
+        password = parts.password
+    except ValueError:
+        password = None
+        parts = None
+    if parts is None or password is None:
+        # unparseable: hide whatever sits between '://' and '@'
+        return re.sub(r"(://[^@/]*:)[^@/]*@", r"\1***@", value)
+    user = parts.username or ""
+    return parts._replace(netloc=f"{user}:***@{parts.netloc.rsplit('@', 1)[1]}").geturl()
+
+
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]+|[A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?)$")
+
+
+def check_host(value: str) -> None:
+    """An IP address or a host name to bind (no port, no scheme)."""
+    host = value.strip()
+    if not host or not _HOST.match(host):
+        raise Invalid("an IP address or host name to bind (e.g. 127.0.0.1, 0.0.0.0, ::, localhost)")
+    if host.strip("[]").count(":") or host.replace(".", "").isdigit():
+        try:
+            ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            raise Invalid("an IP address or host name to bind (e.g. 127.0.0.1, 0.0.0.0, ::, localhost)") from None
+
+
+def parse_range(raw: Any) -> tuple[float, float]:
+    """``[low, high]`` (a YAML list, or text like ``-10,10`` / ``[-10, 10]``) with finite low < high."""
+    value = _yaml(raw) if isinstance(raw, str) else raw
+    if isinstance(raw, str) and not isinstance(value, list):
+        value = [part for part in raw.strip("[] ").split(",") if part.strip()]
+    if not isinstance(value, list | tuple) or len(value) != 2 or any(isinstance(v, bool) for v in value):
+        raise ValueError(raw)
+    low, high = (float(v) for v in value)
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(raw)
+    return (low, high)
 
 
 def check_device(value: str) -> None:
@@ -188,6 +278,8 @@ def describe(tp: Any) -> str:
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", Path: "a file path"}
     if get_origin(tp) is dict:
         return "a mapping of names to scalar values"
+    if get_origin(tp) is tuple:
+        return "[" + ", ".join(describe(a) for a in get_args(tp)) + "]"
     return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
@@ -206,6 +298,13 @@ def has_type(value: Any, tp: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if origin is dict:
         return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+    if origin is tuple:
+        args = get_args(tp)
+        return (
+            isinstance(value, tuple)
+            and len(value) == len(args)
+            and all(has_type(v, a) for v, a in zip(value, args, strict=True))
+        )
     return isinstance(value, tp)
 
 

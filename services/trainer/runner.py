@@ -10,7 +10,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import redis
 import torch
 
 from ferret_core.data import dataset_spec
@@ -25,7 +24,8 @@ from services.config import Settings
 from services.control.auth import ServerTls
 from services.control.server import ControlServer, create_server
 from services.kafka.admin import ensure_topics
-from services.snapshots import SnapshotStore
+from services.metrics_http import serve_metrics
+from services.snapshots import SnapshotStore, redis_client
 from services.trainer.arrivals import ArrivalRate, DriftReplanner, SwitchablePlanner
 from services.trainer.metrics import TrainerMetrics
 from services.trainer.service import Trainer
@@ -102,8 +102,10 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     learner = EngineLearner(model, plan, settings)
     kafka = settings.kafka
     ensure_topics(kafka.bootstrap_servers, kafka.topic_prefix, sample_partitions=kafka.sample_partitions)
-    client = redis.Redis.from_url(settings.redis.url)
-    store = SnapshotStore(client, settings.redis.namespace, kafka.resolved_instance_id())
+    r = settings.redis
+    client = redis_client(r.url, socket_timeout_s=r.timeout_s)
+    key = r.hmac_key.encode() if r.hmac_key is not None else None
+    store = SnapshotStore(client, r.namespace, kafka.resolved_instance_id(), hmac_key=key)
     shape, classes = dataset_spec(t.dataset)
     holder: dict[str, ControlServer] = {}
 
@@ -134,7 +136,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
         settings,
         learner,
         plan,
-        SampleDecoder(shape, classes),
+        SampleDecoder(shape, classes, input_range=t.input_range, normaliser=t.input_normaliser),
         store,
         on_snapshot_health=snapshot_health,
         on_assigned=assigned,
@@ -147,7 +149,16 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     c = settings.control
     tls = ServerTls(c.tls_cert, c.tls_key) if c.tls_cert is not None and c.tls_key is not None else None
     # Not ready until the consumer has its partitions (the first assignment flips readiness on).
-    control = create_server(planner, trainer, address=c.listen, token=c.token, tls=tls, ready=False).start()
+    control = create_server(
+        planner,
+        trainer,
+        address=c.listen,
+        token=c.token,
+        tls=tls,
+        insecure=c.insecure,
+        health_address=c.health_listen,
+        ready=False,
+    ).start()
     holder["control"] = control
     drift = None
     if measured:
@@ -164,7 +175,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     if settings.metrics.port is not None:
         metrics = TrainerMetrics(trainer.status, lambda: dict(learner.stats()))
         trainer.on_latency = metrics.latency.observe
-        metrics_port = metrics.serve(settings.metrics.port, settings.metrics.addr)
+        metrics_port = serve_metrics(metrics.registry, settings.metrics).port
     log.info(
         "trainer %s: control plane on %s, metrics on %s", kafka.resolved_instance_id(), control.target, metrics_port
     )

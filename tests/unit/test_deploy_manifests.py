@@ -293,9 +293,13 @@ def test_trainer_probes_ports_and_settings(name: str, tmp_path: Path) -> None:
     assert settings.metrics.addr in ("0.0.0.0", "::") and ports["metrics"] == settings.metrics.port
     # Readiness = the overall service (NOT_SERVING while re-planning); liveness and start-up use the
     # separate liveness name, so a re-plan never gets the pod killed (DESIGN §4, services.control.health).
-    assert container["readinessProbe"]["grpc"] == {"port": port} and READINESS == ""
-    assert container["livenessProbe"]["grpc"] == {"port": port, "service": LIVENESS}
-    assert container["startupProbe"]["grpc"] == {"port": port, "service": LIVENESS}
+    # The probes use the token-free health port (the token, when set, covers health on port grpc too).
+    assert settings.control.health_listen is not None
+    health_host, health_port = host_port(settings.control.health_listen)
+    assert health_host in ("0.0.0.0", "[::]") and ports["health"] == health_port != port
+    assert container["readinessProbe"]["grpc"] == {"port": health_port} and READINESS == ""
+    assert container["livenessProbe"]["grpc"] == {"port": health_port, "service": LIVENESS}
+    assert container["startupProbe"]["grpc"] == {"port": health_port, "service": LIVENESS}
     instance = next(e for e in container["env"] if e["name"] == "FERRET_KAFKA_INSTANCE_ID")
     assert instance["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert settings.kafka.resolved_instance_id() == "ferret-trainer-0"
