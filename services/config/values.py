@@ -110,6 +110,7 @@ def between(lo: float, hi: float | None = None, what: str = "a number") -> Check
         if value is not None and (value < lo or (hi is not None and value > hi)):
             raise Invalid(f"{what} >= {_num(lo)}" if hi is None else f"{what} in [{_num(lo)}, {_num(hi)}]")
 
+    check.bounds = (lo, hi)  # type: ignore[attr-defined]  # for the JSON Schema
     return check
 
 
@@ -118,6 +119,7 @@ def one_of(names: tuple[str, ...]) -> Check:
         if value not in names:
             raise Invalid(f"one of {', '.join(names)}")
 
+    check.choices = names  # type: ignore[attr-defined]  # for the JSON Schema
     return check
 
 

@@ -257,3 +257,24 @@ def test_client_variables_do_not_break_service_settings() -> None:
 
     settings = load_settings(None, env={"FERRET_CONTROL_TARGET": "10.0.0.1:50051", "FERRET_CONTROL_TOKEN": "t"})
     assert settings.control.token == "t"
+
+
+def test_the_json_schema_in_docs_is_current_and_accepts_the_example() -> None:
+    import json
+
+    from services.config.schema import settings_schema
+
+    committed = json.loads((Path(__file__).resolve().parents[2] / "docs" / "config.schema.json").read_text())
+    assert committed == json.loads(json.dumps(settings_schema())), (
+        "regenerate: .venv/bin/python -m services.config.schema > docs/config.schema.json"
+    )
+    sections = committed["properties"]
+    assert set(sections) == set(Settings().redacted())
+    for name, keys in Settings().redacted().items():
+        assert set(sections[name]["properties"]) == set(keys)
+    assert sections["control"]["properties"]["token"]["writeOnly"] is True
+    assert sections["trainer"]["properties"]["input_normaliser"]["enum"] == ["none", "clip", "minmax"]
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
+    jsonschema.validate(yaml.safe_load(EXAMPLE.read_text(encoding="utf-8")), committed)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"kafka": {"bootstrap_server": "a:1"}}, committed)
