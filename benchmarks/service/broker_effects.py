@@ -22,11 +22,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import harness as h  # noqa: E402
-from confluent_kafka import Consumer, Producer  # noqa: E402
+import harness as h
+from confluent_kafka import Consumer, Producer
 
-from services.kafka.admin import ensure_topics  # noqa: E402
-from services.localstack import LocalStack  # noqa: E402
+from services.kafka.admin import ensure_topics
+from services.localstack import LocalStack
 
 COMMAND = "python benchmarks/service/broker_effects.py"
 RATE = 300.0
