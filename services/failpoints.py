@@ -72,7 +72,7 @@ def parse(spec: str) -> dict[str, Action]:
             raise ConfigError(f"{ENV}: unknown failpoint {name!r}; expected one of {', '.join(sorted(KNOWN))}")
         if action not in ACTIONS:
             raise ConfigError(f"{ENV}: unknown action {action!r} for {name!r}; expected one of {', '.join(ACTIONS)}")
-        enabled[name] = action  # type: ignore[assignment]
+        enabled[name] = action  # type: ignore[assignment,unused-ignore]
     return enabled
 
 

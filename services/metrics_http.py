@@ -69,7 +69,7 @@ def serve_metrics(registry: CollectorRegistry, settings: MetricsSettings) -> Met
     except (socket.gaierror, UnicodeError) as exc:
         raise ConfigError(f"metrics.addr: cannot bind the metrics endpoint to {address}: {exc}") from None
 
-    class Server(ThreadingWSGIServer):  # type: ignore[misc]
+    class Server(ThreadingWSGIServer):
         address_family = infos[0][0]
 
     app = make_wsgi_app(registry)

@@ -71,7 +71,10 @@ def _field_schema(field: dataclasses.Field[Any], tp: Any, doc: str) -> dict[str,
         schema["description"] = description
     if meta.get("secret"):
         schema["writeOnly"] = True
-    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+    if field.default is not dataclasses.MISSING:
+        default = field.default
+    else:
+        default = field.default_factory()  # type: ignore[misc,operator,unused-ignore]
     schema["default"] = _plain(default)
     return schema
 
