@@ -71,12 +71,15 @@ def _field_schema(field: dataclasses.Field[Any], tp: Any, doc: str) -> dict[str,
         schema["description"] = description
     if meta.get("secret"):
         schema["writeOnly"] = True
-    if field.default is not dataclasses.MISSING:
-        default = field.default
-    else:
-        default = field.default_factory()  # type: ignore[misc,operator,unused-ignore]
-    schema["default"] = _plain(default)
+    schema["default"] = _plain(_default(field))
     return schema
+
+
+def _default(field: dataclasses.Field[Any]) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    factory: Any = field.default_factory
+    return factory()
 
 
 def _optional(tp: Any) -> bool:

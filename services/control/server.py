@@ -159,7 +159,9 @@ def create_server(
                 options=[("grpc.so_reuseport", 0)],
             )
             health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, health_server)
-            health_port = _bind(health_server, health_address, tls, "control.health_listen")
+            # plaintext even when the control port has TLS: the kubelet's gRPC probe speaks no TLS, and
+            # health statuses carry no secret
+            health_port = _bind(health_server, health_address, None, "control.health_listen")
     except ConfigError:
         replanner.close()
         raise
