@@ -3,13 +3,15 @@
 # CPU image (the default; torch from the PyTorch CPU index, since the registry's default torch is a
 # multi-GB CUDA build):
 #   docker build -t ferret:0.1.0 .
-# CUDA image (k8s/components/gpu expects the name ferret-cuda; torchvision from the same index as torch
-# so both are built for the same CUDA; the `vision` extra is then already satisfied; pick the cuXXX index
-# that publishes torch 2.13.0 for your driver):
-#   docker build -t ferret-cuda:0.1.0 \
-#     --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu130 \
-#     --build-arg TORCH_PACKAGES="torch==2.13.0 torchvision==0.28.0" \
-#     --build-arg FERRET_EXTRAS=vision .
+# CUDA image (k8s/components/gpu expects the name ferret-cuda; pick the cuXXX index that publishes
+# torch 2.13.0 for your driver):
+#   docker build -t ferret-cuda:0.1.0 --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu130 .
+#
+# Production contents: the services' dependencies only. The demo's embedded broker and Redis, matplotlib
+# and scikit-learn are the `demo` extra and stay out; FERRET_EXTRAS=digits adds scikit-learn for the
+# bundled `digits` stream (docker-compose.yml builds it so). Your own model's packages (e.g. torchvision,
+# from TORCH_INDEX so it matches torch's CUDA) go in with TORCH_PACKAGES="torch==2.13.0 torchvision==..."
+# or a derived image (docs/your-model.md).
 #
 # No HEALTHCHECK: compose and Kubernetes probe the trainer's grpc.health.v1 service (docs/deploy.md), and
 # the same image also runs one-shot commands that serve nothing.

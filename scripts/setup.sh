@@ -18,6 +18,10 @@ want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! .venv/bin/python -c 'import ferret_core, services' 2>/dev/null; then
   echo "setup: installing the project and its dependencies into .venv (first run takes a few minutes)" >&2
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+  # The distribution was called "ferret" before it took its index name "ferret-ocl": drop the old one.
+  if .venv/bin/python -m pip show --quiet ferret >/dev/null 2>&1; then
+    .venv/bin/python -m pip uninstall --quiet --disable-pip-version-check --yes ferret
+  fi
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
   echo "$want" > "$stamp"
 fi

@@ -48,7 +48,7 @@ def build_model(
         raise ConfigError(f"in_features applies to mlp only, not {name!r}; use input_size / in_channels")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ConfigError(f"seed must be an integer or None, got {seed!r}")
-    with _seeded(seed):
+    with seeded(seed):
         model = _BUILDERS[name](num_classes, input_size, in_channels, in_features, norm)
     if weights is not None:
         load_weights(model, weights)
@@ -61,7 +61,12 @@ def save_weights(model: ZooModel, path: str | Path) -> None:
 
 
 def load_weights(model: ZooModel, path: str | Path) -> None:
-    """Load a state-dict file into ``model.as_sequential()``; mismatches raise :class:`ConfigError`."""
+    """Load a state-dict file into ``model.as_sequential()``; mismatches raise :class:`ConfigError`.
+
+    Keys are those of ``model.as_sequential().state_dict()`` (``"0.weight"``) or, for a model built from
+    a named ``nn.Sequential``, that Sequential's own (``"conv1.weight"``). Read with
+    ``torch.load(weights_only=True)``: tensors and plain containers only, never arbitrary objects.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"weights file {str(path)!r} does not exist")
@@ -78,6 +83,7 @@ def load_weights(model: ZooModel, path: str | Path) -> None:
         )
     sequential = model.as_sequential()
     expected = sequential.state_dict()
+    state = _by_unit_index(model, state, expected)
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
@@ -97,6 +103,23 @@ def load_weights(model: ZooModel, path: str | Path) -> None:
     sequential.load_state_dict(state, strict=True)
 
 
+def _by_unit_index(
+    model: ZooModel, state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]
+) -> Mapping[str, torch.Tensor]:
+    """Keys ``"<unit name>.…"`` (a user's named ``nn.Sequential`` saved with ``state_dict()``) renamed to
+    ``"<unit index>.…"``; other state dicts unchanged."""
+    if set(state) == set(expected):
+        return state
+    index = {name: str(i) for i, name in enumerate(model.unit_names)}
+    renamed: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        head, dot, rest = key.partition(".")
+        if head not in index or not dot:
+            return state
+        renamed[f"{index[head]}.{rest}"] = value
+    return renamed if set(renamed) == set(expected) else state
+
+
 def _shown(items: list[str]) -> str:
     head = items[:_MAX_KEYS_SHOWN]
     more = f" … (+{len(items) - len(head)} more)" if len(items) > len(head) else ""
@@ -104,7 +127,9 @@ def _shown(items: list[str]) -> str:
 
 
 @contextmanager
-def _seeded(seed: int | None) -> Iterator[None]:
+def seeded(seed: int | None) -> Iterator[None]:
+    """Run the block with torch's CPU RNG seeded by ``seed`` and restore the global state afterwards
+    (``None``: draw from the global RNG as it is)."""
     if seed is None:
         yield
         return

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from services import strict_json
 from services.cli.args import budget_type, existing_file, positive_float
 from services.cli.plan_cmd import format_bytes
 
@@ -197,7 +198,7 @@ def _message_json(message: Any, indent: int | None = None) -> str:
     data = json_format.MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
-    return json.dumps(data, indent=indent)
+    return strict_json.dumps(data, indent=indent)
 
 
 def _plan_json(reply: pb.PlanReply) -> str:
@@ -209,7 +210,7 @@ def _plan_json(reply: pb.PlanReply) -> str:
         planning_seconds=reply.planning_seconds,
         stall_seconds=reply.stall_seconds,
     )
-    return json.dumps(data, indent=2)
+    return strict_json.dumps(data, indent=2)
 
 
 def _utc(ms: int) -> str:

@@ -14,6 +14,7 @@ part fails, 130 on Ctrl-C (after stopping every child).
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 from collections.abc import Iterator
@@ -23,7 +24,6 @@ from types import FrameType
 
 from ferret_core.data import DATASET_NAMES
 from services.cli.args import budget_type, fraction, positive_float, positive_int
-from services.cli.plan_cmd import MODEL_CHOICES
 from services.demo.options import (
     DEFAULT_CHANGE_AT,
     DEFAULT_ITEMS,
@@ -37,7 +37,10 @@ from services.demo.options import (
     resolve_model,
     run_stamp,
 )
+from services.logs import add_logging_arguments, configure_logging
+from services.models import MODEL_HELP, model_spec_type
 
+log = logging.getLogger("ferret.demo")
 EXIT_OK = 0
 EXIT_FAILURE = 1
 LOG_TAIL_LINES = 15
@@ -61,7 +64,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="dataset to stream (default: mnist when <data root>/MNIST/raw exists, else digits)",
     )
     parser.add_argument(
-        "--model", choices=MODEL_CHOICES, default=None, help="model (default: mnistnet for 28x28 images, else mlp)"
+        "--model",
+        type=model_spec_type,
+        default=None,
+        metavar="MODEL",
+        help=f"{MODEL_HELP} (default: mnistnet for 28x28 images, else mlp)",
     )
     parser.add_argument("--data-root", type=Path, default=None, help="data folder (default ../shared/data or cache)")
     parser.add_argument("--items", type=positive_int, default=DEFAULT_ITEMS, help=f"items to stream ({DEFAULT_ITEMS})")
@@ -104,6 +111,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"seconds between the trainer's periodic snapshots ({DEFAULT_SNAPSHOT_INTERVAL_S:g})",
     )
     parser.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live table")
+    parser.add_argument(
+        "--keep-stack",
+        action="store_true",
+        help="leave the broker, Redis and the trainer running at the end and print how to reach the topics, "
+        "the control plane and the metrics (Ctrl-C still stops everything)",
+    )
+    add_logging_arguments(parser, level="INFO")
     parser.set_defaults(handler=run)
 
 
@@ -131,39 +145,50 @@ def options_from_args(args: argparse.Namespace, stamp: str | None = None) -> Dem
         redis_url=args.redis_url,
         live=not args.no_live,
         snapshot_interval_s=args.snapshot_interval,
+        keep_stack=args.keep_stack,
+        log_format=args.log_format,
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level, args.log_format)
     options = options_from_args(args)
     from services.demo.orchestrator import DemoError, DemoRun  # grpc, kafka: only when the demo runs
     from services.demo.report import table_rows
 
     profile = f"profile {options.profile}" if options.profile else "profiled at start-up"
     budget = "unconstrained" if options.budget is None else f"{options.budget} bytes"
-    print(
+    intro = (
         f"ferret demo: {options.items} {options.dataset} items at {options.rate:g}/s through {options.model} "
         f"({profile}); budget {budget}, changed after {options.change_at:.0%} of the predictions; "
-        f"report in {options.out_dir}",
-        file=sys.stderr,
-        flush=True,
+        f"report in {options.out_dir}"
     )
+    json_logs = args.log_format == "json"
+    if json_logs:
+        log.info(intro)
+    else:
+        print(intro, file=sys.stderr, flush=True)
+    demo = DemoRun(options)
     try:
         with _interrupt_on_sigterm():
-            summary = DemoRun(options).run()
+            summary = demo.run()
     except DemoError as exc:
-        print(f"ferret: error: {exc}", file=sys.stderr)
-        if exc.log_path is not None:
-            from services.localstack.process import log_tail
+        from services.localstack.process import log_tail
 
-            tail = log_tail(exc.log_path, LOG_TAIL_LINES)
-            if tail:
-                print(f"last lines of {exc.log_path}:", file=sys.stderr)
-                print("\n".join(f"  | {line}" for line in tail.splitlines()), file=sys.stderr)
+        tail = log_tail(exc.log_path, LOG_TAIL_LINES) if exc.log_path is not None else ""
+        if json_logs:
+            log.error(str(exc), extra={"log_path": str(exc.log_path), "log_tail": tail.splitlines()})
+            return EXIT_FAILURE
+        print(f"ferret: error: {exc}", file=sys.stderr)
+        if exc.log_path is not None and tail:
+            print(f"last lines of {exc.log_path}:", file=sys.stderr)
+            print("\n".join(f"  | {line}" for line in tail.splitlines()), file=sys.stderr)
         return EXIT_FAILURE
     _print_table(table_rows(summary))
     files = summary["files"]
     print(f"\nreport: {files['report']}\nsummary: {files['summary']}\nplot: {files.get('plot', 'none')}")
+    if demo.kept is not None:
+        print(f"\n{demo.kept.describe()}")
     return EXIT_OK
 
 

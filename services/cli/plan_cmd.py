@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
@@ -12,7 +11,9 @@ from ferret_core.memory_model import MEMORY_VARIANTS, OPTIMIZER_SLOTS, MemorySet
 from ferret_core.plan import Plan
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import DTYPE_BYTES, ModelProfile
+from services import strict_json
 from services.cli.args import ArrivalInterval, arrival_interval_type, budget_type, existing_file, non_negative_float
+from services.models import MODEL_HELP, build_model_for, check_model_spec, is_factory, model_spec_type, shape_type
 
 MODEL_CHOICES = ("mlp", "mnistnet", "convnet", "resnet18", "mobilenet")
 COMPENSATOR_CHOICES = ("none", "step-aware", "gap-aware", "fisher", "iter-fisher", "iter-fisher-cf")
@@ -24,52 +25,116 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="plan partitions and pipeline configuration for a memory budget",
         description=(
             "Profile (or load the profile of) a model and run Ferret's planner (Alg. 2 + Alg. 3). "
+            "Planning needs no weights: `--profile FILE` alone plans any model, your own included. "
             "No --budget means unconstrained (the paper's M+). Exit status 3 when the budget is infeasible."
         ),
     )
     add_planning_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of the table")
     parser.set_defaults(handler=run)
 
 
 def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments shared by every command that plans (plan, simulate, run)."""
-    parser.add_argument("--model", required=True, choices=MODEL_CHOICES, help="model of the zoo")
-    parser.add_argument("--budget", type=budget_type, default=None, help="memory budget: bytes, or 512MiB, 2GB")
-    parser.add_argument("--profile", type=existing_file, default=None, help="profile JSON (else profile now)")
+    parser.add_argument(
+        "--model",
+        type=model_spec_type,
+        default=None,
+        metavar="MODEL",
+        help=f"{MODEL_HELP}; optional with --profile (default: the profile's model)",
+    )
+    parser.add_argument(
+        "--budget", type=budget_type, default=None, help="memory budget: bytes, or 512MiB, 2GB (default unconstrained)"
+    )
+    parser.add_argument(
+        "--profile", type=existing_file, default=None, help="profile JSON of `ferret profile` (default: profile now)"
+    )
+    parser.add_argument(
+        "--input-shape",
+        type=shape_type,
+        default=None,
+        metavar="C,H,W",
+        help="per-sample input shape for profiling your own model now, without --profile (e.g. 1,28,28)",
+    )
     parser.add_argument(
         "--arrival-interval",
         type=arrival_interval_type,
         default=ArrivalInterval(multiple=1.0),
         help="t^d: 'auto' (= max_i t̂_i^f, the paper's rate, default), 'Kx' or seconds",
     )
-    parser.add_argument("--decay", type=non_negative_float, default=None, help="decay constant c (default ln2/T)")
-    parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float32")
     parser.add_argument(
-        "--input-size", type=int, choices=(32, 224), default=None, help="image side (resnet18, mobilenet)"
+        "--decay",
+        type=non_negative_float,
+        default=None,
+        help="decay constant c (default ln2/T: data value halves over one sequential forward and backward)",
     )
-    parser.add_argument("--num-classes", type=int, default=10)
-    parser.add_argument("--memory-model", choices=MEMORY_VARIANTS, default="paper")
-    parser.add_argument("--compensator", choices=COMPENSATOR_CHOICES, default="iter-fisher")
-    parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_SLOTS), default="sgd")
-    parser.add_argument("--max-workers", type=int, default=None, help="cap N by the executors that exist")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to profile on")
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(DTYPE_BYTES),
+        default="float32",
+        help="element type of the byte model (default float32)",
+    )
+    parser.add_argument(
+        "--input-size",
+        type=int,
+        choices=(32, 224),
+        default=None,
+        help="image side of resnet18/mobilenet when profiling now (default: the model's own, 32)",
+    )
+    parser.add_argument("--num-classes", type=int, default=10, help="output classes when profiling now (default 10)")
+    parser.add_argument(
+        "--memory-model",
+        choices=MEMORY_VARIANTS,
+        default="paper",
+        help="byte model: paper (eq. ferret-svre plus the extras) or engine (default paper)",
+    )
+    parser.add_argument(
+        "--compensator",
+        choices=COMPENSATOR_CHOICES,
+        default="iter-fisher",
+        help="stale-gradient compensator whose state is counted (default iter-fisher)",
+    )
+    parser.add_argument(
+        "--optimizer",
+        choices=sorted(OPTIMIZER_SLOTS),
+        default="sgd",
+        help="optimizer whose state is counted (default sgd)",
+    )
+    parser.add_argument(
+        "--max-workers", type=int, default=None, help="cap N by the executors that exist (default: no cap)"
+    )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to profile on (default cpu)")
 
 
 def load_or_profile(args: argparse.Namespace) -> ModelProfile:
+    """The profile of ``--profile`` (its model must be ``--model`` when both are given), else the model
+    ``--model`` names profiled now (your own model needs ``--input-shape``)."""
     if args.profile is not None:
         profile = ModelProfile.load(args.profile)
-        if profile.model != args.model:
+        if args.model is not None and profile.model != args.model:
             raise ConfigError(
                 f"profile {str(args.profile)!r} is for model {profile.model!r} but --model is {args.model!r}; "
                 "pass the matching profile or omit --profile to profile now"
             )
         return profile
+    if args.model is None:
+        raise ConfigError("give --model (a zoo name or package.module:factory) or --profile FILE")
     from ferret_core.profiler import profile_model
     from ferret_core.zoo import build_model
 
-    model = build_model(args.model, num_classes=args.num_classes, input_size=args.input_size)
+    if is_factory(args.model) or args.input_shape is not None:
+        if args.input_shape is None:
+            raise ConfigError(f"--model {args.model} is your own factory: pass --input-shape (e.g. 1,28,28)")
+        model = build_model_for(args.model, input_shape=args.input_shape, num_classes=args.num_classes)
+    else:
+        model = build_model(args.model, num_classes=args.num_classes, input_size=args.input_size)
     return profile_model(model, device=args.device, dtype=args.dtype)
+
+
+def model_from_profile(args: argparse.Namespace) -> None:
+    """Set ``args.model`` from ``--profile`` when only the profile was given."""
+    if args.model is None and args.profile is not None:
+        args.model = check_model_spec(ModelProfile.load(args.profile).model)
 
 
 def planner_from_args(args: argparse.Namespace, profile: ModelProfile) -> Planner:
@@ -92,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     profile = load_or_profile(args)
     plan = planner_from_args(args, profile).plan(args.budget)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2))
+        print(strict_json.dumps(plan.to_dict(), indent=2))
     else:
         print(format_plan(plan, profile, source=args.profile))
     return 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import math
 import signal
 import sys
@@ -31,10 +32,12 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 from ferret_core.data import DATASET_NAMES, load_dataset
 from services.cli.args import default_data_root, non_negative_float, non_negative_int, positive_int
 from services.config import Settings, load_settings
+from services.logs import add_logging_arguments, configure_logging
 from services.producer import SampleProducer
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
+log = logging.getLogger("ferret.producer")
 
 
 def register(subparsers: Any) -> None:
@@ -78,6 +81,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--shuffle", action="store_true", default=None, help="stream the split in a seeded order")
     parser.add_argument("--no-create-topics", action="store_true", help="do not create missing topics")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_logging_arguments(parser, level="WARNING")
     parser.set_defaults(handler=run)
 
 
@@ -113,6 +117,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level, args.log_format)
     settings = settings_from_args(args)
     options = settings.producer
     root = options.data_root or default_data_root()
@@ -121,21 +126,28 @@ def run(args: argparse.Namespace) -> int:
     stream = producer.stream
     total = producer.total
     rate = "max" if options.rate is None else f"{options.rate:g}/s"
+    json_logs = args.log_format == "json"
     with _stop_on_signals(producer):
-        print(  # after the handlers are installed: a SIGTERM from here on stops cleanly
+        started = (  # after the handlers are installed: a SIGTERM from here on stops cleanly
             f"producing {stream} ({'until stopped' if total is None else f'{total} items'}, "
             f"{'x'.join(map(str, dataset.input_shape))} {dataset.x_train.dtype}) to {producer.topics.samples} "
-            f"at {settings.kafka.bootstrap_servers}, rate {rate}, labels {options.labels}",
-            file=sys.stderr,
-            flush=True,
+            f"at {settings.kafka.bootstrap_servers}, rate {rate}, labels {options.labels}"
         )
-        with tqdm(total=total, unit="item", file=sys.stderr, disable=args.quiet, mininterval=0.25) as bar:
+        if json_logs:
+            log.info(started)
+        else:
+            print(started, file=sys.stderr, flush=True)
+        quiet = args.quiet or json_logs  # a progress bar would break the JSON lines on stderr
+        with tqdm(total=total, unit="item", file=sys.stderr, disable=quiet, mininterval=0.25) as bar:
             producer.progress = bar
             report = producer.run()
     print(report.summary(), flush=True)
     reason = report.failure_reason()
     if reason is not None:
-        print(f"ferret: error: {reason}", file=sys.stderr)
+        if json_logs:
+            log.error(reason)
+        else:
+            print(f"ferret: error: {reason}", file=sys.stderr)
         return EXIT_FAILURE
     return EXIT_OK
 

@@ -1,15 +1,15 @@
-"""``ferret profile``: time a zoo model's units and write the profile JSON (DESIGN §4).
+"""``ferret profile``: time a model's units and write the profile JSON (DESIGN §4).
 
 Example::
 
     ferret profile --model mnistnet --out benchmarks/profiles/mnistnet.json
     ferret profile --model resnet18 --input-size 224 --warmup 2 --repeats 5 --out resnet18-224.json
+    ferret profile --model examples.custom_cnn:build --input-shape 1,28,28 --out custom_cnn.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,8 +19,17 @@ import torch
 from ferret_core.errors import ConfigError
 from ferret_core.profile import DTYPE_BYTES, LayerProfile, ModelProfile
 from ferret_core.profiler import CLOCKS, profile_model, resolve_device
-from ferret_core.zoo import MODEL_NAMES, NORMS, build_model
+from ferret_core.zoo import NORMS, ZooModel, build_model
+from services import strict_json
 from services.cli.args import non_negative_int, positive_int
+from services.models import (
+    MODEL_HELP,
+    build_model_for,
+    is_factory,
+    model_spec_type,
+    shape_type,
+    zoo_shape_arguments,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -28,12 +37,21 @@ def register(subparsers: Any) -> None:
         "profile",
         help="time a model's layers and write the profile JSON",
         description=(
-            "Time every partitionable unit of a zoo model (median forward and backward time after "
-            "warm-up) and count its parameters and activations; write the profile JSON that "
-            "`ferret plan/simulate/bench --profile FILE` read, and print a table."
+            "Time every partitionable unit of a model, from the zoo or your own package.module:factory "
+            "(median forward and backward time after warm-up), and count its parameters and activations; "
+            "write the profile JSON that `ferret plan`, `ferret simulate` and `ferret run` read with "
+            "--profile FILE, and print a table."
         ),
     )
-    parser.add_argument("--model", required=True, choices=MODEL_NAMES, help="zoo model to profile")
+    parser.add_argument("--model", required=True, type=model_spec_type, metavar="MODEL", help=MODEL_HELP)
+    parser.add_argument(
+        "--input-shape",
+        type=shape_type,
+        default=None,
+        metavar="C,H,W",
+        help="per-sample input shape, required for your own model (e.g. 1,28,28); zoo models: optional, "
+        "instead of --input-size/--in-channels/--in-features",
+    )
     parser.add_argument("--out", required=True, type=Path, help="where to write the profile JSON")
     parser.add_argument(
         "--input-size",
@@ -54,7 +72,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--norm", choices=NORMS, default="group", help="normalisation of resnet18/mobilenet (default group)"
     )
-    parser.add_argument("--weights", type=Path, default=None, help="state-dict file to load (optional)")
+    parser.add_argument(
+        "--weights", type=Path, default=None, help="state-dict file to load, read with weights_only=True (optional)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float32", help="default float32")
@@ -77,16 +97,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # denormals slowed MNISTNet 3 ms → 28 ms per step (DESIGN §5)
     resolve_device(args.device)  # a clear ConfigError before building anything
-    model = build_model(
-        args.model,
-        num_classes=args.num_classes,
-        input_size=args.input_size,
-        in_channels=args.in_channels,
-        in_features=args.in_features,
-        norm=args.norm,
-        seed=args.seed,
-        weights=args.weights,
-    )
+    model = _build(args)
     progress = _Progress(enabled=not args.json and sys.stderr.isatty())
     profile = profile_model(
         model,
@@ -106,11 +117,31 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise ConfigError(f"cannot write the profile to {str(out)!r}: {exc}") from exc
     if args.json:
-        print(json.dumps(profile.to_dict(), indent=2))
+        print(strict_json.dumps(profile.to_dict(), indent=2))
     else:
         print(format_table(profile))
         print(f"wrote {out}")
     return 0
+
+
+def _build(args: argparse.Namespace) -> ZooModel:
+    """The model to profile: your own factory (needs --input-shape) or the zoo's."""
+    if is_factory(args.model):
+        if args.input_shape is None:
+            raise ConfigError(f"--model {args.model} is your own factory: pass --input-shape (e.g. 1,28,28)")
+        return build_model_for(
+            args.model, input_shape=args.input_shape, num_classes=args.num_classes, seed=args.seed, weights=args.weights
+        )
+    shape: dict[str, int | None] = {
+        "input_size": args.input_size,
+        "in_channels": args.in_channels,
+        "in_features": args.in_features,
+    }
+    if args.input_shape is not None:
+        shape = {**zoo_shape_arguments(args.model, args.input_shape)}
+    return build_model(
+        args.model, num_classes=args.num_classes, norm=args.norm, seed=args.seed, weights=args.weights, **shape
+    )
 
 
 def format_table(profile: ModelProfile) -> str:

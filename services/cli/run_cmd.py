@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 from pathlib import Path
 
-from services.cli.args import budget_type
+from services.cli.args import budget_type, positive_int
 from services.config import load_settings
+from services.logs import add_logging_arguments, configure_logging
+from services.models import MODEL_HELP, model_spec_type, shape_type
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,26 +23,89 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     parser.add_argument("--config", type=Path, default=None, help="YAML settings file (default $FERRET_CONFIG)")
-    parser.add_argument("--bootstrap-servers", default=None)
-    parser.add_argument("--redis-url", default=None)
-    parser.add_argument("--topic-prefix", default=None)
-    parser.add_argument("--dataset", default=None)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--budget", type=budget_type, default=None, help="memory budget (bytes or 512MiB)")
-    parser.add_argument("--profile", type=Path, default=None, help="profile JSON of the model")
-    parser.add_argument("--listen", default=None, help="gRPC control address, e.g. 127.0.0.1:50051")
-    parser.add_argument("--metrics-port", type=int, default=None)
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=None,
+        metavar="HOST:PORT",
+        help="Kafka bootstrap servers (default: kafka.bootstrap_servers, 127.0.0.1:9092)",
+    )
+    parser.add_argument(
+        "--redis-url", default=None, metavar="URL", help="snapshot store (default: redis.url, redis://127.0.0.1:6379/0)"
+    )
+    parser.add_argument(
+        "--topic-prefix", default=None, help="topics <prefix>.samples, .predictions, ... (default: kafka.topic_prefix)"
+    )
+    parser.add_argument(
+        "--dataset",
+        default=None,
+        metavar="NAME",
+        help="what the stream carries: its input shape and classes (default: trainer.dataset, mnist)",
+    )
+    parser.add_argument(
+        "--model", type=model_spec_type, default=None, metavar="MODEL", help=f"{MODEL_HELP} (default: trainer.model)"
+    )
+    parser.add_argument(
+        "--input-shape",
+        type=shape_type,
+        default=None,
+        metavar="C,H,W",
+        help="per-sample input shape of your own stream (default: trainer.input_shape, else the dataset's)",
+    )
+    parser.add_argument(
+        "--num-classes",
+        type=positive_int,
+        default=None,
+        help="classes of your own stream (default: trainer.num_classes, else the dataset's)",
+    )
+    parser.add_argument(
+        "--weights",
+        type=Path,
+        default=None,
+        help="state-dict file loaded at start with weights_only=True (default: trainer.weights, none)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=budget_type,
+        default=None,
+        help="memory budget: bytes or 512MiB (default: trainer.budget_bytes, unconstrained)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="profile JSON of the model (default: trainer.profile, else profile at start-up)",
+    )
+    parser.add_argument(
+        "--listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="gRPC control address (default: control.listen, 127.0.0.1:50051)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="Prometheus port, 0 for a free one (default: metrics.port, 9100)",
+    )
+    add_logging_arguments(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format)
     settings = load_settings(args.config)
     overrides = {
         "kafka": {"bootstrap_servers": args.bootstrap_servers, "topic_prefix": args.topic_prefix},
         "redis": {"url": args.redis_url},
-        "trainer": {"dataset": args.dataset, "model": args.model, "budget_bytes": args.budget, "profile": args.profile},
+        "trainer": {
+            "dataset": args.dataset,
+            "model": args.model,
+            "input_shape": args.input_shape,
+            "num_classes": args.num_classes,
+            "weights": args.weights,
+            "budget_bytes": args.budget,
+            "profile": args.profile,
+        },
         "control": {"listen": args.listen},
         "metrics": {"port": args.metrics_port},
     }

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel, build_model
+from services import strict_json
 from services.cli.args import default_data_root, non_negative_int, positive_float
 from services.cli.plan_cmd import add_planning_arguments, load_or_profile, planner_from_args
 
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         args.trace.write_text(to_csv(result.trace))
     report = _report(args, result, arrival, plan)
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(strict_json.dumps(report, indent=2))
     else:
         print(format_report(report))
     if any(m > b for m, b in zip(result.max_staleness, result.staleness_bound, strict=True)):

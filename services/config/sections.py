@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal, get_type_hints
 from ferret_core.compensation import COMPENSATOR_NAMES
 from ferret_core.data import DATASET_NAMES
 from ferret_core.engine import METHOD_NAMES
+from ferret_core.errors import ConfigError
 from ferret_core.zoo import MODEL_NAMES
 from services.cli.args import ArrivalInterval
 from services.codec import DEFAULT_INPUT_RANGE, Normaliser
@@ -44,6 +45,8 @@ from services.config.values import (
     shown,
 )
 from services.kafka.admin import TopicNames
+from services.models import check_model_spec
+from services.models import parse_shape as parse_shape_text
 
 LabelMode = Literal["with-sample", "delayed", "none"]
 Split = Literal["train", "test"]
@@ -75,6 +78,23 @@ MANAGED_KAFKA_PROPERTIES = frozenset(
 _BUDGET = "bytes as an integer or with a suffix (e.g. 2429288, 512MiB, 2GB), or null (unconstrained)"
 _ARRIVAL = "'auto' (= max_i t̂_i^f), 'Kx' (e.g. 2x), a positive number of seconds, or 'measured'"
 _RATE = "a positive number of items per second, or 'max'"
+_MODEL = f"one of {', '.join(MODEL_NAMES)}, or package.module:factory (docs/your-model.md)"
+_SHAPE = "a per-sample input shape such as 1,28,28 or [1, 28, 28] (no batch dimension), or null (the dataset's)"
+
+
+def check_model(value: str) -> None:
+    try:
+        check_model_spec(value)
+    except ConfigError:
+        raise Invalid(_MODEL) from None
+
+
+def parse_shape(raw: Any) -> tuple[int, ...]:
+    if isinstance(raw, (list, tuple)):
+        raw = ",".join(str(v) for v in raw)
+    if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+        raise ValueError(raw)
+    return parse_shape_text(str(raw))
 
 
 def _check_properties(value: dict[str, str]) -> None:
@@ -273,7 +293,10 @@ class TrainerSettings(Section):
 
     section = "trainer"
     dataset: str = field(default="mnist", metadata=meta(check=one_of(DATASET_NAMES)))
-    model: str = field(default="mnistnet", metadata=meta(check=one_of(MODEL_NAMES)))
+    model: str = field(default="mnistnet", metadata=meta(check=check_model, expected=_MODEL))
+    input_shape: tuple[int, ...] | None = field(default=None, metadata=meta(parse=parse_shape, expected=_SHAPE))
+    num_classes: int | None = field(default=None, metadata=meta(check=between(1, None, "an integer")))
+    weights: Path | None = field(default=None, metadata=meta(check=check_file))
     method: str = field(default="ferret", metadata=meta(check=one_of(METHOD_NAMES)))
     compensator: str = field(default="iter-fisher", metadata=meta(check=one_of(COMPENSATOR_NAMES)))
     budget_bytes: int | None = field(

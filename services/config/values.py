@@ -302,6 +302,8 @@ def has_type(value: Any, tp: Any) -> bool:
         return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
     if origin is tuple:
         args = get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[int, ...]: any length
+            return isinstance(value, tuple) and all(has_type(v, args[0]) for v in value)
         return (
             isinstance(value, tuple)
             and len(value) == len(args)

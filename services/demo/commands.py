@@ -65,6 +65,8 @@ def trainer_command(options: DemoOptions, endpoints: Endpoints) -> list[str]:
         endpoints.control_target,
         "--metrics-port",
         str(endpoints.metrics_port),
+        "--log-format",
+        options.log_format,
     ]
     if options.budget is not None:
         argv += ["--budget", str(options.budget)]
@@ -107,6 +109,8 @@ def producer_command(options: DemoOptions, endpoints: Endpoints) -> list[str]:
         str(options.items),
         "--no-create-topics",
         "--quiet",
+        "--log-format",
+        options.log_format,
     ]
     if options.data_root is not None:
         argv += ["--data-root", str(options.data_root)]

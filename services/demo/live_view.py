@@ -7,6 +7,7 @@ or with ``--no-live``: a plain line every few seconds and on every phase change.
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from types import TracebackType
@@ -20,6 +21,7 @@ from services.cli.plan_cmd import format_bytes
 from services.demo.record import RunRecord, StatusPoint
 
 RATE_WINDOW_MS = 3000
+log = logging.getLogger("ferret.demo")
 
 
 class View(Protocol):
@@ -147,9 +149,40 @@ class LineView:
         print(plain_line(record, phase), file=self._stream, flush=True)
 
 
-def make_view(live: bool, stream: TextIO | None = None) -> View:
-    """The rich table when ``live`` and ``stream`` (default stderr) is a terminal, else plain lines."""
+class JsonLineView(LineView):
+    """Like :class:`LineView`, as JSON log records (``--log-format json``): the message is the plain line,
+    the counters are fields of their own."""
+
+    def update(self, record: RunRecord, phase: str) -> None:
+        now = time.monotonic()
+        if phase == self._last_phase and now - self._last_line < self._every_s:
+            return
+        self._last_phase, self._last_line = phase, now
+        s = record.last_status
+        fields: dict[str, object] = {"phase": phase}
+        if s is not None:
+            fields.update(
+                items_received=s.items_received,
+                predictions_published=s.predictions_published,
+                online_accuracy=s.online_accuracy,
+                dispatched=s.dispatched,
+                skipped=dict(s.skipped),
+                dead_lettered=s.dead_lettered,
+                planned_bytes=s.planned_bytes,
+                measured_bytes=s.measured_bytes,
+                budget_bytes=s.budget_bytes,
+                plan_version=s.plan_version,
+                lag_items=s.lag_items,
+            )
+        log.info(plain_line(record, phase), extra=fields)
+
+
+def make_view(live: bool, stream: TextIO | None = None, log_format: str = "text") -> View:
+    """The rich table when ``live`` and ``stream`` (default stderr) is a terminal, else plain lines
+    (JSON log records under ``log_format="json"``)."""
     out = stream if stream is not None else sys.stderr
+    if log_format == "json":
+        return JsonLineView(out)
     if live and out.isatty():
         return RichView(out)
     return LineView(out)

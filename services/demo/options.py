@@ -54,6 +54,8 @@ class DemoOptions:
     live: bool = True
     partitions: int = DEFAULT_PARTITIONS
     snapshot_interval_s: float = DEFAULT_SNAPSHOT_INTERVAL_S
+    keep_stack: bool = False  # leave the broker, Redis and the trainer running at the end (not on Ctrl-C)
+    log_format: str = "text"  # the demo's progress and its children's logs: text or json
     # How the children are started: the ``ferret`` entry point of this interpreter (tests may swap it).
     ferret_command: tuple[str, ...] = field(default_factory=lambda: ferret_command())
     startup_timeout_s: float = 180.0

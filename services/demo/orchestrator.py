@@ -10,13 +10,18 @@ consumer of the topics afterwards.
 
 Stopping: at the end, on a failure and on Ctrl-C alike, the producer is stopped, then the trainer
 (SIGTERM: it drains, snapshots and commits), then the stack. While that runs, a further SIGINT/SIGTERM
-kills the children at once instead of interrupting the clean-up, so no process is left behind.
+kills the children at once instead of interrupting the clean-up, so no process is left behind. Should
+the demo itself be killed outright (SIGKILL, the OOM killer), the kernel kills every child with it: they
+are started through :mod:`services.localstack.deathsig`.
+
+``keep_stack``: the broker, Redis and the trainer are started without that link and left running when
+the run ends by itself (its report written; a Ctrl-C still stops everything); :attr:`DemoRun.kept` says
+where they are, and ``stack.json`` in the out dir records it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -31,6 +36,7 @@ import grpc
 import redis
 
 from ferret_core.errors import FerretError, InfeasibleBudgetError
+from services import strict_json
 from services.codec import now_ms
 from services.control.client import ControlCallError, ControlClient
 from services.demo.collect import Outcome, read_outcome
@@ -46,16 +52,18 @@ from services.demo.commands import (
     trainer_env,
     trainer_identity,
 )
+from services.demo.kept import KeptStack
 from services.demo.live_view import View, make_view
 from services.demo.options import DemoOptions, default_new_budget
 from services.demo.record import BudgetChange, PlanView, RunRecord, StatusPoint
 from services.demo.report import PRODUCER_LOG, TRAINER_LOG, write_report
-from services.kafka.admin import ensure_topics
+from services.kafka.admin import TopicNames, ensure_topics
 from services.localstack import LocalStack, LocalStackError, free_port
 from services.localstack.process import ChildProcess, ServerExitedError, log_tail
 from services.snapshots import SnapshotStore
 
 EXIT_INFEASIBLE = 3
+KEPT_STACK_FILE = "stack.json"
 STATUS_GRACE_S = 10.0  # GetStatus may fail this long (e.g. while the trainer exits) before the demo gives up
 _MIN_FEASIBLE = re.compile(r"minimum feasible (\d+) bytes")
 
@@ -91,6 +99,7 @@ class DemoRun:
         self._stack_pids: dict[str, int] = {}
         self._status_failing_since: float | None = None
         self._wake = threading.Event()  # set by the budget-change worker when its call returns
+        self.kept: KeptStack | None = None  # set when keep_stack left the stack running
 
     # -- the run ---------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -103,11 +112,13 @@ class DemoRun:
             redis_url=o.redis_url,
             run_dir=self.out_dir / "stack",
             keep_run_dir=True,
+            die_with_parent=not o.keep_stack,
         )
         outcome: Outcome | None = None
         failed = True
+        interrupted = False
         try:
-            with make_view(o.live, self._view_stream) as view:
+            with make_view(o.live, self._view_stream, o.log_format) as view:
                 self._view = view
                 record.error = self._stream(stack)  # None unless the stream stalled
                 self._set_phase("reading the topics back")
@@ -116,14 +127,18 @@ class DemoRun:
                 self._set_phase("done" if record.error is None else f"incomplete: {record.error}")
             failed = False
         except BaseException as exc:
-            record.error = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc).splitlines()[0]
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            record.error = "interrupted" if interrupted else str(exc).splitlines()[0]
             raise
         finally:
             self._view = None
             record.ended_time_ms = now_ms()
             with self._kill_on_signal():
-                self._stop_children()
-                stack.stop()
+                if o.keep_stack and not interrupted:
+                    self._keep(stack)
+                else:
+                    self._stop_children()
+                    stack.stop()
             if failed:  # the run's own error is the one to report; a report that fails too is secondary
                 with contextlib.suppress(Exception):
                     write_report(self.out_dir, record, outcome)
@@ -169,6 +184,8 @@ class DemoRun:
             }
             record.timeline.append(StatusPoint.from_reply(client.get_status()))
             self._update_view()
+        if o.keep_stack:
+            return incomplete  # the trainer keeps running (it has published every outcome counted)
         self._set_phase("stopping the trainer (drain, snapshot, commit)")
         record.trainer_exit_code = trainer.stop(timeout=o.stop_timeout_s)
         if record.trainer_exit_code != 0:
@@ -225,7 +242,8 @@ class DemoRun:
 
     # -- steps -----------------------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str], log_name: str, env: dict[str, str]) -> ChildProcess:
-        child = ChildProcess(name, argv, self.out_dir / log_name, env=env)
+        kept = self.options.keep_stack and name == "trainer"
+        child = ChildProcess(name, argv, self.out_dir / log_name, env=env, die_with_parent=not kept)
         (self.out_dir / log_name).write_text(f"$ {' '.join(argv)}\n")
         child.start()
         self._children.append(child)
@@ -369,7 +387,7 @@ class DemoRun:
 
     def _write_pids(self) -> None:
         pids = {**self._stack_pids, **{child.name: child.pid for child in self._children}}
-        (self.out_dir / "pids.json").write_text(json.dumps(pids) + "\n")
+        (self.out_dir / "pids.json").write_text(strict_json.dumps(pids) + "\n")
 
     def _stop_children(self) -> None:
         """Producer first, then the trainer (SIGTERM: drain, snapshot, commit), each SIGKILLed after
@@ -381,6 +399,30 @@ class DemoRun:
                 self.record.trainer_exit_code = code
             if child.name == "producer" and self.record.producer_exit_code is None:
                 self.record.producer_exit_code = code
+
+    def _keep(self, stack: LocalStack) -> None:
+        """Stop the producer, leave the trainer and the embedded servers running, record where they are."""
+        kept: dict[str, int] = dict(stack.pids())
+        for child in reversed(self._children):
+            if child.name == "trainer" and child.running and child.pid is not None:
+                child.release()
+                kept["trainer"] = child.pid
+            else:
+                code = child.stop(timeout=10.0)
+                if child.name == "producer" and self.record.producer_exit_code is None:
+                    self.record.producer_exit_code = code
+        stack.release()
+        record = self.record
+        self.kept = KeptStack(
+            bootstrap_servers=record.bootstrap_servers,
+            topics=TopicNames(self.options.topic_prefix).all(),
+            redis_url=record.redis_url,
+            control_target=record.control_target,
+            metrics_url=f"http://127.0.0.1:{record.metrics_port}/metrics",
+            pids=kept,
+            embedded_kafka=stack.embedded_kafka,
+        )
+        (self.out_dir / KEPT_STACK_FILE).write_text(strict_json.dumps(self.kept.to_dict(), indent=2) + "\n")
 
     def _kill_children(self) -> None:
         for child in self._children:

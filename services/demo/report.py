@@ -7,7 +7,6 @@ consumer's read-back (``collect.py``), never from the trainer's say-so alone; th
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ferret_core.metrics import LatencyQuantiles
+from services import strict_json
 from services.cli.plan_cmd import format_bytes
 from services.demo.collect import Outcome, PredictionRecord
 from services.demo.record import RunRecord
@@ -314,8 +314,8 @@ def write_report(out_dir: Path, record: RunRecord, outcome: Outcome | None) -> d
         write_plot(out_dir / PLOT_FILE, curve, record, origin)
         files["plot"] = str(out_dir / PLOT_FILE)
     summary = build_summary(record, outcome, files)
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    (out_dir / SUMMARY_FILE).write_text(strict_json.dumps(summary, indent=2) + "\n")
     (out_dir / REPORT_FILE).write_text(render_markdown(summary))
     timeline = [point.__dict__ for point in record.timeline]
-    (out_dir / TIMELINE_FILE).write_text(json.dumps(timeline) + "\n")
+    (out_dir / TIMELINE_FILE).write_text(strict_json.dumps(timeline) + "\n")
     return summary

@@ -1,13 +1,16 @@
 """A local server run as a child process: started with ``subprocess`` (never a bare ``fork``, which is
 unsafe once torch or grpc have started threads), logging to a file, ready when a probe says so, stopped
-with terminate → wait → kill."""
+with terminate → wait → kill, and (by default, on Linux) killed by the kernel when its parent dies, even
+by SIGKILL (:mod:`services.localstack.deathsig`)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
+import shutil
 import subprocess
+import sys
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -19,6 +22,7 @@ from ferret_core.errors import FerretError
 from services.localstack.ports import LOOPBACK, free_port
 
 DEFAULT_STOP_TIMEOUT = 5.0
+DEATHSIG_TRAMPOLINE = Path(__file__).with_name("deathsig.py")
 
 
 class LocalStackError(FerretError, RuntimeError):
@@ -62,6 +66,10 @@ class ChildProcess:
 
     The child gets its own session, so a Ctrl-C meant for the parent does not reach it before the
     parent has stopped it in order; a finalizer still stops it if the parent exits without ``stop()``.
+    With ``die_with_parent`` (the default) it is started through the :mod:`~services.localstack.deathsig`
+    trampoline, so it also dies when the parent is killed outright (SIGKILL, OOM killer), which no
+    finalizer survives; start it from a thread that outlives it (the main thread). :meth:`release`
+    leaves a child started with ``die_with_parent=False`` running after the parent exits.
     """
 
     def __init__(
@@ -72,10 +80,12 @@ class ChildProcess:
         *,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        die_with_parent: bool = True,
     ) -> None:
         self.name = name
         self.argv = tuple(str(a) for a in argv)
         self.log_path = log_path
+        self.die_with_parent = die_with_parent
         self._env = dict(env) if env is not None else None
         self._cwd = cwd
         self._process: subprocess.Popen[bytes] | None = None
@@ -96,11 +106,18 @@ class ChildProcess:
     def start(self) -> None:
         if self._process is not None:
             raise LocalStackError(f"{self.name} was already started (pid {self._process.pid})")
+        program = self.argv[0]
+        path = (self._env or os.environ).get("PATH")
+        if shutil.which(program, path=path) is None and not (Path(self._cwd or ".") / program).is_file():
+            raise BinaryNotFoundError(f"could not start {self.name}: {program!r} is not an executable file or on PATH")
+        argv = self.argv
+        if self.die_with_parent:
+            argv = (sys.executable, "-I", "-S", str(DEATHSIG_TRAMPOLINE), str(os.getpid()), "--", *argv)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             try:
                 self._process = subprocess.Popen(
-                    self.argv,
+                    argv,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -144,6 +161,13 @@ class ChildProcess:
             with contextlib.suppress(subprocess.TimeoutExpired):  # sleeps, but returns when the process dies
                 process.wait(timeout=min(interval, remaining))
 
+    def release(self) -> None:
+        """Leave the process running after this parent exits (no finalizer; only without die_with_parent)."""
+        if self.die_with_parent:
+            raise LocalStackError(f"{self.name} was started to die with its parent; it cannot be released")
+        if self._finalizer is not None:
+            self._finalizer.detach()
+
     def stop(self, timeout: float = DEFAULT_STOP_TIMEOUT) -> int | None:
         """Stop the process (SIGTERM, then SIGKILL after ``timeout``); return its exit status."""
         if self._process is None:
@@ -173,8 +197,10 @@ class LocalServer:
         port: int | None = None,
         binary: str | os.PathLike[str] | None = None,
         start_timeout: float = 10.0,
+        die_with_parent: bool = True,
     ) -> None:
         self.run_dir = Path(run_dir)
+        self.die_with_parent = die_with_parent
         self.host = host
         self._requested_port = port
         self._binary = binary
@@ -221,7 +247,13 @@ class LocalServer:
         failure: ServerExitedError | None = None
         for _ in range(attempts):
             port = self._requested_port if self._requested_port is not None else free_port(self.host)
-            child = ChildProcess(self.name, self.argv(binary, port), self.log_path, env=self.child_env())
+            child = ChildProcess(
+                self.name,
+                self.argv(binary, port),
+                self.log_path,
+                env=self.child_env(),
+                die_with_parent=self.die_with_parent,
+            )
             child.start()
             try:
                 self.startup_seconds = child.wait_ready(functools.partial(self.is_ready, port), self.start_timeout)
@@ -236,6 +268,11 @@ class LocalServer:
             return self
         assert failure is not None
         raise failure
+
+    def release(self) -> None:
+        """Leave the server running after this process exits (see :meth:`ChildProcess.release`)."""
+        if self._child is not None:
+            self._child.release()
 
     def stop(self) -> int | None:
         """Stop the server; return its exit status (None when it was not running)."""

@@ -60,7 +60,8 @@ class LocalStack:
     ``bootstrap_servers`` / ``redis_url`` given: attach to those (checked to answer within
     ``connect_timeout`` unless ``verify_external`` is false). Missing: start the embedded server.
     ``run_dir`` holds the embedded servers' logs; without one a temporary folder is made and removed on
-    :meth:`stop` unless ``keep_run_dir``.
+    :meth:`stop` unless ``keep_run_dir``. The embedded servers die with this process, even when it is
+    SIGKILLed, unless ``die_with_parent`` is false (then :meth:`release` can leave them running).
     """
 
     def __init__(
@@ -76,6 +77,7 @@ class LocalStack:
         verify_external: bool = True,
         tansu_binary: str | os.PathLike[str] | None = None,
         redis_binary: str | os.PathLike[str] | None = None,
+        die_with_parent: bool = True,
     ) -> None:
         if bootstrap_servers is not None and not bootstrap_servers.strip():
             raise LocalStackError("bootstrap_servers is empty: give host:port[,host:port] or None to embed")
@@ -91,6 +93,7 @@ class LocalStack:
         self._verify_external = verify_external
         self._tansu_binary = tansu_binary
         self._redis_binary = redis_binary
+        self._die_with_parent = die_with_parent
         self._run_dir: Path | None = None
         self._owns_run_dir = False
         self.broker: TansuBroker | None = None
@@ -150,6 +153,7 @@ class LocalStack:
                     host=self._host,
                     binary=self._tansu_binary,
                     start_timeout=self._start_timeout,
+                    die_with_parent=self._die_with_parent,
                 ).start()
             elif self._verify_external:
                 self._wait_for(lambda: kafka_reachable(self._external_kafka or ""), f"Kafka at {self._external_kafka}")
@@ -160,6 +164,7 @@ class LocalStack:
                     host=self._host,
                     binary=self._redis_binary,
                     start_timeout=self._start_timeout,
+                    die_with_parent=self._die_with_parent,
                 ).start()
             elif self._verify_external:
                 self._wait_for(lambda: redis_reachable(self._external_redis or ""), f"Redis at {self._external_redis}")
@@ -168,6 +173,16 @@ class LocalStack:
             raise
         self._started = True
         return self
+
+    def release(self) -> None:
+        """Leave the embedded servers running after this process exits (``die_with_parent=False`` only);
+        they are then the caller's to stop (their pids: :meth:`pids`)."""
+        for server in (self.broker, self.redis_server):
+            if server is not None:
+                server.release()
+        self.redis_server = None
+        self.broker = None
+        self._started = False
 
     def stop(self) -> None:
         """Stop what this stack started (Redis, then the broker) and remove its temporary run folder."""

@@ -17,7 +17,7 @@ from ferret_core.errors import ConfigError
 from ferret_core.memory_model import MemorySettings
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
-from ferret_core.zoo import ZooModel, build_model
+from ferret_core.zoo import ZooModel
 from services.cli.args import ArrivalInterval
 from services.codec import SampleDecoder
 from services.config import Settings
@@ -25,6 +25,7 @@ from services.control.auth import ServerTls
 from services.control.server import ControlServer, create_server
 from services.kafka.admin import ensure_topics
 from services.metrics_http import serve_metrics
+from services.models import build_model_for
 from services.snapshots import SnapshotStore, redis_client
 from services.trainer.arrivals import ArrivalRate, DriftReplanner, SwitchablePlanner
 from services.trainer.metrics import TrainerMetrics
@@ -44,16 +45,19 @@ class TrainerProcess:
     drift: DriftReplanner | None = None
 
 
+def sample_spec(settings: Settings) -> tuple[tuple[int, ...], int]:
+    """(per-sample input shape, classes): ``trainer.input_shape`` / ``num_classes``, else the dataset's."""
+    t = settings.trainer
+    shape, classes = dataset_spec(t.dataset)
+    return (t.input_shape or shape, t.num_classes or classes)
+
+
 def build_zoo_model(settings: Settings) -> ZooModel:
-    shape, classes = dataset_spec(settings.trainer.dataset)
-    kwargs: dict[str, int] = {"num_classes": classes}
-    if len(shape) == 3:
-        if shape[1] != shape[2]:
-            raise ConfigError(f"dataset {settings.trainer.dataset!r} has non-square images {shape}")
-        kwargs.update(input_size=shape[1], in_channels=shape[0])
-    elif len(shape) == 1:
-        kwargs.update(in_features=shape[0])
-    return build_model(settings.trainer.model, **kwargs)  # type: ignore[arg-type]
+    """``trainer.model``: a zoo name or your own ``package.module:factory`` (with ``trainer.weights``)."""
+    shape, classes = sample_spec(settings)
+    return build_model_for(
+        settings.trainer.model, input_shape=shape, num_classes=classes, weights=settings.trainer.weights
+    )
 
 
 def load_profile(settings: Settings, model: ZooModel) -> ModelProfile:
@@ -106,7 +110,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     client = redis_client(r.url, socket_timeout_s=r.timeout_s)
     key = r.hmac_key.encode() if r.hmac_key is not None else None
     store = SnapshotStore(client, r.namespace, kafka.resolved_instance_id(), hmac_key=key)
-    shape, classes = dataset_spec(t.dataset)
+    shape, classes = sample_spec(settings)
     holder: dict[str, ControlServer] = {}
 
     def snapshot_health(ok: bool) -> None:

@@ -148,6 +148,7 @@ def test_trainer_command_and_environment(tmp_path: Path) -> None:
         "--model": "mlp",
         "--listen": "127.0.0.1:3",
         "--metrics-port": "4",
+        "--log-format": "text",
         "--budget": "1000",
         "--profile": "p.json",
     }

@@ -1,0 +1,1 @@
+"""Examples of bringing your own model to Ferret (docs/your-model.md)."""
