@@ -35,7 +35,8 @@ from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel, build_model
 from services import strict_json
 from services.cli.args import default_data_root, non_negative_int, positive_float
-from services.cli.plan_cmd import add_planning_arguments, load_or_profile, planner_from_args
+from services.cli.plan_cmd import add_planning_arguments, load_or_profile, model_from_profile, planner_from_args
+from services.models import build_model_for, is_factory
 
 MOMENTUM = 0.9  # --optimizer momentum
 
@@ -65,10 +66,15 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    model_from_profile(args)
+    if args.model is None:
+        raise ConfigError("simulate needs --model (a zoo name or package.module:factory) or --profile FILE")
     root = args.data_root if args.data_root is not None else default_data_root()
     dataset = load_dataset(args.dataset, root, seed=args.seed)
     model = _model(args, dataset)
     args.num_classes = dataset.num_classes
+    if is_factory(args.model) and args.input_shape is None:
+        args.input_shape = dataset.input_shape  # profiling your own model now needs its input
     profile = load_or_profile(args)
     if profile.num_units != model.num_units:
         raise ConfigError(
@@ -126,6 +132,8 @@ def simulate_dataset(
 
 def _model(args: argparse.Namespace, dataset: Dataset) -> ZooModel:
     shape = dataset.input_shape
+    if is_factory(args.model):  # your own model: the dataset gives its input shape and classes
+        return build_model_for(args.model, input_shape=shape, num_classes=dataset.num_classes, seed=args.seed)
     if args.model == "mlp":
         return build_model("mlp", num_classes=dataset.num_classes, in_features=math.prod(shape), seed=args.seed)
     if len(shape) != 3:
