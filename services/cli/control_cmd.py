@@ -48,7 +48,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=os.environ.get(TOKEN_ENV),
         help=f"bearer token when the server requires one (default ${TOKEN_ENV}; the env var keeps it out of ps)",
     )
-    parser.add_argument("--tls-ca", type=existing_file, default=None, help="PEM CA file: connect with TLS")
+    parser.add_argument(
+        "--tls-ca", type=existing_file, default=None, help="PEM CA file: connect with TLS (default: plaintext)"
+    )
     parser.add_argument("--timeout", type=positive_float, default=30.0, help="seconds per call (default 30)")
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
@@ -68,12 +70,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     watch = actions.add_parser("watch", help="print the status every interval until Ctrl-C")
     watch.add_argument("--interval", type=positive_float, default=1.0, help="seconds between updates (default 1)")
-    watch.add_argument("--count", type=int, default=None, help="stop after N updates")
+    watch.add_argument("--count", type=int, default=None, help="stop after N updates (default: until Ctrl-C)")
     watch.add_argument("--json", action="store_true", help="one JSON object per line")
     watch.set_defaults(action_handler=_run_watch)
 
     snapshot = actions.add_parser("snapshot", help="write a snapshot now")
-    snapshot.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE", help="manifest metadata")
+    snapshot.add_argument(
+        "--meta", action="append", default=[], metavar="KEY=VALUE", help="manifest metadata, repeatable (default: none)"
+    )
     snapshot.set_defaults(action_handler=_run_snapshot)
 
     restore = actions.add_parser("restore", help="load a snapshot into the running trainer")

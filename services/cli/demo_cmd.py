@@ -108,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=positive_float,
         default=DEFAULT_SNAPSHOT_INTERVAL_S,
         metavar="S",
-        help=f"seconds between the trainer's periodic snapshots ({DEFAULT_SNAPSHOT_INTERVAL_S:g})",
+        help=f"seconds between the trainer's periodic snapshots (default {DEFAULT_SNAPSHOT_INTERVAL_S:g})",
     )
     parser.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live table")
     parser.add_argument(

@@ -54,7 +54,8 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
         type=shape_type,
         default=None,
         metavar="C,H,W",
-        help="per-sample input shape for profiling your own model now, without --profile (e.g. 1,28,28)",
+        help="per-sample input shape for profiling your own model now, without --profile (e.g. 1,28,28; "
+        "default: the dataset's in simulate, else required for your own model)",
     )
     parser.add_argument(
         "--arrival-interval",

@@ -55,29 +55,49 @@ def register(subparsers: Any) -> None:
         "--dataset", choices=DATASET_NAMES, default=None, metavar="NAME", help="dataset to stream (default mnist)"
     )
     parser.add_argument("--data-root", type=Path, default=None, help="data folder (default ../shared/data or cache)")
-    parser.add_argument("--split", choices=("train", "test"), default=None, help="which split to stream (train)")
+    parser.add_argument(
+        "--split", choices=("train", "test"), default=None, help="which split to stream (default train)"
+    )
     parser.add_argument("--stream", default=None, help="stream name used in sample ids (default: the dataset)")
-    parser.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT", help="Kafka bootstrap servers")
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=None,
+        metavar="HOST:PORT",
+        help="Kafka bootstrap servers (default: kafka.bootstrap_servers, 127.0.0.1:9092)",
+    )
     parser.add_argument("--topic-prefix", default=None, help="topic prefix (default ferret)")
     parser.add_argument(
-        "--partitions", type=positive_int, default=None, metavar="K", help="partitions of created topics"
+        "--partitions",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="partitions of created topics (default: kafka.sample_partitions, 1)",
     )
     parser.add_argument(
         "--rate", type=_rate, default=None, metavar="ITEMS_PER_S", help="items per second, or 'max' (default max)"
     )
-    parser.add_argument("--burst", type=positive_int, default=None, metavar="N", help="items sent back to back (1)")
+    parser.add_argument(
+        "--burst", type=positive_int, default=None, metavar="N", help="items sent back to back (default 1)"
+    )
     amount = parser.add_mutually_exclusive_group()
     amount.add_argument(
-        "--items", type=non_negative_int, default=None, metavar="N", help="items to send (cycles the split)"
+        "--items",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="items to send, cycling the split (default: the split once)",
     )
     amount.add_argument("--loop", action="store_true", default=None, help="cycle the split until stopped")
     parser.add_argument(
-        "--labels", choices=("with-sample", "delayed", "none"), default=None, help="where labels go (with-sample)"
+        "--labels",
+        choices=("with-sample", "delayed", "none"),
+        default=None,
+        help="where labels go (default with-sample)",
     )
     parser.add_argument(
-        "--label-delay-s", type=non_negative_float, default=None, metavar="S", help="label delay in seconds (1)"
+        "--label-delay-s", type=non_negative_float, default=None, metavar="S", help="label delay in seconds (default 1)"
     )
-    parser.add_argument("--seed", type=int, default=None, help="dataset loading / shuffling seed (0)")
+    parser.add_argument("--seed", type=int, default=None, help="dataset loading / shuffling seed (default 0)")
     parser.add_argument("--shuffle", action="store_true", default=None, help="stream the split in a seeded order")
     parser.add_argument("--no-create-topics", action="store_true", help="do not create missing topics")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -50,7 +50,7 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="C,H,W",
         help="per-sample input shape, required for your own model (e.g. 1,28,28); zoo models: optional, "
-        "instead of --input-size/--in-channels/--in-features",
+        "instead of --input-size/--in-channels/--in-features (default: the zoo model's own)",
     )
     parser.add_argument("--out", required=True, type=Path, help="where to write the profile JSON")
     parser.add_argument(
@@ -73,7 +73,10 @@ def register(subparsers: Any) -> None:
         "--norm", choices=NORMS, default="group", help="normalisation of resnet18/mobilenet (default group)"
     )
     parser.add_argument(
-        "--weights", type=Path, default=None, help="state-dict file to load, read with weights_only=True (optional)"
+        "--weights",
+        type=Path,
+        default=None,
+        help="state-dict file to load, read with weights_only=True (default: none, fresh seeded weights)",
     )
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")

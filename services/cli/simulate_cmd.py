@@ -60,7 +60,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--items", type=non_negative_int, default=None, help="stream length (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="model initialisation and dataset seed (default 0)")
     parser.add_argument("--lr", type=positive_float, default=1e-3, help="SGD learning rate (default 1e-3)")
-    parser.add_argument("--trace", type=Path, default=None, help="write the executed trace as CSV")
+    parser.add_argument(
+        "--trace", type=Path, default=None, help="write the executed trace as CSV to this file (default: none)"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(handler=run)
 
