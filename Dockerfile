@@ -26,14 +26,17 @@ ARG FERRET_EXTRAS=""
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PATH=/opt/venv/bin:${PATH}
-RUN python -m venv /opt/venv
 # torch first, from TORCH_INDEX only; the project's own `torch==2.13.0` is then already satisfied
-# (2.13.0+cpu matches ==2.13.0) and pip takes nothing from the registry for it.
-RUN pip install --index-url "${TORCH_INDEX}" ${TORCH_PACKAGES}
+# (2.13.0+cpu matches ==2.13.0) and pip takes nothing from the registry for it. The pins are in
+# TORCH_PACKAGES and pyproject.toml, which hadolint's DL3013 cannot see through.
+# hadolint ignore=DL3013
+RUN python -m venv /opt/venv \
+    && pip install --index-url "${TORCH_INDEX}" ${TORCH_PACKAGES}
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY ferret_core ./ferret_core
 COPY services ./services
+# hadolint ignore=DL3013
 RUN pip install ".${FERRET_EXTRAS:+[${FERRET_EXTRAS}]}" \
     && pip check \
     && python -c "import torch, ferret_core, services.cli.main; print('torch', torch.__version__)"

