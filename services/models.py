@@ -136,8 +136,16 @@ def build_model_for(
     seeded, with ``weights`` (a state-dict file) loaded when given."""
     if not is_factory(spec):
         check_model_spec(spec)
-        shape_kwargs = zoo_shape_arguments(spec, input_shape)
-        return build_model(spec, num_classes=num_classes, seed=seed, weights=weights, **shape_kwargs)
+        shape = zoo_shape_arguments(spec, input_shape)
+        return build_model(
+            spec,
+            num_classes=num_classes,
+            input_size=shape.get("input_size"),
+            in_channels=shape.get("in_channels"),
+            in_features=shape.get("in_features"),
+            seed=seed,
+            weights=weights,
+        )
     factory = load_factory(spec)
     model = model_from_factory(spec, factory, input_shape=input_shape, num_classes=num_classes, seed=seed)
     if weights is not None:

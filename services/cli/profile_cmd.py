@@ -143,7 +143,14 @@ def _build(args: argparse.Namespace) -> ZooModel:
     if args.input_shape is not None:
         shape = {**zoo_shape_arguments(args.model, args.input_shape)}
     return build_model(
-        args.model, num_classes=args.num_classes, norm=args.norm, seed=args.seed, weights=args.weights, **shape
+        args.model,
+        num_classes=args.num_classes,
+        input_size=shape.get("input_size"),
+        in_channels=shape.get("in_channels"),
+        in_features=shape.get("in_features"),
+        norm=args.norm,
+        seed=args.seed,
+        weights=args.weights,
     )
 
 
