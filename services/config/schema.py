@@ -49,8 +49,10 @@ def _type_schema(tp: Any) -> dict[str, Any]:
 
 def _field_schema(field: dataclasses.Field[Any], tp: Any, doc: str) -> dict[str, Any]:
     meta = field.metadata
-    if meta.get("parse") is not None:  # parsed from text: any scalar, described in words
-        schema: dict[str, Any] = {"type": ["string", "number", "null"] if _optional(tp) else ["string", "number"]}
+    if meta.get("parse") is not None:  # parsed from text: any scalar (or a list for a tuple), described in words
+        listed = any(get_origin(a) is tuple for a in (*get_args(tp), tp))
+        kinds = ["string", "number", *(["array"] if listed else []), *(["null"] if _optional(tp) else [])]
+        schema: dict[str, Any] = {"type": kinds}
     else:
         schema = _type_schema(tp)
     check = meta.get("check")
