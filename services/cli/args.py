@@ -1,44 +1,16 @@
-"""Argument types shared by the CLI commands: budgets with suffixes, arrival intervals, decay."""
+"""Argument types shared by the CLI commands: argparse wrappers over the value types of
+:mod:`services.units` (budgets with suffixes, arrival intervals, rates) and plain number checks."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import os
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-_SUFFIXES = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-_BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
-
-
-def parse_bytes(text: str) -> int:
-    """``"512MiB"`` → 536870912; plain integers are bytes. Raises ``ValueError`` with the accepted forms."""
-    match = _BYTES_RE.match(text)
-    unit = match.group(2).upper() if match else None
-    if match is None or unit not in _SUFFIXES:
-        raise ValueError(
-            f"invalid byte size {text!r}: expected an integer number of bytes or a number with one of "
-            "the suffixes B, KB, MB, GB, KiB, MiB, GiB (e.g. 2429288, 512MiB, 2GB)"
-        )
-    value = float(match.group(1)) * _SUFFIXES[unit]
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"invalid byte size {text!r}: must be finite and >= 0")
-    return round(value)
+from services.units import ArrivalInterval, parse_bytes, parse_rate
 
 
 def budget_type(text: str) -> int:
@@ -48,44 +20,20 @@ def budget_type(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-@dataclass(frozen=True)
-class ArrivalInterval:
-    """The ``--arrival-interval`` value: ``auto`` (= max_i t̂_i^f), ``Kx`` (K times that) or seconds."""
-
-    multiple: float | None = 1.0  # set for auto / Kx
-    seconds: float | None = None  # set for an absolute interval
-
-    def resolve(self, max_forward_time: float) -> float:
-        if self.seconds is not None:
-            return self.seconds
-        assert self.multiple is not None
-        return self.multiple * max_forward_time
-
-    def __str__(self) -> str:
-        if self.seconds is not None:
-            return f"{self.seconds:g}"
-        return "auto" if self.multiple == 1.0 else f"{self.multiple:g}x"
-
-
 def arrival_interval_type(text: str) -> ArrivalInterval:
-    raw = text.strip().lower()
     try:
-        if raw == "auto":
-            return ArrivalInterval(multiple=1.0)
-        if raw.endswith("x"):
-            value = float(raw[:-1])
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError
-            return ArrivalInterval(multiple=value)
-        seconds = float(raw)
-        if not (math.isfinite(seconds) and seconds > 0):
-            raise ValueError
-        return ArrivalInterval(multiple=None, seconds=seconds)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid arrival interval {text!r}: expected 'auto' (= max_i t̂_i^f, the paper's rate), "
-            "'Kx' (K times that, e.g. 2x) or a positive number of seconds"
-        ) from None
+        return ArrivalInterval.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def rate_type(text: str) -> float:
+    """Items per second, or ``max`` (returned as ``math.inf``: no pacing)."""
+    try:
+        rate = parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return math.inf if rate is None else rate
 
 
 def _number(kind: type[int] | type[float], accept: Callable[[float], bool], expected: str) -> Callable[[str], Any]:

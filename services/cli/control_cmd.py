@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from services import strict_json
 from services.cli.args import budget_type, existing_file, positive_float
-from services.cli.plan_cmd import format_bytes
+from services.units import format_bytes
 
 if TYPE_CHECKING:
     from services.control.client import ControlClient

@@ -12,8 +12,9 @@ from ferret_core.plan import Plan
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import DTYPE_BYTES, ModelProfile
 from services import strict_json
-from services.cli.args import ArrivalInterval, arrival_interval_type, budget_type, existing_file, non_negative_float
+from services.cli.args import arrival_interval_type, budget_type, existing_file, non_negative_float
 from services.models import MODEL_HELP, build_model_for, check_model_spec, is_factory, model_spec_type, shape_type
+from services.units import ArrivalInterval, format_bytes
 
 MODEL_CHOICES = ("mlp", "mnistnet", "convnet", "resnet18", "mobilenet")
 COMPENSATOR_CHOICES = ("none", "step-aware", "gap-aware", "fisher", "iter-fisher", "iter-fisher-cf")
@@ -162,14 +163,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_plan(plan, profile, source=args.profile))
     return 0
-
-
-def format_bytes(value: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{value:.2f} GiB"
 
 
 def format_plan(plan: Plan, profile: ModelProfile, source: Path | None = None) -> str:

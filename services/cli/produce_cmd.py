@@ -30,7 +30,7 @@ from typing import Any
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from ferret_core.data import DATASET_NAMES, load_dataset
-from services.cli.args import default_data_root, non_negative_float, non_negative_int, positive_int
+from services.cli.args import default_data_root, non_negative_float, non_negative_int, positive_int, rate_type
 from services.config import Settings, load_settings
 from services.logs import add_logging_arguments, configure_logging
 from services.producer import SampleProducer
@@ -74,7 +74,7 @@ def register(subparsers: Any) -> None:
         help="partitions of created topics (default: kafka.sample_partitions, 1)",
     )
     parser.add_argument(
-        "--rate", type=_rate, default=None, metavar="ITEMS_PER_S", help="items per second, or 'max' (default max)"
+        "--rate", type=rate_type, default=None, metavar="ITEMS_PER_S", help="items per second, or 'max' (default max)"
     )
     parser.add_argument(
         "--burst", type=positive_int, default=None, metavar="N", help="items sent back to back (default 1)"
@@ -187,15 +187,3 @@ def _stop_on_signals(producer: SampleProducer) -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-
-
-def _rate(text: str) -> float:
-    if text.strip().lower() == "max":
-        return math.inf
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number of items per second or 'max', got {text!r}")
-    return value

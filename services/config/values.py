@@ -15,8 +15,9 @@ from urllib.parse import urlsplit
 import yaml
 
 from ferret_core.errors import ConfigError
-from services.cli.args import ArrivalInterval, arrival_interval_type, parse_bytes
 from services.kafka.admin import TopicNames
+from services.units import ArrivalInterval, parse_bytes
+from services.units import parse_rate as parse_rate_text
 
 ENV_PREFIX = "FERRET_"
 SECRET = "***"
@@ -243,22 +244,14 @@ def parse_arrival(raw: Any) -> ArrivalInterval | Measured:
         return "measured"
     if isinstance(raw, bool):
         raise ValueError(raw)
-    try:
-        return arrival_interval_type(str(raw))
-    except Exception:
-        raise ValueError(raw) from None
+    return ArrivalInterval.parse(str(raw))
 
 
 def parse_rate(raw: Any) -> float | None:
     """Items per second; ``max`` (or null) is None: as fast as possible."""
-    if isinstance(raw, str) and raw.strip().lower() == "max":
-        return None
     if isinstance(raw, bool):
         raise ValueError(raw)
-    value = float(raw)
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(raw)
-    return value
+    return parse_rate_text(str(raw))
 
 
 # --- types ----------------------------------------------------------------------------------------------

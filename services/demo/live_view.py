@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from services.cli.plan_cmd import format_bytes
 from services.demo.record import RunRecord, StatusPoint
+from services.units import format_bytes
 
 RATE_WINDOW_MS = 3000
 log = logging.getLogger("ferret.demo")

@@ -16,9 +16,9 @@ from typing import Any
 
 from ferret_core.metrics import LatencyQuantiles
 from services import strict_json
-from services.cli.plan_cmd import format_bytes
 from services.demo.collect import Outcome, PredictionRecord
 from services.demo.record import RunRecord
+from services.units import format_bytes
 
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"

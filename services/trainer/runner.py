@@ -18,7 +18,7 @@ from ferret_core.memory_model import MemorySettings
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
-from services.cli.args import ArrivalInterval
+from services.units import ArrivalInterval
 from services.codec import SampleDecoder
 from services.config import Settings
 from services.control.auth import ServerTls
@@ -30,6 +30,7 @@ from services.snapshots import SnapshotStore, redis_client
 from services.trainer.arrivals import ArrivalRate, DriftReplanner, SwitchablePlanner
 from services.trainer.metrics import TrainerMetrics
 from services.trainer.service import Trainer
+from services.units import ArrivalInterval
 
 log = logging.getLogger("ferret.trainer")
 

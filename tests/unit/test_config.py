@@ -9,7 +9,6 @@ import pytest
 import yaml
 
 from ferret_core.errors import ConfigError
-from services.cli.args import ArrivalInterval
 from services.config import (
     CONFIG_ENV,
     KafkaSettings,
@@ -18,6 +17,7 @@ from services.config import (
     SettingsError,
     load_settings,
 )
+from services.units import ArrivalInterval
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "ferret.example.yaml"
 

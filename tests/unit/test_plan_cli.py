@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from ferret_core.profile import ModelProfile
-from services.cli.args import parse_bytes
 from services.cli.main import EXIT_INFEASIBLE, EXIT_USAGE, main
+from services.units import parse_bytes
 
 from .planner_fixtures import GOLDEN_A_UNITS, profile_from
 
