@@ -13,13 +13,14 @@ facade).
 from ferret_core.engine.actions import Kind, SkipReason, TraceEvent
 from ferret_core.engine.engine import EngineSettings, StreamEngine, simulate
 from ferret_core.engine.policies import METHOD_NAMES, FerretPolicy, OneSkip, Oracle, make_policy
-from ferret_core.engine.result import SimulationResult
+from ferret_core.engine.result import EngineStats, SimulationResult
 from ferret_core.engine.trace import TraceError, validate_trace
 from ferret_core.engine.virtual_clock import StageTimes
 
 __all__ = [
     "METHOD_NAMES",
     "EngineSettings",
+    "EngineStats",
     "FerretPolicy",
     "Kind",
     "OneSkip",

@@ -24,7 +24,7 @@ from ferret_core.engine.memory import MemoryMeter
 from ferret_core.engine.optim import SGD, Optimizer
 from ferret_core.engine.pipeline import Pipeline
 from ferret_core.engine.policies import Policy, PolicySetup
-from ferret_core.engine.result import SimulationResult
+from ferret_core.engine.result import EngineStats, SimulationResult
 from ferret_core.engine.stage_exec import build_stages
 from ferret_core.engine.trace import plan_bounds, validate_trace
 from ferret_core.engine.virtual_clock import Sample, StageTimes, VirtualClock
@@ -41,7 +41,10 @@ class EngineSettings:
     sample held bytes after every action. ``keep_trace``: keep every trace event (needed for
     validation and replay; a long-running trainer turns it off). ``clone_replicas``: physical replica
     copies (see :mod:`ferret_core.engine.versions`). ``validate``: check the executed trace at the end
-    of a virtual run (staleness against the bound is reported, not enforced)."""
+    of a virtual run (staleness against the bound is reported, not enforced). ``score_online``: count
+    online accuracy (the result's ``oacc``) as items are dispatched; a caller that scores predictions
+    itself (the trainer service, which keeps one count across re-plans, restarts and late labels) turns
+    it off, so every prediction is scored once."""
 
     lr: float = 1e-3
     momentum: float = 0.0
@@ -51,6 +54,7 @@ class EngineSettings:
     keep_trace: bool = True
     clone_replicas: bool = False
     validate: bool = True
+    score_online: bool = True
 
 
 class StreamEngine:
@@ -86,6 +90,7 @@ class StreamEngine:
             meter=meter,
             clone_replicas=s.clone_replicas,
             keep_trace=s.keep_trace,
+            score_online=s.score_online,
         )
 
     def run_virtual(
@@ -132,6 +137,26 @@ class StreamEngine:
         if self.settings.validate and self.pipeline.trace is not None:
             validate_trace(self.pipeline.trace, self.setup.plan, check_staleness=False)
         return self.result(wall_seconds=elapsed, test=test)
+
+    def stats(self) -> EngineStats:
+        """Counters so far, cheap and consistent (read under the pipeline's lock): what an adapter reports
+        while the engine runs, without reaching into the pipeline."""
+        p = self.pipeline
+        with p.lock:
+            c = p.counters
+            updates = c.updates_per_stage()
+            return EngineStats(
+                items=c.items,
+                trained=c.trained,
+                trained_any_stage=c.trained_any_stage,
+                skipped=dict(c.skipped),
+                updates=sum(updates),
+                updates_per_stage=updates,
+                in_flight=p.in_flight(),
+                peak_bytes=None if p.meter is None else p.meter.peak_bytes,
+                mean_staleness=p.mean_staleness(),
+                max_staleness=tuple(c.staleness_max),
+            )
 
     def result(self, *, wall_seconds: float, test: tuple[Tensor, Tensor] | None = None) -> SimulationResult:
         """The result so far (``tacc`` on ``test`` with the current master)."""

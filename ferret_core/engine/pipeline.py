@@ -84,6 +84,7 @@ class Pipeline:
         keep_trace: bool = True,
         in_place: bool = True,
         end_of_action: Callable[[], None] | None = None,
+        score_online: bool = True,
     ) -> None:
         if len(programs) != plan.num_stages or len(compensators) != plan.num_stages:
             raise ConfigError(f"need one program and one compensator per stage ({plan.num_stages})")
@@ -98,6 +99,7 @@ class Pipeline:
         self.meter = meter
         self.counters = Counters(plan.num_workers, plan.num_stages)
         self.online = OnlineAccuracy()
+        self.score_online = score_online  # off: the caller scores predictions (see EngineSettings)
         self.trace: list[TraceEvent] | None = [] if keep_trace else None
         self.lock = threading.RLock()
         self._stage_locks = [threading.Lock() for _ in programs]
@@ -146,12 +148,17 @@ class Pipeline:
         """
         c = self.counters
         c.items += 1
-        if y is not None:
+        if y is not None and self.score_online:
             self.online.update(prediction, y)
         reason = self._admit(index, x, y)
         if reason is not None:
             c.skipped[reason.value] += 1
         return reason
+
+    def worker_of(self, index: int) -> int:
+        """The worker that admitted item ``index`` (in flight). Call under :attr:`lock`, e.g. right after
+        :meth:`dispatch` admitted it."""
+        return self._items[index].worker
 
     def _admit(self, index: int, x: Tensor, y: int | None) -> SkipReason | None:
         if y is None:

@@ -13,6 +13,26 @@ Grid = tuple[tuple[int, ...], ...]  # [worker][stage]
 
 
 @dataclass(frozen=True)
+class EngineStats:
+    """A running engine's counters (:meth:`StreamEngine.stats`), named as in :class:`SimulationResult`:
+    ``items`` dispatched so far (each predicted), ``trained`` / ``trained_any_stage`` back-propagated through
+    every / at least one stage, ``skipped`` by reason, master ``updates`` summed over stages (the model
+    version) and per stage, items ``in_flight``, the measured ``peak_bytes`` (``None`` when memory is not
+    measured), and per stage the mean and max staleness of applied gradients."""
+
+    items: int
+    trained: int
+    trained_any_stage: int
+    skipped: Mapping[str, int]
+    updates: int
+    updates_per_stage: tuple[int, ...]
+    in_flight: int
+    peak_bytes: int | None
+    mean_staleness: tuple[float, ...]
+    max_staleness: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class SimulationResult:
     """Accuracies in percent; bytes measured (``peak_bytes``) or predicted (``planned_bytes``).
 

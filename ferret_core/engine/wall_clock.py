@@ -41,12 +41,14 @@ from ferret_core.errors import ConfigError, FerretError
 @dataclass(frozen=True, slots=True)
 class Arrival:
     """What became of a submitted item: its stream index, the master's prediction (and its softmax
-    probability) and, when it was not admitted for training, why."""
+    probability), and either the worker the pipeline dispatched it to or, when it was not admitted for
+    training, why (exactly one of ``worker`` and ``skipped`` is set)."""
 
     index: int
     prediction: int
     skipped: SkipReason | None
     confidence: float = float("nan")
+    worker: int | None = None
 
 
 class _WallStamps:
@@ -215,12 +217,13 @@ class WallClock:
                     prediction, confidence = p.predict_with_confidence(x)
                     with self._cv:
                         skipped = p.dispatch(index, x, y, prediction)
+                        worker = p.worker_of(index) if skipped is None else None
                         self._dispatched += 1
                         self._cv.notify_all()
                 except BaseException as exc:
                     future.set_exception(exc)
                     raise
-                future.set_result(Arrival(index, prediction, skipped, confidence))
+                future.set_result(Arrival(index, prediction, skipped, confidence, worker))
 
     def _stream_for(self, stage: int) -> torch.cuda.StreamContext | _NoStream:
         device = self._devices[stage]
