@@ -646,8 +646,9 @@ def engine_alone(
             skipped += arrival.skipped is not None
         elapsed = time.perf_counter() - t0
         machine1 = machine_cpu()
-        admitted = engine.pipeline.counters.items - skipped
-        trained_at_end = engine.pipeline.counters.trained_any_stage
+        stats = engine.stats()
+        admitted = stats.items - skipped
+        trained_at_end = stats.trained_any_stage
         clock.drain(120)
     finally:
         learner.close()
@@ -658,7 +659,7 @@ def engine_alone(
         "items": items,
         "admitted": admitted,
         "admitted_per_s": admitted / elapsed,
-        "busy_pct": 100 * engine.pipeline.counters.skipped.get("busy", 0) / items,
+        "busy_pct": 100 * stats.skipped.get("busy", 0) / items,
         "backward_passes_per_s": trained_at_end / elapsed,
         "predict_p50_ms": quantile(latencies[warm_items:], 0.5),
         "predict_p99_ms": quantile(latencies[warm_items:], 0.99),

@@ -75,9 +75,11 @@ def plan_from_reply(reply: pb.PlanReply) -> Plan:
 
 def status_reply(status: TrainerStatus, *, state: TrainerState, time_ms: int, uptime_s: float) -> pb.StatusReply:
     """``state`` overrides the trainer's (the control plane knows about re-plans and shutdown);
-    dead letters by reason go to ``counters`` as ``dead_lettered.<reason>``."""
+    dead letters by reason go to ``counters`` as ``dead_lettered.<reason>``. The one translation of the
+    status's names to the published proto's: ``skipped`` → ``items_skipped``, ``planned_bytes`` →
+    ``predicted_bytes``, the sum of ``dead_lettered`` → ``items_dead_lettered``."""
     counters = dict(status.counters)
-    counters.update({f"dead_lettered.{reason}": n for reason, n in status.dead_lettered_by_reason.items()})
+    counters.update({f"dead_lettered.{reason}": n for reason, n in status.dead_lettered.items()})
     reply = pb.StatusReply(
         instance_id=status.instance_id,
         state=STATE_TO_PB[state],  # type: ignore[arg-type]
@@ -89,7 +91,7 @@ def status_reply(status: TrainerStatus, *, state: TrainerState, time_ms: int, up
         predictions_published=status.predictions_published,
         duplicates_published=status.duplicates_published,
         items_dispatched=status.items_dispatched,
-        items_skipped=dict(status.skipped_by_reason),
+        items_skipped={str(reason): n for reason, n in status.skipped.items()},
         backward_passes=status.backward_passes,
         labels_joined=status.labels_joined,
         online_accuracy=status.online_accuracy,

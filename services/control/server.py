@@ -117,6 +117,7 @@ def create_server(
     max_streams_per_peer: int = DEFAULT_MAX_STREAMS_PER_PEER,
     ready: bool = True,
     stuck_after_s: float = 300.0,
+    health_state: ControlHealth | None = None,
 ) -> ControlServer:
     """Wire the control plane and bind ``address`` (port 0: any free port); call ``.start()`` next.
 
@@ -125,7 +126,9 @@ def create_server(
     <token>`` on every call of this port. ``tls``: serve TLS from PEM files. ``insecure``: allow binding
     beyond loopback without a token or client certificates. ``health_address``: also serve
     ``grpc.health.v1`` alone, unauthenticated, there. ``ready``: initial readiness (the trainer flips it
-    later through ``.health.set_ready``). Raises ``ConfigError`` (one line) when a port cannot be bound.
+    later through ``.health.set_ready``). ``health_state``: the trainer's own :class:`ControlHealth`,
+    built before the trainer's parts so they can flip it (``ready`` is then ignored). Raises
+    ``ConfigError`` (one line) when a port cannot be bound.
     """
     authenticated = token is not None or (tls is not None and tls.client_ca_file is not None)
     check_exposure(
@@ -133,7 +136,7 @@ def create_server(
     )
     if token is not None and tls is None and not _is_local(address):
         log.warning("the control token travels in clear text on %s: turn TLS on (control.tls_cert)", address)
-    health_state = ControlHealth(ready=ready)
+    health_state = health_state if health_state is not None else ControlHealth(ready=ready)
     replanner = Replanner(planner, trainer, health_state, stuck_after_s=stuck_after_s)
     servicer = ControlServicer(trainer, replanner, max_watchers=max_watchers)
     threads = pool_size(max_watchers, unary_workers)

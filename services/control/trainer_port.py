@@ -51,7 +51,9 @@ class AppliedPlan:
 @dataclass(frozen=True)
 class TrainerStatus:
     """A point-in-time view of the trainer's counters (proto ``StatusReply``); every field has a default
-    so a trainer fills what it tracks. Counters count since the start (or the restored snapshot)."""
+    so a trainer fills what it tracks. Counters count since the start (or the restored snapshot). Names
+    are the counters' own, also in metrics and snapshots; where the published proto says otherwise
+    (``items_skipped``, ``predicted_bytes``), :func:`services.control.messages.status_reply` translates."""
 
     state: TrainerState = TrainerState.RUNNING
     instance_id: str = ""
@@ -62,8 +64,8 @@ class TrainerStatus:
     duplicates_published: int = 0
     backward_passes: int = 0  # items trained (backward passes run)
     labels_joined: int = 0
-    skipped_by_reason: Mapping[str, int] = field(default_factory=dict)  # "busy", "worker_removed", "no_label"
-    dead_lettered_by_reason: Mapping[str, int] = field(default_factory=dict)
+    skipped: Mapping[str, int] = field(default_factory=dict)  # by SkipReason: "busy", "worker_removed", …
+    dead_lettered: Mapping[str, int] = field(default_factory=dict)  # by the codec's rejection reason
     labelled_predictions: int = 0
     correct_predictions: int = 0
     online_accuracy: float = 0.0
@@ -84,7 +86,7 @@ class TrainerStatus:
 
     @property
     def items_dead_lettered(self) -> int:
-        return sum(self.dead_lettered_by_reason.values())
+        return sum(self.dead_lettered.values())
 
 
 @dataclass(frozen=True)

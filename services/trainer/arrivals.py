@@ -31,18 +31,19 @@ class ArrivalRate:
     stream's interval is 1 / Σ_p rate_p (keys spread items over partitions; a partition without items
     adds nothing)."""
 
-    def __init__(
-        self, window: int = 50, alpha: float = 0.5, partitions: Callable[[], Collection[int]] | None = None
-    ) -> None:
-        """``partitions``: the sample partitions assigned to this trainer (an estimate waits for all)."""
+    def __init__(self, window: int = 50, alpha: float = 0.5) -> None:
         if window < 2 or not 0.0 <= alpha < 1.0:
             raise ConfigError(f"need window >= 2 and alpha in [0, 1), got {window} and {alpha}")
         self.window = window
         self.alpha = alpha
-        self.partitions = partitions or (lambda: ())
+        self.partitions: frozenset[int] = frozenset()  # assigned to this trainer: an estimate waits for all
         self.estimate: float | None = None
         self._rates: dict[int, float] = {}  # items per second, per partition
         self._open: dict[int, tuple[int, int, int]] = {}  # partition -> (first, last, seen)
+
+    def assign(self, partitions: Collection[int]) -> None:
+        """The sample partitions now assigned to this trainer (from the consumer's assignment)."""
+        self.partitions = frozenset(partitions)
 
     def observe(self, event_time_ms: int, partition: int = 0) -> float | None:
         """Record one arrival; returns a new estimate when a partition completes a window, else None."""
@@ -53,7 +54,7 @@ class ArrivalRate:
             return None
         del self._open[partition]
         self._rates[partition] = (self.window - 1) / (max(last - first, 1) / 1000.0)
-        if any(p not in self._rates for p in (*self._open, *self.partitions())):
+        if any(p not in self._rates for p in (*self._open, *self.partitions)):
             return None  # an assigned or active partition has no rate yet: the sum would be too small
         interval = 1.0 / sum(self._rates.values())
         self.estimate = interval if self.estimate is None else self.alpha * self.estimate + (1 - self.alpha) * interval
@@ -67,7 +68,7 @@ class SwitchablePlanner:
     def __init__(self, planner: Planner) -> None:
         self.current = planner
 
-    def plan(self, budget_bytes: int | None) -> Plan:
+    def plan(self, budget_bytes: int | None = None) -> Plan:
         return self.current.plan(budget_bytes)
 
     @property
@@ -76,21 +77,25 @@ class SwitchablePlanner:
 
 
 class DriftReplanner:
-    """Re-plans when the measured interval leaves [t^d / ratio, t^d · ratio] of the plan's t^d."""
+    """Re-plans when the measured interval leaves [t^d / ratio, t^d · ratio] of the plan's t^d.
+
+    Built before the record path (which feeds :meth:`observe` and :meth:`assign`); :meth:`start` takes
+    the control plane's re-plan request once the control plane exists."""
 
     def __init__(
         self,
         planners: SwitchablePlanner,
-        request: Callable[[int | None], object],
         budget: Callable[[], int | None],
         *,
         ratio: float,
         cooldown_s: float = 10.0,
+        rate: ArrivalRate | None = None,
     ) -> None:
         if ratio <= 1.0:
             raise ConfigError(f"arrival_drift_ratio must be > 1, got {ratio}")
         self.planners = planners
-        self.request = request
+        self.rate = rate or ArrivalRate()
+        self.request: Callable[[int | None], object] = _not_started
         self.budget = budget
         self.ratio = ratio
         self.cooldown_s = cooldown_s
@@ -99,17 +104,30 @@ class DriftReplanner:
         self._last = -float("inf")
         self._thread = threading.Thread(target=self._loop, name="ferret-arrivals", daemon=True)
 
-    def start(self) -> DriftReplanner:
+    def start(self, request: Callable[[int | None], object]) -> DriftReplanner:
+        """Re-plan through ``request(budget)`` (the control plane's re-planner) from now on."""
+        self.request = request
         self._thread.start()
         return self
+
+    def assign(self, partitions: Collection[int]) -> None:
+        """From the loop thread: the sample partitions assigned to this trainer."""
+        self.rate.assign(partitions)
+
+    def observe(self, event_time_ms: int, partition: int) -> None:
+        """From the loop thread, per valid arrival: feed the rate; offer a new estimate (never blocks)."""
+        estimate = self.rate.observe(event_time_ms, partition)
+        if estimate is not None:
+            self.offer(estimate)
 
     def offer(self, estimate: float) -> None:
         """From the loop thread: never blocks."""
         self._estimates.put(estimate)
 
     def close(self) -> None:
-        self._estimates.put(None)
-        self._thread.join(10)
+        if self._thread.is_alive():
+            self._estimates.put(None)
+            self._thread.join(10)
 
     def drifted(self, estimate: float) -> bool:
         planned = self.planners.current.arrival_interval
@@ -134,3 +152,7 @@ class DriftReplanner:
         log.info("measured arrival interval %.4g s (plan made for %.4g s): re-planning", estimate, old.arrival_interval)
         self.request(self.budget())
         self.replans += 1
+
+
+def _not_started(budget: int | None) -> object:
+    raise RuntimeError("DriftReplanner.start(request) was not called")

@@ -1,17 +1,16 @@
 """The trainer's learner: ferret_core's engine on the wall clock, executing the planner's plan.
 
 Arrivals go through :meth:`WallClock.submit` (its prediction executor predicts with the master and
-dispatches item i to worker i mod N); the trainer waits only for that (milliseconds), never for training.
-An item's ``done`` fires once it is predicted and dispatched (or skipped): group offsets therefore track
-predictions, while snapshots drain the pipeline first, so a snapshot's offsets exactly cover the work its
-weights reflect (DESIGN §4). A re-plan drains, copies the master weights into the model's units and
-rebuilds the pipeline for the new plan: weights carry over; compensator state (λ, moments, delta rings,
-whose sizes depend on the plan) starts afresh.
+dispatches the item); the record path waits only for that (milliseconds), never for training, and gets
+the engine's own answer back: the skip reason or the worker it dispatched to. Online accuracy is scored
+by the trainer's counters, once (the engine runs with ``score_online`` off). A re-plan drains, copies the
+master weights into the model's units and rebuilds the pipeline for the new plan: weights carry over;
+compensator state (λ, moments, delta rings, whose sizes depend on the plan) starts afresh.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -23,7 +22,7 @@ from ferret_core.plan import Plan
 from ferret_core.profiler import resolve_device
 from ferret_core.zoo import ZooModel
 from services.config import Settings
-from services.trainer.learner import LearnerPrediction, Verdict
+from services.trainer.learner import ArrivalOutcome, LearnerStats
 
 PREDICTION_TIMEOUT_S = 60.0
 
@@ -39,6 +38,7 @@ class EngineLearner:
             measure_memory=True,
             keep_trace=False,
             validate=False,
+            score_online=False,  # the trainer's counters score every prediction (with late labels)
         )
         self.device = resolve_device(settings.trainer.device)
         self._peak_before = 0
@@ -61,19 +61,23 @@ class EngineLearner:
         count = torch.cuda.device_count()
         return [torch.device("cuda", j % count) for j in range(plan.num_stages)]
 
-    # -- the loop's calls ----------------------------------------------------------------------------
-    def arrive(
-        self, item: int, x: torch.Tensor, y: int | None, done: Callable[[], None]
-    ) -> tuple[LearnerPrediction, Verdict]:
-        arrival = self.clock.submit(x, y, index=item).result(PREDICTION_TIMEOUT_S)
-        done()
-        prediction = LearnerPrediction(arrival.prediction, arrival.confidence, self._model_version())
-        if arrival.skipped is None:
-            return prediction, Verdict(True, worker=item % self.engine.setup.plan.num_workers)
-        return prediction, Verdict(False, reason=arrival.skipped.value)
+    @property
+    def plan(self) -> Plan:
+        return self.engine.setup.plan
 
-    def drain(self) -> None:
-        self.clock.drain()
+    # -- the record path's call ------------------------------------------------------------------------
+    def arrive(self, item: int, x: torch.Tensor, y: int | None) -> ArrivalOutcome:
+        arrival = self.clock.submit(x, y, index=item).result(PREDICTION_TIMEOUT_S)
+        return ArrivalOutcome(
+            predicted_class=arrival.prediction,
+            confidence=arrival.confidence,
+            model_version=self._model_version(),
+            skipped=arrival.skipped,
+            worker=arrival.worker,
+        )
+
+    def drain(self, timeout: float | None = None) -> None:
+        self.clock.drain(timeout)
 
     def apply_plan(self, plan: Plan) -> None:
         if plan.partition.num_units != self.model.num_units:
@@ -83,24 +87,23 @@ class EngineLearner:
             )
         self.clock.drain()
         self._copy_master_into_units()
-        stats = self.stats()
-        self._peak_before = int(stats["peak_bytes"])
-        self._updates_before = int(stats["updates"])
-        self._backprops_before = int(stats["backward_passes"])
+        stats = self.engine.stats()
+        self._peak_before = max(self._peak_before, stats.peak_bytes or 0)
+        self._updates_before += stats.updates
+        self._backprops_before += stats.trained_any_stage
         self.clock.close()
         self._start(plan)
 
-    # -- state -----------------------------------------------------------------------------------
+    # -- state -----------------------------------------------------------------------------------------
     def _copy_master_into_units(self) -> None:
         for tensors in self._unit_tensors().values():
             for (unit, name), value in tensors.items():
-                target = (
-                    self.model.units[unit].get_parameter(name)
-                    if _is_param(self.model, unit, name)
-                    else (self.model.units[unit].get_buffer(name))
-                )
                 with torch.no_grad():
-                    target.copy_(value)
+                    self._unit_tensor(unit, name).copy_(value)
+
+    def _unit_tensor(self, unit: int, name: str) -> torch.Tensor:
+        module = self.model.units[unit]
+        return module.get_parameter(name) if name in dict(module.named_parameters()) else module.get_buffer(name)
 
     def _unit_tensors(self) -> dict[int, dict[tuple[int, str], torch.Tensor]]:
         """Master tensors by stage, keyed by (unit index, name inside the unit)."""
@@ -128,35 +131,29 @@ class EngineLearner:
             if not key.startswith("model."):
                 continue
             _, unit, name = key.split(".", 2)
-            module = self.model.units[int(unit)]
-            target = module.get_parameter(name) if _is_param(self.model, int(unit), name) else module.get_buffer(name)
             with torch.no_grad():
-                target.copy_(value)
+                self._unit_tensor(int(unit), name).copy_(value)
         self._updates_before = int(tensors.get("engine.updates", torch.tensor(0)))
+        self._backprops_before += self.engine.stats().trained_any_stage
         plan = self.engine.setup.plan
         self.clock.close()
         self._start(plan)
 
-    def stats(self) -> dict[str, float]:
-        pipeline = self.engine.pipeline
-        counters = pipeline.counters
-        meter = pipeline.meter
-        staleness = pipeline.mean_staleness()
-        return {
-            "backward_passes": float(self._backprops_before + counters.trained_any_stage),
-            "updates": float(self._updates_before + sum(counters.updates_per_stage())),
-            "peak_bytes": float(max(self._peak_before, meter.peak_bytes if meter is not None else 0)),
-            "measured_bytes": float(meter.peak_bytes if meter is not None else 0),
-            "mean_staleness": float(sum(staleness) / len(staleness)) if staleness else 0.0,
-        }
+    def stats(self) -> LearnerStats:
+        stats = self.engine.stats()
+        measured = stats.peak_bytes or 0
+        staleness = stats.mean_staleness
+        return LearnerStats(
+            backward_passes=self._backprops_before + stats.trained_any_stage,
+            model_version=self._updates_before + stats.updates,
+            measured_bytes=measured,
+            peak_bytes=max(self._peak_before, measured),
+            mean_staleness=sum(staleness) / len(staleness) if staleness else None,
+        )
 
     def _model_version(self) -> int:
-        return self._updates_before + sum(self.engine.pipeline.counters.updates_per_stage())
+        return self._updates_before + self.engine.stats().updates
 
     def close(self) -> None:
         self.clock.drain()
         self.clock.close()
-
-
-def _is_param(model: ZooModel, unit: int, name: str) -> bool:
-    return name in dict(model.units[unit].named_parameters())

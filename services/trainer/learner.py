@@ -1,60 +1,78 @@
-"""What the trainer's Kafka loop needs from the learning engine.
+"""What the trainer's record path needs from the learning engine: the :class:`Learner` contract and the
+frozen values it returns.
 
-The loop hands every valid item to :meth:`Learner.arrive`: the master predicts it, then it is dispatched
-for training or skipped, and the loop moves on: the learner never blocks the loop (DESIGN §4: no
-back-pressure on training). The ``done`` callback reports when the item's outcome is settled (for the
-engine learner: predicted and dispatched or skipped); it is what lets offsets be stored only after the
-outcome. Snapshots drain the learner first, so their offsets cover exactly the work the weights reflect.
+The record path hands every valid item to :meth:`Learner.arrive`: the master predicts it, then it is
+dispatched for training or skipped, and ``arrive`` returns one :class:`ArrivalOutcome` saying which. The
+outcome is settled when ``arrive`` returns (training goes on in the background), so an item's offset is
+finished once its prediction is delivered. Snapshots drain the learner first, so their offsets cover
+exactly the work the weights reflect (DESIGN §4).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from ferret_core.engine import SkipReason
 from ferret_core.plan import Plan
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """The training decision for one offered item: dispatched to worker ``worker`` or skipped."""
+@dataclass(frozen=True, slots=True)
+class ArrivalOutcome:
+    """One item's prediction and training decision: dispatched to ``worker``, or ``skipped`` with the
+    core's reason (exactly one of the two is set)."""
 
-    dispatched: bool
-    worker: int = -1
-    reason: str | None = None  # "busy", "worker_removed", "no_label", ... when skipped
-
-
-@dataclass(frozen=True)
-class LearnerPrediction:
     predicted_class: int
     confidence: float
-    model_version: int
+    model_version: int  # optimizer updates applied to the weights that predicted
+    skipped: SkipReason | None
+    worker: int | None
+
+    @property
+    def dispatched(self) -> bool:
+        return self.skipped is None
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerStats:
+    """Cheap counters of a learner, named as in the trainer's status (and its proto, metrics)."""
+
+    backward_passes: int  # items back-propagated at one stage at least, since the start
+    model_version: int  # optimizer updates applied to the master, since the start
+    measured_bytes: int  # measured peak under the plan in force (0 when not measured)
+    peak_bytes: int  # measured peak since the start, across plans
+    mean_staleness: float | None = None  # of applied gradients, over the stages; None when unknown
 
 
 class Learner(Protocol):
-    """The learning engine as the trainer drives it (one loop thread calls ``predict``/``offer``)."""
+    """The learning engine as the trainer drives it (the loop thread calls ``arrive``)."""
 
-    def arrive(
-        self, item: int, x: torch.Tensor, y: int | None, done: Callable[[], None]
-    ) -> tuple[LearnerPrediction, Verdict]:
-        """Predict item i (the trainer's counter of valid arrivals) with the master, then dispatch it to
-        worker i mod N or skip it; return at once (training goes on in the background)."""
+    @property
+    def plan(self) -> Plan:
+        """The plan the learner executes (for methods that do not plan: their fixed plan)."""
+        ...
 
-    def drain(self) -> None:
-        """Block until every dispatched item's work is reflected in the weights."""
+    def arrive(self, item: int, x: torch.Tensor, y: int | None) -> ArrivalOutcome:
+        """Predict item i (the trainer's counter of valid arrivals) with the master, then dispatch it or
+        skip it; return as soon as that is decided (training goes on in the background)."""
+        ...
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Block until every dispatched item's work is reflected in the weights (``TimeoutError`` after
+        ``timeout`` seconds)."""
+        ...
 
     def apply_plan(self, plan: Plan) -> None:
         """Swap to ``plan`` (called drained): weights carry over, workers and stages are rebuilt."""
+        ...
 
     def state_tensors(self) -> dict[str, torch.Tensor]: ...
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None: ...
 
-    def stats(self) -> Mapping[str, float]:
-        """Cheap counters: ``backward_passes``, ``updates``, ``measured_bytes``, ``peak_bytes``,
-        ``mean_staleness`` (optional)."""
+    def stats(self) -> LearnerStats: ...
 
     def close(self) -> None: ...

@@ -1,4 +1,7 @@
-"""Prometheus metrics of the trainer, read from its status at scrape time (nothing is counted twice)."""
+"""Prometheus metrics of the trainer, read from its status at scrape time (nothing is counted twice).
+
+Each metric is ``ferret_`` + the status field's name (counters get Prometheus' ``_total``): the same name
+as in the counters, GetStatus (``services.control.trainer_port.TrainerStatus``) and snapshots."""
 
 from __future__ import annotations
 
@@ -12,63 +15,73 @@ from services.control.trainer_port import TrainerStatus
 
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 
+COUNTERS = {
+    "items_received": "Sample records consumed",
+    "items_valid": "Valid items (the trainer's counter i)",
+    "items_dispatched": "Items dispatched to a pipeline worker",
+    "predictions_published": "Predictions published",
+    "duplicates_published": "Predictions re-emitted after a restart",
+    "backward_passes": "Items back-propagated (any stage)",
+    "labels_joined": "Late labels joined to their prediction",
+    "labelled_predictions": "Predictions scored against a label (online accuracy's denominator)",
+    "correct_predictions": "Predictions that were correct (online accuracy's numerator)",
+    "replans": "Plans applied after start-up",
+    "pauses": "Consumption pauses (re-planning, snapshots)",
+}
+GAUGES = {
+    "online_accuracy": "Online accuracy over labelled predictions, percent",
+    "planned_bytes": "Bytes the plan in force predicts",
+    "measured_bytes": "Bytes the engine holds under the plan in force, measured peak",
+    "lag_items": "Sample records consumed whose outcome is not durable yet",
+    "lag_seconds": "Now minus the event time of the latest consumed sample",
+    "plan_version": "Version of the plan in force",
+    "model_version": "Optimizer updates applied to the master",
+}
+
 
 class TrainerCollector(Collector):
     """Turns :class:`TrainerStatus` into metric families on every scrape."""
 
-    def __init__(self, status: Callable[[], TrainerStatus], stats: Callable[[], dict[str, float]]) -> None:
+    def __init__(self, status: Callable[[], TrainerStatus], staleness: Callable[[], float | None]) -> None:
         self._status = status
-        self._stats = stats
+        self._staleness = staleness
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         s = self._status()
-        counters = {
-            "ferret_items_received": ("Sample records consumed", s.items_received),
-            "ferret_items_valid": ("Valid items (the trainer's counter i)", s.items_valid),
-            "ferret_items_dispatched": ("Items dispatched to a pipeline worker", s.items_dispatched),
-            "ferret_predictions_published": ("Predictions published", s.predictions_published),
-            "ferret_predictions_duplicate": ("Predictions re-emitted after a restart", s.duplicates_published),
-            "ferret_backward_passes": ("Items back-propagated (any stage)", s.backward_passes),
-            "ferret_replans": ("Plans applied after start-up", s.replans),
-            "ferret_pauses": ("Consumption pauses (re-planning, snapshots)", s.pauses),
-        }
-        for name, (doc, value) in counters.items():
-            yield CounterMetricFamily(name, doc, value=value)
-        skipped = CounterMetricFamily("ferret_items_skipped", "Items not trained, by reason", labels=["reason"])
-        for reason, value in s.skipped_by_reason.items():
-            skipped.add_metric([reason], value)
-        yield skipped
-        dlq = CounterMetricFamily("ferret_dead_lettered", "Records sent to the DLQ, by reason", labels=["reason"])
-        for reason, value in s.dead_lettered_by_reason.items():
-            dlq.add_metric([reason], value)
-        yield dlq
-        gauges = {
-            "ferret_online_accuracy_percent": ("Online accuracy over labelled predictions", s.online_accuracy),
-            "ferret_memory_planned_bytes": ("Bytes the plan predicts", s.planned_bytes),
-            "ferret_memory_measured_bytes": ("Bytes the engine holds, measured", s.measured_bytes),
-            "ferret_lag_seconds": ("Now minus the event time of the latest consumed sample", s.lag_seconds),
-            "ferret_plan_version": ("Version of the plan in force", s.plan_version),
-            "ferret_model_version": ("Optimizer updates applied to the master", s.model_version),
-        }
-        for name, (doc, value) in gauges.items():
-            yield GaugeMetricFamily(name, doc, value=value)
-        staleness = self._stats().get("mean_staleness")
+        for name, doc in COUNTERS.items():
+            yield CounterMetricFamily(f"ferret_{name}", doc, value=getattr(s, name))
+        for name, (doc, by_reason) in {
+            "skipped": ("Items not trained, by reason", s.skipped),
+            "dead_lettered": ("Records sent to the DLQ, by reason", s.dead_lettered),
+        }.items():
+            family = CounterMetricFamily(f"ferret_{name}", doc, labels=["reason"])
+            for reason, value in by_reason.items():
+                family.add_metric([str(reason)], value)
+            yield family
+        for name, doc in GAUGES.items():
+            yield GaugeMetricFamily(f"ferret_{name}", doc, value=getattr(s, name))
+        if s.budget_bytes is not None:
+            yield GaugeMetricFamily("ferret_budget_bytes", "The memory budget in force", value=s.budget_bytes)
+        staleness = self._staleness()
         if staleness is not None:
             yield GaugeMetricFamily("ferret_mean_staleness", "Mean staleness of applied gradients", value=staleness)
 
 
 class TrainerMetrics:
-    """A private registry (no process-global state) with the collector and the latency histogram."""
+    """A private registry (no process-global state) with the latency histogram, built before the record
+    path that observes it; :meth:`register` adds the collector of the trainer's status once it exists."""
 
-    def __init__(self, status: Callable[[], TrainerStatus], stats: Callable[[], dict[str, float]]) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(TrainerCollector(status, stats))
         self.latency = Histogram(
-            "ferret_prediction_latency_ms",
-            "Sample event time to prediction published (ms)",
+            "ferret_latency_ms",
+            "Sample event time to prediction delivered (ms); latency_ms_p50/p99 in GetStatus",
             buckets=LATENCY_BUCKETS_MS,
             registry=self.registry,
         )
+
+    def register(self, status: Callable[[], TrainerStatus], staleness: Callable[[], float | None]) -> None:
+        self.registry.register(TrainerCollector(status, staleness))
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> int:
         """Start the HTTP endpoint; returns the bound port (``port=0`` picks a free one)."""

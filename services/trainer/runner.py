@@ -1,5 +1,11 @@
-"""Wires a trainer process from its settings: model, profile, planner, learner, snapshots, control
-plane, metrics and signals. ``ferret run`` calls :func:`run_trainer`."""
+"""Wires a trainer process from its settings: model, profile, planner, learner, snapshots, the record
+path, control plane, metrics and signals. ``ferret run`` calls :func:`run_trainer`.
+
+Everything is built first and passed in, in dependency order (grpc's ``create_server(address, deps)``
+examples): :func:`assemble` builds the trainer's parts from a learner (no Kafka, gRPC or Redis traffic:
+tests use it with their own learner), :func:`start_trainer` adds the model, planner, control plane and
+metrics around them, and only the drift re-planner is handed the control plane's request when it starts.
+"""
 
 from __future__ import annotations
 
@@ -18,28 +24,62 @@ from ferret_core.memory_model import MemorySettings
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
-from services.units import ArrivalInterval
 from services.codec import SampleDecoder
 from services.config import Settings
 from services.control.auth import ServerTls
+from services.control.health import ControlHealth
 from services.control.server import ControlServer, create_server
+from services.control.trainer_port import SnapshotInfo
 from services.kafka.admin import ensure_topics
 from services.metrics_http import serve_metrics
 from services.models import build_model_for
 from services.snapshots import SnapshotStore, redis_client
-from services.trainer.arrivals import ArrivalRate, DriftReplanner, SwitchablePlanner
+from services.trainer.arrivals import DriftReplanner, SwitchablePlanner
+from services.trainer.checkpoints import Checkpoints
+from services.trainer.counters import StreamCounters
+from services.trainer.engine_learner import EngineLearner
+from services.trainer.failures import ErrorPolicy
+from services.trainer.labels import LateLabelJoin
+from services.trainer.learner import Learner
+from services.trainer.ledger import OffsetLedger
+from services.trainer.loop_calls import LoopCalls
 from services.trainer.metrics import TrainerMetrics
 from services.trainer.service import Trainer
+from services.trainer.state import Lifecycle, PlanInForce
+from services.trainer.status import StatusView
+from services.trainer.stream import RecordStream, StreamHooks
 from services.units import ArrivalInterval
 
 log = logging.getLogger("ferret.trainer")
 
 
-@dataclass
+@dataclass(frozen=True)
+class TrainerParts:
+    """A trainer's parts: run ``stream.run(stop)`` on a thread of its own; the control plane calls
+    ``port``; ``checkpoints.restore_latest()`` before running resumes from the newest snapshot."""
+
+    stream: RecordStream
+    port: Trainer
+    checkpoints: Checkpoints
+    status: StatusView
+    learner: Learner
+    counters: StreamCounters
+
+    def restore_latest(self) -> SnapshotInfo | None:
+        """Start-up: apply the newest valid snapshot, if any, and resume from its offsets."""
+        restored = self.checkpoints.restore_latest()
+        if restored is None:
+            return None
+        self.stream.resume_from(restored.offsets)
+        log.info("restored snapshot v%s; resuming at %s", restored.info.version, restored.info.offsets)
+        return restored.info
+
+
+@dataclass(frozen=True)
 class TrainerProcess:
     """The parts of a running trainer, for tests and the demo's in-process use."""
 
-    trainer: Trainer
+    parts: TrainerParts
     control: ControlServer
     planner: SwitchablePlanner
     metrics_port: int | None
@@ -51,6 +91,89 @@ def sample_spec(settings: Settings) -> tuple[tuple[int, ...], int]:
     t = settings.trainer
     shape, classes = dataset_spec(t.dataset)
     return (t.input_shape or shape, t.num_classes or classes)
+
+
+@dataclass(frozen=True)
+class OnAssigned:
+    """What a partition assignment tells others: the measured rate which partitions to wait for, and
+    readiness that the trainer can take the stream now (producers waiting for it do not pile up a backlog
+    during the group join)."""
+
+    health: ControlHealth
+    drift: DriftReplanner | None = None
+
+    def __call__(self, partitions: frozenset[int]) -> None:
+        if self.drift is not None:
+            self.drift.assign(partitions)
+        self.health.set_ready(True)
+
+
+def assemble(
+    settings: Settings,
+    learner: Learner,
+    decoder: SampleDecoder,
+    store: SnapshotStore | None,
+    *,
+    hooks: StreamHooks | None = None,
+    health: ControlHealth | None = None,
+    policy: ErrorPolicy | None = None,
+    snapshot_on_stop: bool = True,
+) -> TrainerParts:
+    """The trainer's parts around ``learner``, each built once with what it needs."""
+    instance_id = settings.kafka.resolved_instance_id()
+    plan = PlanInForce(learner.plan)
+    lifecycle = Lifecycle()
+    counters = StreamCounters()
+    ledger = OffsetLedger()
+    checkpoints = Checkpoints(
+        store=store,
+        learner=learner,
+        plan=plan,
+        counters=counters,
+        ledger=ledger,
+        lifecycle=lifecycle,
+        samples_topic=settings.kafka.topics.samples,
+        instance_id=instance_id,
+        keep=settings.redis.keep,
+        interval_s=settings.redis.snapshot_interval_s,
+        snapshot_on_stop=snapshot_on_stop,
+        on_health=health.set_snapshots_ok if health is not None else lambda ok: None,
+    )
+    calls = LoopCalls()
+    stream = RecordStream(
+        kafka=settings.kafka,
+        learner=learner,
+        decoder=decoder,
+        counters=counters,
+        ledger=ledger,
+        labels=LateLabelJoin(settings.trainer.label_window),
+        plan=plan,
+        lifecycle=lifecycle,
+        checkpoints=checkpoints,
+        calls=calls,
+        policy=policy or ErrorPolicy(),
+        hooks=hooks or StreamHooks(),
+    )
+    status = StatusView(
+        instance_id=instance_id,
+        counters=counters,
+        ledger=ledger,
+        learner=learner,
+        plan=plan,
+        lifecycle=lifecycle,
+        checkpoints=checkpoints,
+    )
+    port = Trainer(
+        stream=stream,
+        checkpoints=checkpoints,
+        calls=calls,
+        status_view=status,
+        learner=learner,
+        plan=plan,
+        lifecycle=lifecycle,
+        counters=counters,
+    )
+    return TrainerParts(stream, port, checkpoints, status, learner, counters)
 
 
 def build_zoo_model(settings: Settings) -> ZooModel:
@@ -97,13 +220,12 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     t = settings.trainer
     torch.set_num_threads(t.threads)
     torch.set_flush_denormal(True)
+    # 1. the model, its profile, the planner and the start-up plan
     model = build_zoo_model(settings)
-    profile = load_profile(settings, model)
-    planner = SwitchablePlanner(make_planner(settings, profile))
+    planner = SwitchablePlanner(make_planner(settings, load_profile(settings, model)))
     planner.current.warm()  # before any gRPC thread can reach the planner
     plan = planner.plan(t.budget_bytes)
-    from services.trainer.engine_learner import EngineLearner
-
+    # 2. the learner, the topics, the snapshot store
     learner = EngineLearner(model, plan, settings)
     kafka = settings.kafka
     ensure_topics(kafka.bootstrap_servers, kafka.topic_prefix, sample_partitions=kafka.sample_partitions)
@@ -111,80 +233,44 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     client = redis_client(r.url, socket_timeout_s=r.timeout_s)
     key = r.hmac_key.encode() if r.hmac_key is not None else None
     store = SnapshotStore(client, r.namespace, kafka.resolved_instance_id(), hmac_key=key)
+    # 3. what the record path reports to: readiness, the measured arrival rate, the latency histogram
+    health = ControlHealth(ready=False)  # not ready until the consumer has its partitions
+    drift = None
+    if t.arrival_interval == "measured":
+        drift = DriftReplanner(planner, lambda: learner.plan.budget_bytes, ratio=t.arrival_drift_ratio)
+    metrics = TrainerMetrics()  # served below when metrics.port is set
+    hooks = StreamHooks(
+        on_assigned=OnAssigned(health, drift),
+        on_arrival=drift.observe if drift is not None else StreamHooks.on_arrival,
+        on_latency=metrics.latency.observe,
+    )
+    # 4. the trainer's parts, and the metrics' view of their status
     shape, classes = sample_spec(settings)
-    holder: dict[str, ControlServer] = {}
-
-    def snapshot_health(ok: bool) -> None:
-        if "control" in holder:
-            holder["control"].health.set_snapshots_ok(ok)
-
-    measured = t.arrival_interval == "measured"
-    drift_holder: list[DriftReplanner] = []
-    trainer_holder: list[Trainer] = []
-    rate = (
-        ArrivalRate(partitions=lambda: trainer_holder[0].assigned_partitions if trainer_holder else ())
-        if measured
-        else None
-    )
-
-    def arrival(event_time_ms: int, partition: int) -> None:
-        assert rate is not None
-        estimate = rate.observe(event_time_ms, partition)
-        if estimate is not None and drift_holder:
-            drift_holder[0].offer(estimate)
-
-    def assigned() -> None:
-        if "control" in holder:
-            holder["control"].health.set_ready(True)
-
-    trainer = Trainer(
-        settings,
-        learner,
-        plan,
-        SampleDecoder(shape, classes, input_range=t.input_range, normaliser=t.input_normaliser),
-        store,
-        on_snapshot_health=snapshot_health,
-        on_assigned=assigned,
-        on_arrival=arrival if measured else None,
-    )
-    trainer_holder.append(trainer)
-    restored = trainer.restore_latest()
-    if restored is not None:
-        log.info("restored snapshot v%s; resuming at %s", restored.version, restored.offsets)
+    decoder = SampleDecoder(shape, classes, input_range=t.input_range, normaliser=t.input_normaliser)
+    parts = assemble(settings, learner, decoder, store, hooks=hooks, health=health)
+    metrics.register(parts.status.status, parts.status.mean_staleness)
+    parts.restore_latest()
+    # 5. the control plane over the port, and the drift re-planner requesting through it
     c = settings.control
     tls = ServerTls(c.tls_cert, c.tls_key) if c.tls_cert is not None and c.tls_key is not None else None
-    # Not ready until the consumer has its partitions (the first assignment flips readiness on).
     control = create_server(
         planner,
-        trainer,
+        parts.port,
         address=c.listen,
         token=c.token,
         tls=tls,
         insecure=c.insecure,
         health_address=c.health_listen,
-        ready=False,
+        health_state=health,
     ).start()
-    holder["control"] = control
-    drift = None
-    if measured:
-
-        def request(budget: int | None) -> object:
-            # the re-planner takes a byte budget: "unconstrained" is the unconstrained plan's own bytes
-            return control.replanner.request(budget if budget is not None else planner.plan(None).predicted_bytes)
-
-        drift = DriftReplanner(
-            planner, request, lambda: trainer.current_plan()[0].budget_bytes, ratio=t.arrival_drift_ratio
-        ).start()
-        drift_holder.append(drift)
-    metrics_port = None
-    if settings.metrics.port is not None:
-        metrics = TrainerMetrics(trainer.status, lambda: dict(learner.stats()))
-        trainer.on_latency = metrics.latency.observe
-        metrics_port = serve_metrics(metrics.registry, settings.metrics).port
+    if drift is not None:
+        # the re-planner takes a byte budget: "unconstrained" is the unconstrained plan's own bytes
+        drift.start(lambda b: control.replanner.request(b if b is not None else planner.plan(None).predicted_bytes))
+    metrics_port = None if settings.metrics.port is None else serve_metrics(metrics.registry, settings.metrics).port
     log.info(
         "trainer %s: control plane on %s, metrics on %s", kafka.resolved_instance_id(), control.target, metrics_port
     )
-    return TrainerProcess(trainer, control, planner, metrics_port, drift)
+    return TrainerProcess(parts, control, planner, metrics_port, drift)
 
 
 def run_trainer(settings: Settings, *, on_ready: Callable[[TrainerProcess], None] | None = None) -> int:
@@ -196,7 +282,7 @@ def run_trainer(settings: Settings, *, on_ready: Callable[[TrainerProcess], None
     if on_ready is not None:
         on_ready(process)
     try:
-        process.trainer.run(stop)
+        process.parts.stream.run(stop)
     finally:
         if process.drift is not None:
             process.drift.close()

@@ -13,11 +13,12 @@ import redis
 from confluent_kafka import Producer
 
 from services.codec import DLQ_REASON, SampleDecoder, encode_sample
+from services.config import Settings
 from services.kafka.admin import TopicNames, count_distinct, ensure_topics
 from services.snapshots import SnapshotStore
-from services.trainer.service import Trainer
+from services.trainer.runner import TrainerParts, assemble
 
-from .trainer_support import LinearLearner, one_stage_plan, produce_digits, read_predictions, settings_for
+from .trainer_support import LinearLearner, produce_digits, read_predictions, settings_for
 
 pytestmark = pytest.mark.integration
 
@@ -30,10 +31,22 @@ def wait_for(condition: Callable[[], bool], timeout: float = 40.0) -> None:
         time.sleep(0.05)
 
 
-class Running:
-    """A trainer on its own thread."""
+class LocalTrainer:
+    """A trainer's parts around a :class:`LinearLearner`, as ``ferret run`` assembles them."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, settings: Settings, parts: TrainerParts) -> None:
+        self.settings = settings
+        self.parts = parts
+        self.learner = parts.learner
+        self.status = parts.port.status
+        self.save_snapshot = parts.port.save_snapshot
+        self.restore_latest = parts.restore_latest
+
+
+class Running:
+    """A trainer's record path on its own thread."""
+
+    def __init__(self, trainer: LocalTrainer) -> None:
         self.trainer = trainer
         self.stop = threading.Event()
         self.error: BaseException | None = None
@@ -42,7 +55,7 @@ class Running:
 
     def _run(self) -> None:
         try:
-            self.trainer.run(self.stop)
+            self.trainer.parts.stream.run(self.stop)
         except BaseException as exc:
             self.error = exc
 
@@ -60,7 +73,9 @@ def stack(bootstrap_servers: str, redis_url: str, topic_prefix: str) -> Iterator
     yield bootstrap_servers, redis_url, topic_prefix
 
 
-def make_trainer(bootstrap: str, redis_url: str, prefix: str, namespace: str | None = None, **kw: object) -> Trainer:
+def make_trainer(
+    bootstrap: str, redis_url: str, prefix: str, namespace: str | None = None, **kw: object
+) -> LocalTrainer:
     settings = settings_for(bootstrap, redis_url, prefix)
     if namespace is not None:
         settings = type(settings)(
@@ -71,7 +86,8 @@ def make_trainer(bootstrap: str, redis_url: str, prefix: str, namespace: str | N
         )
     client = redis.Redis.from_url(redis_url)
     store = SnapshotStore(client, settings.redis.namespace, settings.kafka.resolved_instance_id())
-    return Trainer(settings, LinearLearner(64, 10), one_stage_plan(), SampleDecoder((1, 8, 8), 10), store, **kw)  # type: ignore[arg-type]
+    parts = assemble(settings, LinearLearner(64, 10), SampleDecoder((1, 8, 8), 10), store, **kw)  # type: ignore[arg-type]
+    return LocalTrainer(settings, parts)
 
 
 def bad_records(bootstrap: str, topic: str) -> None:
@@ -106,7 +122,7 @@ def test_every_item_gets_one_prediction_and_bad_records_go_to_the_dlq(stack: tup
     dlq = count_distinct(bootstrap, topics.dlq)
     assert dlq.distinct == 4
     status = trainer.status()
-    assert dict(status.dead_lettered_by_reason) == {
+    assert dict(status.dead_lettered) == {
         "undecodable": 1,
         "wrong_shape": 1,
         "non_finite": 1,
@@ -124,7 +140,7 @@ def test_dlq_messages_carry_reason_and_origin(stack: tuple[str, str, str]) -> No
     bad_records(bootstrap, topics.samples)
     trainer = make_trainer(bootstrap, redis_url, prefix)
     running = Running(trainer)
-    wait_for(lambda: sum(trainer.status().dead_lettered_by_reason.values()) >= 4)
+    wait_for(lambda: sum(trainer.status().dead_lettered.values()) >= 4)
     running.close()
     consumer = Consumer(
         {

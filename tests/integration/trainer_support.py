@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 from confluent_kafka import Consumer, Producer
 
+from ferret_core.engine import SkipReason
 from ferret_core.plan import Partition, Plan, WorkerConfig
 from services.codec import encode_sample
 from services.config import Settings, load_settings
 from services.proto_gen.ferret.v1 import messages_pb2
-from services.trainer.learner import LearnerPrediction, Verdict
+from services.trainer.learner import ArrivalOutcome, LearnerStats
 
 
 class LinearLearner:
-    """A one-worker, one-stage SGD learner on a linear model: enough to exercise the service path
-    (the pipeline engine has its own tests). Training runs on a thread so ``done`` is asynchronous."""
+    """A one-worker, one-stage SGD learner on a linear model: enough to exercise the service path (the
+    pipeline engine has its own tests). Training runs on a thread of its own, after ``arrive`` returns."""
 
     def __init__(self, features: int, classes: int, lr: float = 0.1) -> None:
         torch.manual_seed(0)
@@ -28,19 +29,18 @@ class LinearLearner:
         self.lr = lr
         self.updates = 0
         self.applied: list[Plan] = []
+        self.plan = one_stage_plan()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
-    def arrive(
-        self, item: int, x: torch.Tensor, y: int | None, done: Callable[[], None]
-    ) -> tuple[LearnerPrediction, Verdict]:
+    def arrive(self, item: int, x: torch.Tensor, y: int | None) -> ArrivalOutcome:
         with self._lock:
             logits = self.weight @ x.reshape(-1) + self.bias
+            version = self.updates
         probs = torch.softmax(logits, dim=0)
-        prediction = LearnerPrediction(int(probs.argmax()), float(probs.max()), self.updates)
+        predicted, confidence = int(probs.argmax()), float(probs.max())
         if y is None:
-            done()
-            return prediction, Verdict(False, reason="no_label")
+            return ArrivalOutcome(predicted, confidence, version, SkipReason.NO_LABEL, None)
 
         def train() -> None:
             with self._lock:
@@ -50,20 +50,20 @@ class LinearLearner:
                 self.weight = self.weight - self.lr * torch.outer(probs, v)
                 self.bias = self.bias - self.lr * probs
                 self.updates += 1
-            done()
 
         thread = threading.Thread(target=train)
         thread.start()
         self._threads.append(thread)
-        return prediction, Verdict(True, worker=0)
+        return ArrivalOutcome(predicted, confidence, version, None, 0)
 
-    def drain(self) -> None:
+    def drain(self, timeout: float | None = None) -> None:
         for thread in self._threads:
-            thread.join()
+            thread.join(timeout)
         self._threads.clear()
 
     def apply_plan(self, plan: Plan) -> None:
         self.applied.append(plan)
+        self.plan = plan
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"weight": self.weight.clone(), "bias": self.bias.clone(), "updates": torch.tensor(self.updates)}
@@ -73,8 +73,8 @@ class LinearLearner:
         self.bias = tensors["bias"].clone()
         self.updates = int(tensors["updates"])
 
-    def stats(self) -> dict[str, float]:
-        return {"backward_passes": float(self.updates), "updates": float(self.updates)}
+    def stats(self) -> LearnerStats:
+        return LearnerStats(backward_passes=self.updates, model_version=self.updates, measured_bytes=0, peak_bytes=0)
 
     def close(self) -> None:
         self.drain()

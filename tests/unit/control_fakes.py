@@ -48,8 +48,8 @@ class FakeTrainer:
                 items_valid=n - 1,
                 predictions_published=n - 1,
                 backward_passes=n // 2,
-                skipped_by_reason={"busy": n // 4, "no_label": 1},
-                dead_lettered_by_reason={"bad_shape": 1},
+                skipped={"busy": n // 4, "no_label": 1},
+                dead_lettered={"bad_shape": 1},
                 labelled_predictions=n - 2,
                 correct_predictions=(n - 2) // 2,
                 online_accuracy=50.0,  # percent, as the trainer reports it

@@ -33,7 +33,8 @@ def test_partition_batches_give_the_stream_rate() -> None:
 
 
 def test_an_estimate_waits_for_every_assigned_partition() -> None:
-    rate = ArrivalRate(window=3, alpha=0.0, partitions=lambda: {0, 1})
+    rate = ArrivalRate(window=3, alpha=0.0)
+    rate.assign({0, 1})
     assert [rate.observe(t, 0) for t in (0, 20, 40)] == [None, None, None]  # partition 1 not heard from
     assert [rate.observe(t, 1) for t in (10, 30, 50)][-1] == pytest.approx(0.010)
 
@@ -50,7 +51,7 @@ def test_drift_replans_with_the_measured_interval_and_keeps_the_budget() -> None
         requested.append(budget)
         done.set()
 
-    drift = DriftReplanner(switch, request, lambda: 2429288, ratio=1.5, cooldown_s=0).start()
+    drift = DriftReplanner(switch, lambda: 2429288, ratio=1.5, cooldown_s=0).start(request)
     try:
         assert not drift.drifted(3.5)  # within [2, 4.5]
         drift.offer(3.5)
@@ -67,4 +68,4 @@ def test_invalid_settings() -> None:
     with pytest.raises(ConfigError):
         ArrivalRate(window=1)
     with pytest.raises(ConfigError):
-        DriftReplanner(SwitchablePlanner(Planner(golden_a())), lambda b: None, lambda: None, ratio=1.0)
+        DriftReplanner(SwitchablePlanner(Planner(golden_a())), lambda: None, ratio=1.0)

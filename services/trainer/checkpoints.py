@@ -1,0 +1,279 @@
+"""Snapshots as their own unit (quix-streams' ``checkpointing/checkpoint.py``): what a snapshot holds, in
+and out, and the drain → flush → save → commit sequence with its time budget.
+
+A snapshot holds (DESIGN §4 "Offsets and snapshots"): the learner's tensors (weights, ``engine.updates``),
+the plan in force and its version, the stream counters (online accuracy included), per sample partition
+the smallest offset whose work the weights do not reflect, and the per-partition "predicted through"
+watermarks that flag re-emitted predictions as duplicates after a restart.
+
+Every sequence here runs on the loop thread (the control port hands it over with
+:class:`~services.trainer.loop_calls.LoopCalls`), with consumption paused:
+
+1. **drain** the learner, so every dispatched item's backward passes are in the weights;
+2. **flush** the producer, so delivered predictions finish their offsets (what is still undelivered
+   stays unfinished: the snapshot's offsets then read it again, never skip it);
+3. **save** the payload to Redis (chunked, checksummed, ``latest`` switched atomically) and prune;
+4. on shutdown only: **store** the finished offsets and **commit** them to the group.
+
+Steps 1–2 share one budget (:data:`SNAPSHOT_BUDGET_S`, :data:`SHUTDOWN_BUDGET_S`): a pipeline that cannot
+drain in time fails the snapshot (:class:`CheckpointTimeout`) instead of stalling the stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from ferret_core.errors import FerretError
+from ferret_core.plan import Plan
+from services.control.errors import SnapshotNotFound
+from services.control.trainer_port import PartitionOffset, SnapshotInfo, TrainerState
+from services.snapshots import SnapshotManifest, SnapshotNotFoundError, SnapshotPayload, SnapshotStore
+from services.trainer.counters import StreamCounters
+from services.trainer.learner import Learner
+from services.trainer.ledger import OffsetLedger
+from services.trainer.state import Lifecycle, PlanInForce
+
+log = logging.getLogger("ferret.trainer")
+
+SNAPSHOT_BUDGET_S = 60.0  # drain + flush of a snapshot taken while the stream runs
+SHUTDOWN_BUDGET_S = 30.0  # drain + flush on SIGTERM (the demo and k8s give a stopping trainer 60 s / 30 s+)
+
+
+class CheckpointTimeout(FerretError, TimeoutError):
+    """The pipeline did not drain within the snapshot's budget; nothing was saved."""
+
+
+class StreamEnds(Protocol):
+    """What a checkpoint needs of the Kafka side (the record path implements it)."""
+
+    def flush(self, timeout_s: float) -> int:
+        """Deliver queued messages; returns how many are still queued."""
+        ...
+
+    def store_offsets(self) -> None: ...
+
+    def commit(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A snapshot applied to the trainer: what the control plane reports and where consumption resumes."""
+
+    info: SnapshotInfo
+    offsets: Mapping[int, int]  # sample partition -> first offset to read
+
+
+class Deadline:
+    """One time budget shared by the steps of a sequence."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._end = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        return max(0.0, self._end - time.monotonic())
+
+
+class Checkpoints:
+    """Saves and restores snapshots of one trainer replica (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: SnapshotStore | None,
+        learner: Learner,
+        plan: PlanInForce,
+        counters: StreamCounters,
+        ledger: OffsetLedger,
+        lifecycle: Lifecycle,
+        samples_topic: str,
+        instance_id: str,
+        keep: int,
+        interval_s: float,
+        snapshot_on_stop: bool = True,
+        on_health: Callable[[bool], None] = lambda ok: None,
+    ) -> None:
+        self.store = store
+        self.learner = learner
+        self.plan = plan
+        self.counters = counters
+        self.ledger = ledger
+        self.lifecycle = lifecycle
+        self.samples_topic = samples_topic
+        self.instance_id = instance_id
+        self.keep = keep
+        self.interval_s = interval_s
+        self.snapshot_on_stop = snapshot_on_stop
+        self._on_health = on_health
+        self.last_version = 0
+        self._last_time = time.monotonic()
+
+    # -- the payload, in and out ---------------------------------------------------------------------
+    def payload(self, metadata: Mapping[str, str]) -> SnapshotPayload:
+        """What the trainer's state is now (call drained and flushed)."""
+        plan, version = self.plan.get()
+        return SnapshotPayload(
+            tensors=self.learner.state_tensors(),
+            plan=plan.to_dict(),
+            offsets={self.samples_topic: self.ledger.resume_offsets()},
+            counters=self.counters.to_snapshot(),
+            meta={
+                "plan_version": version,
+                "predicted_through": {str(p): o for p, o in self.ledger.predicted_through.items()},
+                "instance_id": self.instance_id,
+                **dict(metadata),
+            },
+        )
+
+    def apply(self, payload: SnapshotPayload) -> Mapping[int, int]:
+        """Put a snapshot's state in force (call drained); returns the offsets to resume from."""
+        self.learner.load_state_tensors(payload.tensors)
+        plan = Plan.from_dict(payload.plan)
+        if plan != self.learner.plan:
+            self.learner.apply_plan(plan)
+        self.plan.set(plan, int(payload.meta.get("plan_version", self.plan.version)))
+        self.counters.restore(payload.counters)
+        predicted = {int(p): int(o) for p, o in payload.meta.get("predicted_through", {}).items()}
+        self.ledger.restore(predicted)
+        self.last_version = payload.version or 0
+        return {int(p): int(o) for p, o in payload.offsets.get(self.samples_topic, {}).items()}
+
+    # -- sequences -----------------------------------------------------------------------------------
+    def save(self, metadata: Mapping[str, str], ends: StreamEnds) -> SnapshotInfo:
+        """Drain, flush, save (module docstring, steps 1–3). Raises when the snapshot failed."""
+        store = self.require_store()
+        start = time.monotonic()
+        deadline = Deadline(SNAPSHOT_BUDGET_S)
+        try:
+            with self.lifecycle.during(TrainerState.SNAPSHOTTING):
+                self._drain(deadline)
+                self._flush(ends, deadline)
+                version = store.save(self.payload(metadata))
+                store.prune(self.keep)
+        except Exception:
+            self._on_health(False)
+            raise
+        self._on_health(True)
+        self.last_version = version
+        self._last_time = time.monotonic()
+        return self._manifest_info(store.manifest(version), seconds=time.monotonic() - start)
+
+    def due(self) -> bool:
+        """Whether a periodic snapshot is due (``redis.snapshot_interval_s``; 0 turns them off)."""
+        return (
+            self.store is not None and self.interval_s > 0 and time.monotonic() - self._last_time >= self.interval_s
+        )
+
+    def save_periodic(self, ends: StreamEnds) -> None:
+        """A periodic snapshot; a failure degrades the service (health), the stream goes on."""
+        try:
+            self.save({"reason": "periodic"}, ends)
+        except Exception as exc:
+            log.error("periodic snapshot failed: %s", exc)
+            self._last_time = time.monotonic()
+
+    def shutdown(self, ends: StreamEnds) -> None:
+        """The SIGTERM sequence (steps 1–4): a failed final snapshot never loses the offsets commit."""
+        deadline = Deadline(SHUTDOWN_BUDGET_S)
+        drained = True
+        try:
+            self._drain(deadline)
+        except CheckpointTimeout as exc:
+            drained = False
+            log.error("final drain: %s; no final snapshot", exc)
+        self._flush(ends, deadline)
+        ends.store_offsets()
+        if drained and self.store is not None and self.snapshot_on_stop:
+            try:
+                self.save({"reason": "shutdown"}, ends)
+            except Exception as exc:
+                log.error("final snapshot failed: %s", exc)
+        ends.commit()
+
+    def restore_latest(self) -> Restored | None:
+        """Start-up: the newest valid snapshot, applied; None when there is none (or no store)."""
+        if self.store is None:
+            return None
+        try:
+            payload = self.store.load_latest_valid()
+        except SnapshotNotFoundError:
+            return None
+        offsets = self.apply(payload)
+        return Restored(self.info(payload), offsets)
+
+    def restore(self, version: int | None) -> Restored:
+        """A snapshot by version (None: the newest valid one), applied after a drain."""
+        store = self.require_store()
+        try:
+            payload = store.load(version) if version is not None else store.load_latest_valid()
+        except SnapshotNotFoundError as exc:
+            raise SnapshotNotFound(str(exc)) from exc
+        with self.lifecycle.during(TrainerState.RESTORING):
+            self.learner.drain()
+            offsets = self.apply(payload)
+        return Restored(self.info(payload), offsets)
+
+    def list(self, verify: bool) -> list[SnapshotInfo]:
+        out = []
+        for status in self.require_store().list_snapshots(verify=verify):
+            if status.manifest is None:
+                out.append(SnapshotInfo(status.version, self.instance_id, valid=False, error=status.error))
+            else:
+                info = self._manifest_info(status.manifest)
+                out.append(dataclasses.replace(info, valid=status.valid, error=status.error))
+        return out
+
+    def require_store(self) -> SnapshotStore:
+        if self.store is None:
+            raise SnapshotNotFound("snapshots are off: the trainer has no Redis store configured")
+        return self.store
+
+    # -- steps ---------------------------------------------------------------------------------------
+    def _drain(self, deadline: Deadline) -> None:
+        try:
+            self.learner.drain(deadline.remaining())
+        except TimeoutError as exc:
+            raise CheckpointTimeout(
+                f"the pipeline did not drain within {deadline.seconds:g} s; nothing was saved"
+            ) from exc
+
+    def _flush(self, ends: StreamEnds, deadline: Deadline) -> None:
+        left = ends.flush(deadline.remaining())
+        if left:
+            log.warning("%d messages still undelivered after the flush: their offsets stay unfinished", left)
+
+    # -- what the control plane reports --------------------------------------------------------------
+    def info(self, payload: SnapshotPayload) -> SnapshotInfo:
+        if self.store is not None and payload.version:
+            return self._manifest_info(self.store.manifest(payload.version))
+        return SnapshotInfo(
+            version=payload.version or 0,
+            instance_id=self.instance_id,
+            offsets=_offsets(payload.offsets),
+            plan_version=int(payload.meta.get("plan_version", 0)),
+        )
+
+    def _manifest_info(self, manifest: SnapshotManifest, *, seconds: float = 0.0) -> SnapshotInfo:
+        return SnapshotInfo(
+            version=manifest.version,
+            instance_id=manifest.instance_id,
+            created_time_ms=manifest.created_time_ms,
+            chunks=len(manifest.chunks),
+            total_bytes=manifest.total_bytes,
+            sha256=manifest.sha256,
+            offsets=_offsets(manifest.offsets),
+            plan_version=int(manifest.meta.get("plan_version", 0)),
+            metadata={k: str(v) for k, v in manifest.meta.items() if isinstance(v, str)},
+            seconds=seconds,
+        )
+
+
+def _offsets(offsets: Mapping[str, Mapping[int, int]]) -> tuple[PartitionOffset, ...]:
+    return tuple(
+        PartitionOffset(topic, int(p), int(o)) for topic, parts in offsets.items() for p, o in sorted(parts.items())
+    )

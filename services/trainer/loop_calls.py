@@ -1,0 +1,67 @@
+"""Control-plane work run on the loop thread: re-plans, snapshots and restores touch the learner and the
+Kafka clients, which only the loop thread uses. A gRPC thread :meth:`LoopCalls.call`\\ s a function and
+waits; the record path :meth:`LoopCalls.serve`\\ s queued calls between batches, with consumption paused
+(counted); once the loop ends, :meth:`LoopCalls.close` fails what is queued and refuses new calls."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
+
+from services.control.errors import ServiceUnavailable
+
+T = TypeVar("T")
+
+
+class LoopCalls:
+    def __init__(self) -> None:
+        self._requests: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._loop: threading.Thread | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def bind(self) -> None:
+        """Called by the loop thread when it starts: from now on calls run there."""
+        self._loop = threading.current_thread()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the loop thread and return its result (or raise its error). Before the loop starts
+        (start-up restore) and on the loop thread itself, ``fn`` runs at once."""
+        with self._lock:
+            if self._closed:
+                raise ServiceUnavailable("the trainer is stopping; the request was not run")
+            if self._loop is None or threading.current_thread() is self._loop:
+                direct = True
+            else:
+                direct = False
+                future: Future[T] = Future()
+                self._requests.put((fn, future))
+        return fn() if direct else future.result()
+
+    def serve(self, paused: Callable[[], AbstractContextManager[None]]) -> None:
+        """Run every queued call, each inside ``paused()`` (consumption paused for its duration)."""
+        while True:
+            try:
+                fn, future = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            with paused():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+    def close(self) -> None:
+        """Fail every queued call and refuse new ones (the loop is ending)."""
+        with self._lock:
+            self._closed = True
+        while True:
+            try:
+                _, future = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            future.set_exception(ServiceUnavailable("the trainer stopped before running the request"))

@@ -1,0 +1,84 @@
+"""The trainer's status, assembled in one function from the counters, the ledger, the learner and the
+plan in force: what GetStatus replies (``services.control.messages.status_reply`` maps it to the proto,
+the one place where a proto field's name differs) and what the metrics endpoint exports. Every quantity
+keeps one name from the counters to the snapshot: ``skipped``, ``dead_lettered``, ``planned_bytes``, …"""
+
+from __future__ import annotations
+
+import time
+
+from services.codec import now_ms
+from services.control.trainer_port import TrainerStatus
+from services.trainer.checkpoints import Checkpoints
+from services.trainer.counters import StreamCounters
+from services.trainer.learner import Learner, LearnerStats
+from services.trainer.ledger import OffsetLedger
+from services.trainer.state import Lifecycle, PlanInForce
+
+
+class StatusView:
+    """Reads the trainer's parts; cheap (WatchStatus and every metrics scrape call it)."""
+
+    def __init__(
+        self,
+        *,
+        instance_id: str,
+        counters: StreamCounters,
+        ledger: OffsetLedger,
+        learner: Learner,
+        plan: PlanInForce,
+        lifecycle: Lifecycle,
+        checkpoints: Checkpoints,
+    ) -> None:
+        self.instance_id = instance_id
+        self.counters = counters
+        self.ledger = ledger
+        self.learner = learner
+        self.plan = plan
+        self.lifecycle = lifecycle
+        self.checkpoints = checkpoints
+        self._started = time.monotonic()
+
+    def learner_stats(self) -> LearnerStats:
+        return self.learner.stats()
+
+    def mean_staleness(self) -> float | None:
+        return self.learner.stats().mean_staleness
+
+    def status(self) -> TrainerStatus:
+        stats = self.learner.stats()
+        plan, plan_version = self.plan.get()
+        c = self.counters
+        with c.lock:
+            latency = c.latency_ms.get()
+            lag = max(0.0, (now_ms() - c.last_event_time_ms) / 1000) if c.last_event_time_ms else 0.0
+            elapsed = max(1e-9, time.monotonic() - self._started)
+            return TrainerStatus(
+                state=self.lifecycle.state,
+                instance_id=self.instance_id,
+                items_received=c.items_received,
+                items_valid=c.items_valid,
+                items_dispatched=c.items_dispatched,
+                predictions_published=c.predictions_published,
+                duplicates_published=c.duplicates_published,
+                backward_passes=stats.backward_passes,
+                labels_joined=c.labels_joined,
+                skipped=dict(c.skipped),
+                dead_lettered=dict(c.dead_lettered),
+                labelled_predictions=c.online.count,
+                correct_predictions=c.online.correct,
+                online_accuracy=c.online.get(),
+                budget_bytes=plan.budget_bytes,
+                planned_bytes=plan.predicted_bytes,
+                measured_bytes=stats.measured_bytes,  # peak under the plan in force
+                lag_items=self.ledger.unfinished(),
+                lag_seconds=lag,
+                items_per_second=c.items_valid / elapsed,
+                latency_ms_p50=float(latency.get("p50", 0.0)),
+                latency_ms_p99=float(latency.get("p99", 0.0)),
+                model_version=stats.model_version,
+                plan_version=plan_version,
+                replans=c.replans,
+                pauses=c.pauses,
+                last_snapshot_version=self.checkpoints.last_version,
+            )

@@ -1,0 +1,321 @@
+"""The trainer's record path with in-memory Kafka fakes (the integration tier runs it on the real broker):
+one record's steps, the error policy's decisions, offsets finished only when the outcome is durable, the
+checkpoints' shutdown sequence under its budget, and the loop-thread hand-over."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+
+from ferret_core.engine import SkipReason
+from ferret_core.engine.policies import sequential_plan
+from services.codec import SampleDecoder, encode_sample
+from services.config import load_settings
+from services.control.errors import ServiceUnavailable
+from services.proto_gen.ferret.v1 import messages_pb2
+from services.trainer.checkpoints import Checkpoints, CheckpointTimeout
+from services.trainer.counters import StreamCounters
+from services.trainer.failures import Decision, ErrorPolicy, RecordFailure, RecordPathStopped, Step
+from services.trainer.learner import ArrivalOutcome, LearnerStats
+from services.trainer.loop_calls import LoopCalls
+from services.trainer.predictions import DECISIONS
+from services.trainer.runner import TrainerParts, assemble
+
+SETTINGS = load_settings(None, env={"FERRET_KAFKA_TOPIC_PREFIX": "t", "FERRET_TRAINER_DATASET": "digits"})
+TOPICS = SETTINGS.kafka.topics
+
+
+@dataclass
+class FakeMessage:
+    _topic: str
+    _partition: int
+    _offset: int
+    _value: bytes | None
+    _key: bytes | None = None
+    _error: object = None
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return []
+
+    def error(self) -> object:
+        return self._error
+
+
+@dataclass
+class FakeProducer:
+    """Queues produced messages; ``poll``/``flush`` deliver them (with ``fail`` as the error, if set)."""
+
+    fail: object = None
+    queued: list[tuple[str, bytes, Callable[..., None]]] = field(default_factory=list)
+    delivered: list[tuple[str, bytes]] = field(default_factory=list)
+
+    def produce(self, topic: str, value: bytes, key: bytes | None = None, headers: object = None,
+                on_delivery: Callable[..., None] | None = None) -> None:  # fmt: skip
+        assert on_delivery is not None
+        self.queued.append((topic, value, on_delivery))
+
+    def poll(self, timeout: float = 0) -> int:
+        queued, self.queued = self.queued, []
+        for topic, value, callback in queued:
+            if self.fail is None:
+                self.delivered.append((topic, value))
+            callback(self.fail, None)
+        return len(queued)
+
+    def flush(self, timeout: float = 0) -> int:
+        self.poll()
+        return 0
+
+
+@dataclass
+class FakeConsumer:
+    stored: list[object] = field(default_factory=list)
+    committed: int = 0
+
+    def store_offsets(self, message: object = None, offsets: object = None) -> None:
+        self.stored.append(message if message is not None else offsets)
+
+    def assignment(self) -> list[object]:
+        return []
+
+    def commit(self, asynchronous: bool = True) -> None:
+        self.committed += 1
+
+
+class ScriptedLearner:
+    """Predicts class 3; skips with ``skip`` (or dispatches to worker 1); may raise instead."""
+
+    def __init__(self, skip: SkipReason | None = None, error: Exception | None = None) -> None:
+        self.skip, self.error = skip, error
+        self.plan = sequential_plan("linear", 1, 1.0)
+        self.arrived: list[int] = []
+        self.drain_timeout: float | None = None
+        self.slow_drain = False
+
+    def arrive(self, item: int, x: torch.Tensor, y: int | None) -> ArrivalOutcome:
+        if self.error is not None:
+            raise self.error
+        self.arrived.append(item)
+        skip = SkipReason.NO_LABEL if y is None else self.skip
+        return ArrivalOutcome(3, 0.9, 7, skip, None if skip is not None else 1)
+
+    def drain(self, timeout: float | None = None) -> None:
+        self.drain_timeout = timeout
+        if self.slow_drain:
+            raise TimeoutError("still training")
+
+    def stats(self) -> LearnerStats:
+        return LearnerStats(backward_passes=0, model_version=7, measured_bytes=0, peak_bytes=0)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None: ...
+
+    def apply_plan(self, plan: object) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def sample(seq: int, label: int | None = 3) -> bytes:
+    x = np.zeros((1, 8, 8), np.uint8)
+    return encode_sample(x, stream="digits", sequence=seq, label=label, event_time_ms=1000 + seq).SerializeToString()
+
+
+def parts_for(learner: ScriptedLearner, producer: FakeProducer | None = None, **kw: object) -> tuple[TrainerParts, FakeProducer, FakeConsumer]:  # noqa: E501
+    parts = assemble(SETTINGS, learner, SampleDecoder((1, 8, 8), 10), None, **kw)  # type: ignore[arg-type]
+    producer = producer or FakeProducer()
+    consumer = FakeConsumer()
+    parts.stream.connect(consumer, producer)  # type: ignore[arg-type]
+    return parts, producer, consumer
+
+
+def predictions(producer: FakeProducer) -> list[messages_pb2.Prediction]:
+    out = []
+    for topic, value in producer.delivered:
+        if topic == TOPICS.predictions:
+            message = messages_pb2.Prediction()
+            message.ParseFromString(value)
+            out.append(message)
+    return out
+
+
+def test_a_record_is_decoded_arrives_and_is_published_with_the_learners_decision() -> None:
+    parts, producer, _ = parts_for(ScriptedLearner())
+    for seq in range(3):
+        parts.stream.process(FakeMessage(TOPICS.samples, 0, 10 + seq, sample(seq)))  # type: ignore[arg-type]
+    assert parts.stream.ledger.resume_offsets() == {0: 10}  # nothing durable yet: nothing to store past 10
+    producer.poll()
+    assert parts.stream.ledger.resume_offsets() == {0: 13}  # delivered: finished
+    out = predictions(producer)
+    assert [p.item for p in out] == [0, 1, 2] and {p.worker for p in out} == {1}
+    assert {p.decision for p in out} == {messages_pb2.TRAINING_DECISION_DISPATCHED}
+    assert out[-1].online_accuracy == 100.0 and out[-1].model_version == 7
+    status = parts.port.status()
+    assert (status.items_valid, status.items_dispatched, status.predictions_published) == (3, 3, 3)
+    assert status.labelled_predictions == 3 and status.correct_predictions == 3
+
+
+def test_a_skip_keeps_the_cores_reason_up_to_the_one_proto_mapping() -> None:
+    parts, producer, _ = parts_for(ScriptedLearner(skip=SkipReason.BUSY))
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 0, sample(0)))  # type: ignore[arg-type]
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 1, sample(1, label=None)))  # type: ignore[arg-type]
+    producer.poll()
+    [busy, unlabelled] = predictions(producer)
+    assert busy.decision == DECISIONS[SkipReason.BUSY] and busy.worker == -1
+    assert unlabelled.decision == DECISIONS[SkipReason.NO_LABEL]
+    assert dict(parts.port.status().skipped) == {"busy": 1, "no_label": 1}
+    assert set(DECISIONS) == {None, *SkipReason}  # every core reason has exactly one proto value
+
+
+def test_an_invalid_record_is_dead_lettered_and_finished_on_delivery(caplog: pytest.LogCaptureFixture) -> None:
+    parts, producer, _ = parts_for(ScriptedLearner())
+    with caplog.at_level(logging.WARNING, logger="ferret.trainer"):
+        parts.stream.process(FakeMessage(TOPICS.samples, 1, 5, b"\x08\x96\x01not-a-sample"))  # type: ignore[arg-type]
+    assert f"{TOPICS.samples}[1]@5" in caplog.text and "undecodable" in caplog.text  # logged once, with where
+    assert parts.stream.ledger.resume_offsets() == {1: 5}
+    producer.poll()
+    assert [t for t, _ in producer.delivered] == [TOPICS.dlq]
+    assert parts.stream.ledger.resume_offsets() == {1: 6}
+    assert dict(parts.port.status().dead_lettered) == {"undecodable": 1}
+    assert parts.port.status().items_valid == 0
+
+
+def test_an_undelivered_prediction_holds_its_offset() -> None:
+    parts, producer, _ = parts_for(ScriptedLearner(), FakeProducer(fail="broker down"))
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 0, sample(0)))  # type: ignore[arg-type]
+    producer.poll()
+    assert parts.stream.ledger.resume_offsets() == {0: 0}  # a restart reads it again
+    assert parts.port.status().predictions_published == 0
+
+
+def test_a_learner_failure_stops_the_record_path_with_its_cause() -> None:
+    parts, _, _ = parts_for(ScriptedLearner(error=ValueError("pipeline thread died")))
+    with pytest.raises(RecordPathStopped, match=rf"arrive failed for {TOPICS.samples}\[0\]@4") as info:
+        parts.stream.process(FakeMessage(TOPICS.samples, 0, 4, sample(0)))  # type: ignore[arg-type]
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_a_policy_rule_changes_what_happens_without_touching_the_path() -> None:
+    policy = ErrorPolicy({Step.DECODE: Decision.SKIP})
+    parts, producer, _ = parts_for(ScriptedLearner(), policy=policy)
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 0, b"junk"))  # type: ignore[arg-type]
+    assert producer.queued == [] and parts.stream.ledger.resume_offsets() == {0: 1}  # given up, finished
+
+
+def test_a_late_label_counts_toward_online_accuracy_once() -> None:
+    parts, _, consumer = parts_for(ScriptedLearner())
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 0, sample(0, label=None)))  # type: ignore[arg-type]
+    label = messages_pb2.Label(sample_id="digits/0", label=3).SerializeToString()
+    parts.stream.process(FakeMessage(TOPICS.labels, 0, 0, label))  # type: ignore[arg-type]
+    status = parts.port.status()
+    assert (status.labels_joined, status.labelled_predictions, status.online_accuracy) == (1, 1, 100.0)
+    assert len(consumer.stored) == 1  # the label's offset
+
+
+def test_policy_logs_where_and_decides_by_step(caplog: pytest.LogCaptureFixture) -> None:
+    policy = ErrorPolicy()
+    failure = RecordFailure(Step.DELIVER, "t.samples", 2, 9, "not_delivered", "timed out")
+    with caplog.at_level(logging.ERROR, logger="ferret.trainer"):
+        assert policy.decide(failure) is Decision.HOLD
+    assert "t.samples[2]@9" in caplog.text and "not_delivered" in caplog.text
+    assert {policy.rules[s] for s in (Step.ARRIVE, Step.PUBLISH)} == {Decision.STOP}
+
+
+def test_shutdown_without_a_drain_in_budget_skips_the_snapshot_and_still_commits() -> None:
+    learner = ScriptedLearner()
+    learner.slow_drain = True
+    parts, _, consumer = parts_for(learner)
+    parts.checkpoints.shutdown(parts.stream)
+    assert learner.drain_timeout is not None and learner.drain_timeout <= 30.0  # the shared budget
+    assert consumer.committed == 1
+
+
+class RecordingStore:
+    def __init__(self) -> None:
+        self.saved: list[object] = []
+
+    def save(self, payload: object) -> int:
+        self.saved.append(payload)
+        return len(self.saved)
+
+    def prune(self, keep: int) -> None: ...
+
+
+def test_a_snapshot_that_cannot_drain_in_its_budget_saves_nothing_and_reports_unhealthy() -> None:
+    learner = ScriptedLearner()
+    learner.slow_drain = True
+    health: list[bool] = []
+    store = RecordingStore()
+    parts = assemble(SETTINGS, learner, SampleDecoder((1, 8, 8), 10), store)  # type: ignore[arg-type]
+    checkpoints = Checkpoints(
+        store=store, learner=learner, plan=parts.checkpoints.plan, counters=parts.counters,  # type: ignore[arg-type]
+        ledger=parts.checkpoints.ledger, lifecycle=parts.checkpoints.lifecycle, samples_topic=TOPICS.samples,
+        instance_id="r0", keep=3, interval_s=0.0, on_health=health.append,
+    )  # fmt: skip
+    with pytest.raises(CheckpointTimeout, match="did not drain"):
+        checkpoints.save({}, parts.stream)
+    assert store.saved == [] and health == [False]
+
+
+def test_loop_calls_run_on_the_loop_thread_and_fail_once_closed() -> None:
+    calls = LoopCalls()
+    ran_on: list[threading.Thread] = []
+    results: list[int] = []
+    bound = threading.Event()
+    stop = threading.Event()
+
+    def loop() -> None:
+        calls.bind()
+        bound.set()
+        while not stop.is_set():
+            calls.serve(lambda: _nullcontext())
+        calls.close()
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    bound.wait(5)
+    results.append(calls.call(lambda: ran_on.append(threading.current_thread()) or 42))  # type: ignore[func-returns-value]
+    stop.set()
+    thread.join(5)
+    assert results == [42] and ran_on == [thread]
+    with pytest.raises(ServiceUnavailable):
+        calls.call(lambda: 1)
+
+
+def test_counters_restore_snapshots_written_under_the_old_names() -> None:
+    counters = StreamCounters()
+    counters.restore({"items_valid": 5, "oacc_count": 4, "oacc_correct": 3, "dlq.non_finite": 2, "skipped.busy": 1})
+    snapshot = counters.to_snapshot()
+    assert snapshot["labelled_predictions"] == 4 and snapshot["correct_predictions"] == 3
+    assert snapshot["dead_lettered.non_finite"] == 2 and snapshot["skipped.busy"] == 1
+    assert counters.skipped[SkipReason.BUSY] == 1
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
