@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from ferret_core.engine import METHOD_NAMES
 from services.cli.args import budget_type, positive_int
 from services.config import load_settings
 from services.logs import add_logging_arguments, configure_logging
@@ -15,11 +16,12 @@ from services.models import MODEL_HELP, model_spec_type, shape_type
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "run",
-        help="run the trainer: Kafka samples → predictions, the planned Ferret pipeline, gRPC control",
+        help="run the trainer: Kafka samples → predictions, a method's pipeline (Ferret's plan), gRPC control",
         description=(
-            "Consume <prefix>.samples, predict every item on arrival, train Ferret's planned pipeline and "
-            "publish one prediction per item to <prefix>.predictions. Settings come from --config (YAML) "
-            "and FERRET_* variables; the flags below override them. Stops cleanly on SIGTERM/SIGINT."
+            "Consume <prefix>.samples, predict every item on arrival, train with --method (Ferret's planned "
+            "pipeline by default) and publish one prediction per item to <prefix>.predictions. Settings come "
+            "from --config (YAML) and FERRET_* variables; the flags below override them. Stops cleanly on "
+            "SIGTERM/SIGINT."
         ),
     )
     parser.add_argument("--config", type=Path, default=None, help="YAML settings file (default $FERRET_CONFIG)")
@@ -64,6 +66,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="state-dict file loaded at start with weights_only=True (default: trainer.weights, none)",
     )
     parser.add_argument(
+        "--method",
+        default=None,
+        choices=METHOD_NAMES,
+        help="training method (default: trainer.method, ferret); oracle and 1-skip have a fixed plan and no budget",
+    )
+    parser.add_argument(
         "--budget",
         type=budget_type,
         default=None,
@@ -103,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
             "input_shape": args.input_shape,
             "num_classes": args.num_classes,
             "weights": args.weights,
+            "method": args.method,
             "budget_bytes": args.budget,
             "profile": args.profile,
         },

@@ -5,6 +5,7 @@ error                                  gRPC status          raised by
 =====================================  ===================  ==================================
 :class:`InvalidRequest` (ConfigError)  INVALID_ARGUMENT     request validation
 ``InfeasibleBudgetError`` (core)       FAILED_PRECONDITION  the planner (message: the minimum)
+:class:`BudgetNotPlanned`              FAILED_PRECONDITION  a trainer whose method has a fixed plan
 :class:`Superseded`                    ABORTED              the re-planner (a newer request won)
 :class:`SnapshotNotFound`              NOT_FOUND            the trainer (any ``FerretError`` that
                                                             is also a ``LookupError`` counts)
@@ -66,6 +67,11 @@ class SnapshotNotFound(ControlError, LookupError):
         else:
             message = f"snapshot version {what} does not exist; list the versions with `ferret control snapshots`"
         super().__init__(message)
+
+
+class BudgetNotPlanned(ControlError, RuntimeError):
+    """The trainer's method does not plan for a memory budget (e.g. ``oracle``, ``1-skip``); the plan in
+    force is unchanged (gRPC FAILED_PRECONDITION)."""
 
 
 class ServiceUnavailable(ControlError, RuntimeError):

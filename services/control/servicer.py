@@ -25,6 +25,7 @@ from services.control.errors import (
     BUDGET_BELOW_MINIMUM,
     ERROR_DOMAIN,
     MIN_FEASIBLE_METADATA,
+    BudgetNotPlanned,
     InvalidRequest,
     ServiceUnavailable,
     Superseded,
@@ -48,7 +49,7 @@ _Reply = TypeVar("_Reply")
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status code and one-line details for an error raised while serving a call."""
     reason = (str(exc).splitlines() or [""])[0] or type(exc).__name__
-    if isinstance(exc, InfeasibleBudgetError):
+    if isinstance(exc, (InfeasibleBudgetError, BudgetNotPlanned)):
         return grpc.StatusCode.FAILED_PRECONDITION, reason
     if isinstance(exc, (InvalidRequest, ConfigError)):
         return grpc.StatusCode.INVALID_ARGUMENT, reason

@@ -1,4 +1,5 @@
-"""The trainer's learner: ferret_core's engine on the wall clock, executing the planner's plan.
+"""The trainer's learner: ferret_core's engine on the wall clock, running ``trainer.method`` (any method
+of the core's registry, read live as :mod:`services.trainer.methods` says) over the planner's plan.
 
 Arrivals go through :meth:`WallClock.submit` (its prediction executor predicts with the master and
 dispatches the item); the record path waits only for that (milliseconds), never for training, and gets
@@ -15,7 +16,6 @@ from collections.abc import Mapping
 import torch
 
 from ferret_core.engine import EngineSettings, StreamEngine
-from ferret_core.engine.policies import FerretPolicy
 from ferret_core.engine.wall_clock import WallClock
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
@@ -23,6 +23,7 @@ from ferret_core.profiler import resolve_device
 from ferret_core.zoo import ZooModel
 from services.config import Settings
 from services.trainer.learner import ArrivalOutcome, LearnerStats
+from services.trainer.methods import live_setup, not_planned, plans_for_budget
 
 PREDICTION_TIMEOUT_S = 60.0
 
@@ -32,6 +33,8 @@ class EngineLearner:
 
     def __init__(self, model: ZooModel, plan: Plan, settings: Settings) -> None:
         self.model = model
+        self.method = settings.trainer.method
+        self.plans_for_budget = plans_for_budget(self.method)
         self.engine_settings = EngineSettings(
             lr=settings.trainer.lr,
             compensator=settings.trainer.compensator,
@@ -47,7 +50,7 @@ class EngineLearner:
         self._start(plan)
 
     def _start(self, plan: Plan) -> None:
-        setup = FerretPolicy(plan).setup(self.model.name, self.model.num_units, plan.arrival_interval)
+        setup = live_setup(self.method, plan, self.model.name, self.model.num_units)
         self.engine = StreamEngine(self.model.units, setup, self.engine_settings, devices=self._stage_devices(plan))
         self.clock: WallClock = self.engine.wall_clock().start()
 
@@ -80,6 +83,8 @@ class EngineLearner:
         self.clock.drain(timeout)
 
     def apply_plan(self, plan: Plan) -> None:
+        if not self.plans_for_budget:
+            raise not_planned(self.method)
         if plan.partition.num_units != self.model.num_units:
             raise ConfigError(
                 f"plan for {plan.partition.num_units} units cannot drive {self.model.name!r} "

@@ -43,6 +43,7 @@ from services.trainer.labels import LateLabelJoin
 from services.trainer.learner import Learner
 from services.trainer.ledger import OffsetLedger
 from services.trainer.loop_calls import LoopCalls
+from services.trainer.methods import FixedPlan, budget_methods, plans_for_budget
 from services.trainer.metrics import TrainerMetrics
 from services.trainer.service import Trainer
 from services.trainer.state import Lifecycle, PlanInForce
@@ -218,6 +219,12 @@ def make_planner(settings: Settings, profile: ModelProfile) -> Planner:
 def start_trainer(settings: Settings) -> TrainerProcess:
     """Build everything and start the control plane and metrics; the caller then runs the loop."""
     t = settings.trainer
+    budgeted = plans_for_budget(t.method)
+    if t.budget_bytes is not None and not budgeted:
+        raise ConfigError(
+            f"trainer.budget_bytes is {t.budget_bytes} but method {t.method!r} does not plan for a memory budget "
+            f"(its plan is fixed); unset trainer.budget_bytes / --budget, or use one of {', '.join(budget_methods())}"
+        )
     torch.set_num_threads(t.threads)
     torch.set_flush_denormal(True)
     # 1. the model, its profile, the planner and the start-up plan
@@ -236,7 +243,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     # 3. what the record path reports to: readiness, the measured arrival rate, the latency histogram
     health = ControlHealth(ready=False)  # not ready until the consumer has its partitions
     drift = None
-    if t.arrival_interval == "measured":
+    if t.arrival_interval == "measured" and budgeted:  # a fixed plan has nothing to re-plan
         drift = DriftReplanner(planner, lambda: learner.plan.budget_bytes, ratio=t.arrival_drift_ratio)
     metrics = TrainerMetrics()  # served below when metrics.port is set
     hooks = StreamHooks(
@@ -253,8 +260,9 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     # 5. the control plane over the port, and the drift re-planner requesting through it
     c = settings.control
     tls = ServerTls(c.tls_cert, c.tls_key) if c.tls_cert is not None and c.tls_key is not None else None
+    control_planner = planner if budgeted else FixedPlan(t.method)  # a fixed plan refuses every budget
     control = create_server(
-        planner,
+        control_planner,
         parts.port,
         address=c.listen,
         token=c.token,

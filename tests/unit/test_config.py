@@ -278,3 +278,13 @@ def test_the_json_schema_in_docs_is_current_and_accepts_the_example() -> None:
     jsonschema.validate(yaml.safe_load(EXAMPLE.read_text(encoding="utf-8")), committed)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"kafka": {"bootstrap_server": "a:1"}}, committed)
+
+
+def test_an_unknown_method_is_a_config_error_naming_every_method_of_the_registry() -> None:
+    from ferret_core.engine import METHOD_NAMES
+
+    with pytest.raises(SettingsError, match=r"trainer\.method") as info:
+        load_settings(None, env={"FERRET_TRAINER_METHOD": "sgd"})
+    assert all(name in str(info.value) for name in METHOD_NAMES)
+    for name in METHOD_NAMES:
+        assert load_settings(None, env={"FERRET_TRAINER_METHOD": name}).trainer.method == name
