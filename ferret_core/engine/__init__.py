@@ -6,8 +6,8 @@ Modules, one concept each: ``actions`` (frozen Action / TraceEvent), ``versions`
 stashes), ``stage_exec`` (one stage's passes through ``functional_call``), ``optim`` (out-of-place
 SGD), ``scheduler`` (the one schedule logic), ``pipeline`` (what an action does), ``state`` (its
 in-flight items and counters), ``virtual_clock``, ``wall_clock``, ``memory`` (measurement), ``trace``
-(validator, table, staleness), ``policies`` (Oracle, 1-Skip, Ferret), ``result``, ``engine`` (the
-facade).
+(validator, table, staleness), ``policies`` (Oracle, 1-Skip, Ferret), ``result``, ``carry``
+(compensator state across a re-plan), ``engine`` (the facade).
 """
 
 from ferret_core.engine.actions import Kind, SkipReason, TraceEvent

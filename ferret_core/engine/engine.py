@@ -13,13 +13,15 @@ An engine is used for one run: its versions, counters and trace accumulate.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ferret_core.compensation import CompensatorSettings, make_compensator
+from ferret_core.engine.carry import carry_compensator_states
 from ferret_core.engine.memory import MemoryMeter
 from ferret_core.engine.optim import SGD, Optimizer
 from ferret_core.engine.pipeline import Pipeline
@@ -157,6 +159,20 @@ class StreamEngine:
                 mean_staleness=p.mean_staleness(),
                 max_staleness=tuple(c.staleness_max),
             )
+
+    def compensator_state(self) -> list[dict[str, Any]]:
+        """Per stage, the compensator's ``state_dict()`` (copies): for snapshots. Take it drained."""
+        return self.pipeline.compensator_states()
+
+    def load_compensator_state(self, states: Sequence[Mapping[str, Any]]) -> None:
+        """Restore :meth:`compensator_state` into an engine of the same plan and compensator (drained)."""
+        self.pipeline.load_compensator_states(states)
+
+    def carry_compensator_state(self, states: Sequence[Mapping[str, Any]], *, same_partition: bool) -> None:
+        """Load what this (new, idle) engine's compensators can use of another plan's
+        :meth:`compensator_state` (:mod:`ferret_core.engine.carry` says what carries and what restarts)."""
+        fresh = self.pipeline.compensator_states()
+        self.pipeline.load_compensator_states(carry_compensator_states(states, fresh, same_partition=same_partition))
 
     def result(self, *, wall_seconds: float, test: tuple[Tensor, Tensor] | None = None) -> SimulationResult:
         """The result so far (``tacc`` on ``test`` with the current master)."""

@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -376,6 +377,23 @@ class Pipeline:
             names = program.param_names + program.buffer_names
             out.append({k: t.detach().clone() for k, t in zip(names, version.tensors(), strict=True)})
         return out
+
+    def compensator_states(self) -> list[dict[str, Any]]:
+        """Each stage compensator's ``state_dict()`` (tensors are copies), in stage order; taken under the
+        stage locks, so no update is half applied."""
+        states = []
+        for lock, compensator in zip(self._stage_locks, self.compensators, strict=True):
+            with lock:
+                states.append(compensator.state_dict())
+        return states
+
+    def load_compensator_states(self, states: Sequence[Mapping[str, Any]]) -> None:
+        """Restore :meth:`compensator_states` (one per stage, same compensator, shapes and ring capacities)."""
+        if len(states) != self.num_stages:
+            raise ConfigError(f"need one compensator state per stage ({self.num_stages}), got {len(states)}")
+        for lock, compensator, state in zip(self._stage_locks, self.compensators, states, strict=True):
+            with lock:
+                compensator.load_state_dict(state)
 
     def evaluate(self, x: Tensor, y: Tensor, *, batch: int = 1000) -> float:
         """Test accuracy (percent) of the master on a labelled split, in batches."""

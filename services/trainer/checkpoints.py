@@ -2,9 +2,12 @@
 and out, and the drain → flush → save → commit sequence with its time budget.
 
 A snapshot holds (DESIGN §4 "Offsets and snapshots"): the learner's tensors (weights, ``engine.updates``),
-the plan in force and its version, the stream counters (online accuracy included), per sample partition
-the smallest offset whose work the weights do not reflect, and the per-partition "predicted through"
-watermarks that flag re-emitted predictions as duplicates after a restart.
+the compensators' state per stage (:func:`encode_compensator`: Iter-Fisher's λ, v_r, v_a and delta ring,
+Gap-Aware's step average, the statistics; tensors under ``compensator.<stage>.…`` with the weights, the
+rest as JSON in the manifest's ``compensator`` — never pickled), the plan in force and its version, the
+stream counters (online accuracy included), per sample partition the smallest offset whose work the
+weights do not reflect, and the per-partition "predicted through" watermarks that flag re-emitted
+predictions as duplicates after a restart.
 
 Every sequence here runs on the loop thread (the control port hands it over with
 :class:`~services.trainer.loop_calls.LoopCalls`), with consumption paused:
@@ -23,16 +26,25 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from ferret_core.errors import FerretError
+from torch import Tensor
+
+from ferret_core.errors import ConfigError, FerretError
 from ferret_core.plan import Plan
-from services.control.errors import SnapshotNotFound
+from services.control.errors import BudgetNotPlanned, SnapshotNotFound
 from services.control.trainer_port import PartitionOffset, SnapshotInfo, TrainerState
-from services.snapshots import SnapshotManifest, SnapshotNotFoundError, SnapshotPayload, SnapshotStore
+from services.snapshots import (
+    SnapshotCorruptError,
+    SnapshotManifest,
+    SnapshotNotFoundError,
+    SnapshotPayload,
+    SnapshotStore,
+)
 from services.trainer.counters import StreamCounters
 from services.trainer.learner import Learner
 from services.trainer.ledger import OffsetLedger
@@ -42,6 +54,7 @@ log = logging.getLogger("ferret.trainer")
 
 SNAPSHOT_BUDGET_S = 60.0  # drain + flush of a snapshot taken while the stream runs
 SHUTDOWN_BUDGET_S = 30.0  # drain + flush on SIGTERM (the demo and k8s give a stopping trainer 60 s / 30 s+)
+COMPENSATOR_PREFIX = "compensator."  # snapshot tensor names of the compensators' state
 
 
 class CheckpointTimeout(FerretError, TimeoutError):
@@ -117,8 +130,10 @@ class Checkpoints:
     def payload(self, metadata: Mapping[str, str]) -> SnapshotPayload:
         """What the trainer's state is now (call drained and flushed)."""
         plan, version = self.plan.get()
+        compensator_tensors, compensator = encode_compensator(self.learner.compensator_state())
         return SnapshotPayload(
-            tensors=self.learner.state_tensors(),
+            tensors={**self.learner.state_tensors(), **compensator_tensors},
+            compensator=compensator,
             plan=plan.to_dict(),
             offsets={self.samples_topic: self.ledger.resume_offsets()},
             counters=self.counters.to_snapshot(),
@@ -135,13 +150,30 @@ class Checkpoints:
         self.learner.load_state_tensors(payload.tensors)
         plan = Plan.from_dict(payload.plan)
         if plan != self.learner.plan:
-            self.learner.apply_plan(plan)
-        self.plan.set(plan, int(payload.meta.get("plan_version", self.plan.version)))
+            try:
+                self.learner.apply_plan(plan)
+            except BudgetNotPlanned:  # a snapshot of another method: the weights carry over, not its plan
+                log.warning("the snapshot's plan is not this method's; keeping the method's own plan")
+        if self.learner.plan == plan:
+            self.plan.set(plan, int(payload.meta.get("plan_version", self.plan.version)))
+        else:
+            self.plan.set(self.learner.plan, self.plan.version)
+        self._load_compensator(payload)
         self.counters.restore(payload.counters)
         predicted = {int(p): int(o) for p, o in payload.meta.get("predicted_through", {}).items()}
         self.ledger.restore(predicted)
         self.last_version = payload.version or 0
         return {int(p): int(o) for p, o in payload.offsets.get(self.samples_topic, {}).items()}
+
+    def _load_compensator(self, payload: SnapshotPayload) -> None:
+        """The compensators' state as saved; a snapshot without it (older, or another compensator or plan
+        than the one in force) leaves them fresh, and says so."""
+        if not payload.compensator:
+            return
+        try:
+            self.learner.load_compensator_state(decode_compensator(payload.compensator, payload.tensors))
+        except (ConfigError, SnapshotCorruptError) as exc:
+            log.warning("compensator state not restored (it starts fresh): %s", exc)
 
     # -- sequences -----------------------------------------------------------------------------------
     def save(self, metadata: Mapping[str, str], ends: StreamEnds) -> SnapshotInfo:
@@ -271,6 +303,58 @@ class Checkpoints:
             metadata={k: str(v) for k, v in manifest.meta.items() if isinstance(v, str)},
             seconds=seconds,
         )
+
+
+def encode_compensator(states: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Per-stage compensator states as ``(tensors, document)``: every tensor under its path
+    (``compensator.<stage>.<key>[.<index>…]``), for the snapshot codec (``torch.load(weights_only=True)``),
+    and a JSON document of the structure and the scalars that names them (``{}`` without compensators)."""
+    tensors: dict[str, Tensor] = {}
+    if not states:
+        return tensors, {}
+    stages = [_split(state, f"{COMPENSATOR_PREFIX}{j}", tensors) for j, state in enumerate(states)]
+    return tensors, {"format": 1, "stages": stages}
+
+
+def decode_compensator(document: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> list[dict[str, Any]]:
+    """Inverse of :func:`encode_compensator` (raises ``SnapshotCorruptError`` on a malformed document)."""
+    try:
+        if document.get("format") != 1:
+            raise ValueError(f"format {document.get('format')!r}, expected 1")
+        return [_join(stage, tensors) for stage in document["stages"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SnapshotCorruptError(f"the snapshot's compensator state is malformed: {exc!r}") from exc
+
+
+def _split(value: Any, path: str, tensors: dict[str, Tensor]) -> dict[str, Any]:
+    """One value as a tagged JSON node; tensors go to ``tensors`` under ``path``."""
+    if isinstance(value, Tensor):
+        tensors[path] = value
+        return {"tensor": path}
+    if isinstance(value, Mapping):
+        return {"dict": {str(k): _split(v, f"{path}.{k}", tensors) for k, v in value.items()}}
+    if isinstance(value, list | tuple):
+        return {"list": [_split(v, f"{path}.{i}", tensors) for i, v in enumerate(value)]}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": repr(value)}  # JSON has no NaN / inf
+    if value is None or isinstance(value, bool | int | float | str):
+        return {"value": value}
+    raise TypeError(f"compensator state at {path} holds a {type(value).__name__}: not a tensor, number or string")
+
+
+def _join(node: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Any:
+    (tag, value), = node.items()
+    if tag == "tensor":
+        return tensors[value]
+    if tag == "dict":
+        return {k: _join(v, tensors) for k, v in value.items()}
+    if tag == "list":
+        return [_join(v, tensors) for v in value]
+    if tag == "float":
+        return float(value)
+    if tag == "value":
+        return value
+    raise ValueError(f"unknown node {tag!r}")
 
 
 def _offsets(offsets: Mapping[str, Mapping[int, int]]) -> tuple[PartitionOffset, ...]:

@@ -5,13 +5,16 @@ Arrivals go through :meth:`WallClock.submit` (its prediction executor predicts w
 dispatches the item); the record path waits only for that (milliseconds), never for training, and gets
 the engine's own answer back: the skip reason or the worker it dispatched to. Online accuracy is scored
 by the trainer's counters, once (the engine runs with ``score_online`` off). A re-plan drains, copies the
-master weights into the model's units and rebuilds the pipeline for the new plan: weights carry over;
-compensator state (λ, moments, delta rings, whose sizes depend on the plan) starts afresh.
+master weights into the model's units and rebuilds the pipeline for the new plan: weights carry over,
+and the compensators keep what the new plan can use (:mod:`ferret_core.engine.carry`: λ per stage when the
+partition is unchanged, per-parameter moments re-split at the new stage boundaries; the delta ring
+restarts empty).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -92,12 +95,15 @@ class EngineLearner:
             )
         self.clock.drain()
         self._copy_master_into_units()
+        compensators = self.engine.compensator_state()
+        same_partition = plan.partition == self.plan.partition
         stats = self.engine.stats()
         self._peak_before = max(self._peak_before, stats.peak_bytes or 0)
         self._updates_before += stats.updates
         self._backprops_before += stats.trained_any_stage
         self.clock.close()
         self._start(plan)
+        self.engine.carry_compensator_state(compensators, same_partition=same_partition)
 
     # -- state -----------------------------------------------------------------------------------------
     def _copy_master_into_units(self) -> None:
@@ -143,6 +149,14 @@ class EngineLearner:
         plan = self.engine.setup.plan
         self.clock.close()
         self._start(plan)
+
+    def compensator_state(self) -> list[dict[str, Any]]:
+        self.clock.drain()
+        return self.engine.compensator_state()
+
+    def load_compensator_state(self, states: Sequence[Mapping[str, Any]]) -> None:
+        self.clock.drain()
+        self.engine.load_compensator_state(states)
 
     def stats(self) -> LearnerStats:
         stats = self.engine.stats()

@@ -10,9 +10,9 @@ exactly the work the weights reflect (DESIGN §4).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -72,6 +72,14 @@ class Learner(Protocol):
     def state_tensors(self) -> dict[str, torch.Tensor]: ...
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None: ...
+
+    def compensator_state(self) -> list[dict[str, Any]]:
+        """Per stage, the compensator's ``state_dict()`` (tensors inside; empty without compensators)."""
+        ...
+
+    def load_compensator_state(self, states: Sequence[Mapping[str, Any]]) -> None:
+        """Restore :meth:`compensator_state` under the same plan and compensator (``ConfigError`` else)."""
+        ...
 
     def stats(self) -> LearnerStats: ...
 

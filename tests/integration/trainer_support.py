@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,6 +73,12 @@ class LinearLearner:
         self.weight = tensors["weight"].clone()
         self.bias = tensors["bias"].clone()
         self.updates = int(tensors["updates"])
+
+    def compensator_state(self) -> list[dict[str, Any]]:
+        return []  # no compensator
+
+    def load_compensator_state(self, states: Sequence[Mapping[str, Any]]) -> None:
+        assert not states
 
     def stats(self) -> LearnerStats:
         return LearnerStats(backward_passes=self.updates, model_version=self.updates, measured_bytes=0, peak_bytes=0)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
@@ -124,6 +125,12 @@ class ScriptedLearner:
         self.drain_timeout = timeout
         if self.slow_drain:
             raise TimeoutError("still training")
+
+    def compensator_state(self) -> list[dict[str, Any]]:
+        return []  # no compensator
+
+    def load_compensator_state(self, states: Sequence[Mapping[str, Any]]) -> None:
+        assert not states
 
     def stats(self) -> LearnerStats:
         return LearnerStats(backward_passes=0, model_version=7, measured_bytes=0, peak_bytes=0)
