@@ -1,7 +1,8 @@
 """Control-plane work run on the loop thread: re-plans, snapshots and restores touch the learner and the
-Kafka clients, which only the loop thread uses. A gRPC thread :meth:`LoopCalls.call`\\ s a function and
-waits; the record path :meth:`LoopCalls.serve`\\ s queued calls between batches, with consumption paused
-(counted); once the loop ends, :meth:`LoopCalls.close` fails what is queued and refuses new calls."""
+Kafka clients, which only the loop thread uses. A gRPC thread hands a function to :meth:`LoopCalls.call`
+and waits; the record path runs the queued calls between batches (:meth:`LoopCalls.serve`), with
+consumption paused (counted); once the loop ends, :meth:`LoopCalls.close` fails what is queued and
+refuses new calls (UNAVAILABLE)."""
 
 from __future__ import annotations
 

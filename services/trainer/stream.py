@@ -25,7 +25,7 @@ from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from services.codec import Rejection, RejectReason, SampleDecoder, ValidSample, dead_letter, now_ms
+from services.codec import Rejection, RejectReason, SampleDecoder, ValidSample, dead_letter_record, now_ms
 from services.config import KafkaSettings
 from services.control.trainer_port import TrainerState
 from services.proto_gen.ferret.v1 import messages_pb2
@@ -158,15 +158,17 @@ class RecordStream:
         record = Record.of(message)
         error = message.error()
         if error is not None:
-            self._broker_error(record, error)
-        elif record.topic == self.topics.labels:
-            self._join_label(record)
-        else:
-            self._receive(record)  # 1. counted; its offset is pending until its outcome is durable
-            sample = self._decode(record)  # 2. a valid sample, or the error policy (dead letter)
-            arrived = None if sample is None else self._arrive(record, sample)  # 3. predicted, dispatched/skipped
-            if sample is not None and arrived is not None:
-                self._publish(record, sample, *arrived)  # 4. its delivery finishes the offset
+            return self._broker_error(record, error)
+        if record.topic == self.topics.labels:
+            return self._join_label(record)
+        self._receive(record)  # 1. counted; its offset is pending until its outcome is durable
+        sample = self._decode(record)  # 2. a valid sample, else the error policy (dead letter)
+        if sample is None:
+            return None
+        arrived = self._arrive(record, sample)  # 3. predicted, then dispatched or skipped
+        if arrived is None:
+            return None
+        return self._publish(record, sample, *arrived)  # 4. produced; its delivery finishes the offset
 
     def _receive(self, record: Record) -> None:
         self.counters.add("items_received")
@@ -259,9 +261,10 @@ class RecordStream:
             self._finish(record)
 
     def _dead_letter(self, record: Record, failure: RecordFailure) -> None:
-        """The original record to ``<prefix>.samples.dlq`` with the failure's reason; finished on delivery."""
+        """The original record to ``<prefix>.samples.dlq`` with the failure's reason (bounded to the
+        producer's message limit, :func:`services.codec.dead_letter_record`); finished on delivery."""
         self.counters.count_dead_letter(failure.reason)
-        value, headers = dead_letter(record.message, Rejection(cast(RejectReason, failure.reason), failure.detail))
+        letter = dead_letter_record(record.message, Rejection(cast(RejectReason, failure.reason), failure.detail))
 
         def delivered(err: KafkaError | None, _msg: Message) -> None:
             if err is None:
@@ -271,7 +274,7 @@ class RecordStream:
 
         assert self._producer is not None
         self._producer.produce(
-            self.topics.dlq, value, key=record.message.key(), headers=headers, on_delivery=delivered
+            self.topics.dlq, letter.value, key=letter.key, headers=letter.headers, on_delivery=delivered
         )
 
     def _finish(self, record: Record) -> None:
