@@ -5,7 +5,8 @@
     print(report.summary())
 
 - **Records**: value = a serialized ``ferret.v1.Sample`` (:class:`services.codec.SampleEncoder`), key =
-  the sample id ``<stream>/<sequence>``; the idempotent producer (acks=all) partitions by key with
+  the sample id ``<stream>/<sequence>``, header ``content-type`` naming the message
+  (:mod:`services.content_type`); the idempotent producer (acks=all) partitions by key with
   murmur2, so items spread over the partitions and a label keyed by the same id lands on the same
   partition index of ``<prefix>.labels`` (both topics have the same count when this producer creates them).
 - **Labels** (``labels``): ``with-sample`` puts the label in the Sample; ``delayed`` sends a
@@ -36,15 +37,19 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ferret_core.data import Dataset
 from ferret_core.errors import ConfigError, FerretError
+from services import content_type
 from services.codec import SampleEncoder, now_ms
 from services.config import KafkaSettings, ProducerSettings
 from services.kafka.admin import ensure_topics
-from services.proto_gen.ferret.v1.messages_pb2 import Label
+from services.proto_gen.ferret.v1.messages_pb2 import Label, Sample
 
 log = logging.getLogger(__name__)
 
 _MAX_WAIT_S = 0.05  # longest single wait, so a stop request is seen quickly
 _PROGRESS_EVERY_S = 0.1
+# Every record names its message (services.content_type; docs/predictions.md "Record headers").
+SAMPLE_HEADERS = [content_type.header(Sample)]
+LABEL_HEADERS = [content_type.header(Label)]
 
 
 class ProducerError(FerretError, RuntimeError):
@@ -270,9 +275,10 @@ class SampleProducer:
         stopped while waiting."""
         topic = self.topics.samples if is_sample else self.topics.labels
         on_delivery = self._on_sample if is_sample else self._on_label
+        headers = SAMPLE_HEADERS if is_sample else LABEL_HEADERS
         while True:
             try:
-                client.produce(topic, value=value, key=key.encode(), on_delivery=on_delivery)
+                client.produce(topic, value=value, key=key.encode(), headers=headers, on_delivery=on_delivery)
             except BufferError:
                 if self._stop.is_set():
                     return False

@@ -46,7 +46,8 @@ class EngineSettings:
     of a virtual run (staleness against the bound is reported, not enforced). ``score_online``: count
     online accuracy (the result's ``oacc``) as items are dispatched; a caller that scores predictions
     itself (the trainer service, which keeps one count across re-plans, restarts and late labels) turns
-    it off, so every prediction is scored once."""
+    it off, so every prediction is scored once. ``top_k``: how many of the most probable classes (with
+    their probabilities) the wall clock's :class:`Arrival` reports (the trainer publishes them)."""
 
     lr: float = 1e-3
     momentum: float = 0.0
@@ -57,6 +58,7 @@ class EngineSettings:
     clone_replicas: bool = False
     validate: bool = True
     score_online: bool = True
+    top_k: int = 1
 
 
 class StreamEngine:
@@ -120,7 +122,7 @@ class StreamEngine:
     def wall_clock(self) -> WallClock:
         """Real executors over this engine's pipeline (not started): ``submit`` arrivals, ``drain``,
         ``close`` — for the trainer service."""
-        return WallClock(self.pipeline)
+        return WallClock(self.pipeline, top_k=self.settings.top_k)
 
     def run_wall(
         self,

@@ -137,10 +137,19 @@ class Pipeline:
 
     def predict_with_confidence(self, x: Tensor) -> tuple[int, float]:
         """The master's predicted class for one sample and its softmax probability."""
+        return self.predict_top_k(x, 1)[0]
+
+    def predict_top_k(self, x: Tensor, k: int) -> tuple[tuple[int, float], ...]:
+        """The master's ``k`` most probable classes for one sample as (class, softmax probability), most
+        probable first (all classes when the model has fewer than ``k``). Ties keep the lower class first,
+        so entry 0 is the argmax, the predicted class."""
+        if k < 1:
+            raise ConfigError(f"top-k needs k >= 1, got {k}")
         logits = predict_logits(self._predict_runners, self.store.masters(), x.unsqueeze(0))
         probs = torch.softmax(logits[0].float(), dim=0)
-        best = int(probs.argmax().item())
-        return best, float(probs[best].item())
+        values, classes = torch.sort(probs, descending=True, stable=True)
+        n = min(k, probs.numel())
+        return tuple(zip(classes[:n].tolist(), values[:n].tolist(), strict=True))
 
     def dispatch(self, index: int, x: Tensor, y: int | None, prediction: int) -> SkipReason | None:
         """Count the prediction of item ``index`` and admit it to its worker, or say why not.

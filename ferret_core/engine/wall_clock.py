@@ -42,13 +42,16 @@ from ferret_core.errors import ConfigError, FerretError
 class Arrival:
     """What became of a submitted item: its stream index, the master's prediction (and its softmax
     probability), and either the worker the pipeline dispatched it to or, when it was not admitted for
-    training, why (exactly one of ``worker`` and ``skipped`` is set)."""
+    training, why (exactly one of ``worker`` and ``skipped`` is set). ``top_k``: the clock's ``top_k``
+    most probable classes as (class, probability), most probable first (``top_k[0]`` is ``prediction``
+    with ``confidence``)."""
 
     index: int
     prediction: int
     skipped: SkipReason | None
     confidence: float = float("nan")
     worker: int | None = None
+    top_k: tuple[tuple[int, float], ...] = ()
 
 
 class _WallStamps:
@@ -72,10 +75,14 @@ class ClockStopped(FerretError, RuntimeError):
 
 
 class WallClock:
-    """Threads for every live (worker, stage) executor and for predictions, over one pipeline."""
+    """Threads for every live (worker, stage) executor and for predictions, over one pipeline.
+    ``top_k``: how many of the most probable classes each :class:`Arrival` reports (>= 1)."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, *, top_k: int = 1) -> None:
+        if top_k < 1:
+            raise ConfigError(f"top_k must be >= 1, got {top_k}")
         self.pipeline = pipeline
+        self.top_k = top_k
         pipeline.in_place = False
         if any(d.type == "cuda" for d in pipeline.devices):
             pipeline.end_of_action = cuda_action_barrier
@@ -214,7 +221,8 @@ class WallClock:
                     return
                 index, x, y, future = entry
                 try:
-                    prediction, confidence = p.predict_with_confidence(x)
+                    top_k = p.predict_top_k(x, self.top_k)
+                    prediction, confidence = top_k[0]
                     with self._cv:
                         skipped = p.dispatch(index, x, y, prediction)
                         worker = p.worker_of(index) if skipped is None else None
@@ -223,7 +231,7 @@ class WallClock:
                 except BaseException as exc:
                     future.set_exception(exc)
                     raise
-                future.set_result(Arrival(index, prediction, skipped, confidence, worker))
+                future.set_result(Arrival(index, prediction, skipped, confidence, worker, top_k))
 
     def _stream_for(self, stage: int) -> torch.cuda.StreamContext | _NoStream:
         device = self._devices[stage]

@@ -34,6 +34,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.produce_cmd",
     "services.cli.run_cmd",
     "services.cli.control_cmd",
+    "services.cli.predictions_cmd",
     "services.cli.simulate_cmd",
     "services.cli.demo_cmd",
 )

@@ -319,6 +319,8 @@ class TrainerSettings(Section):
         default=DEFAULT_INPUT_RANGE, metadata=meta(parse=parse_range, expected="[low, high], finite, low < high")
     )
     input_normaliser: Normaliser = "none"
+    # How many of the most probable classes (with their probabilities) every Prediction carries; 0: none.
+    prediction_top_k: int = field(default=3, metadata=meta(check=between(0, 1000, "a number of classes")))
 
 
 @dataclass(frozen=True)

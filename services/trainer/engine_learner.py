@@ -45,7 +45,9 @@ class EngineLearner:
             keep_trace=False,
             validate=False,
             score_online=False,  # the trainer's counters score every prediction (with late labels)
+            top_k=max(1, settings.trainer.prediction_top_k),
         )
+        self.top_k = settings.trainer.prediction_top_k  # published per Prediction (0: none)
         self.device = resolve_device(settings.trainer.device)
         self._peak_before = 0
         self._updates_before = 0
@@ -80,6 +82,7 @@ class EngineLearner:
             model_version=self._model_version(),
             skipped=arrival.skipped,
             worker=arrival.worker,
+            top_k=arrival.top_k[: self.top_k],
         )
 
     def drain(self, timeout: float | None = None) -> None:

@@ -23,13 +23,15 @@ from ferret_core.plan import Plan
 @dataclass(frozen=True, slots=True)
 class ArrivalOutcome:
     """One item's prediction and training decision: dispatched to ``worker``, or ``skipped`` with the
-    core's reason (exactly one of the two is set)."""
+    core's reason (exactly one of the two is set). ``top_k``: the most probable classes as (class,
+    probability), most probable first, as many as the learner was asked for (empty: not reported)."""
 
     predicted_class: int
     confidence: float
     model_version: int  # optimizer updates applied to the weights that predicted
     skipped: SkipReason | None
     worker: int | None
+    top_k: tuple[tuple[int, float], ...] = ()
 
     @property
     def dispatched(self) -> bool:

@@ -1,12 +1,14 @@
 """The ``ferret.v1.Prediction`` the record path publishes for one item: the one place where the learner's
-:class:`~services.trainer.learner.ArrivalOutcome` (the core's ``SkipReason``) meets the proto's
-``TrainingDecision``."""
+:class:`~services.trainer.learner.ArrivalOutcome` (the core's ``SkipReason``, the top-k classes) meets
+the proto's ``TrainingDecision`` and ``ClassProbability``. Every record carries :data:`HEADERS` (the
+``content-type`` naming ``ferret.v1.Prediction``; docs/predictions.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from ferret_core.engine import SkipReason
+from services import content_type
 from services.codec import ValidSample
 from services.proto_gen.ferret.v1 import messages_pb2
 from services.trainer.learner import ArrivalOutcome
@@ -20,6 +22,10 @@ DECISIONS: Mapping[SkipReason | None, int] = {
     SkipReason.NO_LABEL: messages_pb2.TRAINING_DECISION_SKIPPED_NO_LABEL,
     SkipReason.OMITTED: messages_pb2.TRAINING_DECISION_UNSPECIFIED,
 }
+
+
+# The headers of every prediction record.
+HEADERS: list[tuple[str, bytes]] = [content_type.header(messages_pb2.Prediction)]
 
 
 def decision(skipped: SkipReason | None) -> int:
@@ -42,7 +48,7 @@ def prediction_message(
     time_ms: int,
 ) -> messages_pb2.Prediction:
     has_label = sample.label is not None
-    return messages_pb2.Prediction(
+    message = messages_pb2.Prediction(
         sample_id=sample.sample_id,
         sequence=sample.sequence,
         predicted_class=outcome.predicted_class,
@@ -63,4 +69,8 @@ def prediction_message(
         instance_id=instance_id,
         source_partition=partition,
         source_offset=offset,
+        top_k=[messages_pb2.ClassProbability(class_index=c, probability=p) for c, p in outcome.top_k],
     )
+    if sample.label is not None:
+        message.label = sample.label
+    return message

@@ -36,6 +36,7 @@ from services.trainer.labels import LateLabelJoin
 from services.trainer.learner import ArrivalOutcome, Learner
 from services.trainer.ledger import OffsetLedger
 from services.trainer.loop_calls import LoopCalls
+from services.trainer.predictions import HEADERS as PREDICTION_HEADERS
 from services.trainer.predictions import prediction_message
 from services.trainer.state import Lifecycle, PlanInForce
 
@@ -215,6 +216,7 @@ class RecordStream:
                 self.topics.predictions,
                 message.SerializeToString(),
                 key=sample.sample_id.encode(),
+                headers=PREDICTION_HEADERS,
                 on_delivery=lambda err, _msg: self._delivered(err, record, duplicate, latency),
             )
         except (BufferError, KafkaException) as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,21 @@ def test_stubs_import_from_the_package() -> None:
         "RestoreSnapshot",
         "ListSnapshots",
     ]
+
+
+def test_proto_changes_stay_compatible_with_the_published_baseline() -> None:
+    """``buf breaking`` (FILE rules, proto/buf.yaml) of proto/ against proto/ferret-v1.baseline.json: within
+    ferret.v1 fields are only added (docs/predictions.md "Versioning")."""
+    local = Path(sys.executable).parent / "buf"
+    buf = str(local) if local.is_file() else shutil.which("buf")
+    if buf is None:
+        pytest.skip("buf is not installed (the buf-bin wheel of the dev extra: bash scripts/setup.sh)")
+    result = subprocess.run(
+        [buf, "breaking", "--against", "ferret-v1.baseline.json"],
+        cwd=ROOT / "proto",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, f"proto/ breaks ferret.v1 compatibility:\n{result.stdout}{result.stderr}"

@@ -58,8 +58,16 @@ class Label(_message.Message):
     event_time_ms: int
     def __init__(self, sample_id: _Optional[str] = ..., label: _Optional[int] = ..., event_time_ms: _Optional[int] = ...) -> None: ...
 
+class ClassProbability(_message.Message):
+    __slots__ = ("class_index", "probability")
+    CLASS_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    class_index: int
+    probability: float
+    def __init__(self, class_index: _Optional[int] = ..., probability: _Optional[float] = ...) -> None: ...
+
 class Prediction(_message.Message):
-    __slots__ = ("sample_id", "sequence", "predicted_class", "confidence", "has_label", "correct", "model_version", "latency_ms", "online_accuracy", "duplicate", "item", "decision", "worker", "plan_version", "task", "stream", "predicted_time_ms", "instance_id", "source_partition", "source_offset")
+    __slots__ = ("sample_id", "sequence", "predicted_class", "confidence", "has_label", "correct", "model_version", "latency_ms", "online_accuracy", "duplicate", "item", "decision", "worker", "plan_version", "task", "stream", "predicted_time_ms", "instance_id", "source_partition", "source_offset", "label", "top_k")
     SAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_CLASS_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +88,8 @@ class Prediction(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_PARTITION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
     sample_id: str
     sequence: int
     predicted_class: int
@@ -100,4 +110,6 @@ class Prediction(_message.Message):
     instance_id: str
     source_partition: int
     source_offset: int
-    def __init__(self, sample_id: _Optional[str] = ..., sequence: _Optional[int] = ..., predicted_class: _Optional[int] = ..., confidence: _Optional[float] = ..., has_label: _Optional[bool] = ..., correct: _Optional[bool] = ..., model_version: _Optional[int] = ..., latency_ms: _Optional[float] = ..., online_accuracy: _Optional[float] = ..., duplicate: _Optional[bool] = ..., item: _Optional[int] = ..., decision: _Optional[_Union[TrainingDecision, str]] = ..., worker: _Optional[int] = ..., plan_version: _Optional[int] = ..., task: _Optional[int] = ..., stream: _Optional[str] = ..., predicted_time_ms: _Optional[int] = ..., instance_id: _Optional[str] = ..., source_partition: _Optional[int] = ..., source_offset: _Optional[int] = ...) -> None: ...
+    label: int
+    top_k: _containers.RepeatedCompositeFieldContainer[ClassProbability]
+    def __init__(self, sample_id: _Optional[str] = ..., sequence: _Optional[int] = ..., predicted_class: _Optional[int] = ..., confidence: _Optional[float] = ..., has_label: _Optional[bool] = ..., correct: _Optional[bool] = ..., model_version: _Optional[int] = ..., latency_ms: _Optional[float] = ..., online_accuracy: _Optional[float] = ..., duplicate: _Optional[bool] = ..., item: _Optional[int] = ..., decision: _Optional[_Union[TrainingDecision, str]] = ..., worker: _Optional[int] = ..., plan_version: _Optional[int] = ..., task: _Optional[int] = ..., stream: _Optional[str] = ..., predicted_time_ms: _Optional[int] = ..., instance_id: _Optional[str] = ..., source_partition: _Optional[int] = ..., source_offset: _Optional[int] = ..., label: _Optional[int] = ..., top_k: _Optional[_Iterable[_Union[ClassProbability, _Mapping]]] = ...) -> None: ...
