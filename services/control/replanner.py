@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
@@ -51,6 +52,7 @@ class ReplanOutcome:
     planning_seconds: float  # planner.plan() alone
     stall_seconds: float  # the pause the trainer reported for the swap
     applied_time_ms: int
+    seconds: float = 0.0  # the whole re-plan on the worker: planning, waiting for the loop, applying
 
 
 def validate_budget(budget_bytes: int) -> int:
@@ -76,8 +78,10 @@ class Replanner:
         trainer: TrainerPort,
         health: ControlHealth | None = None,
         stuck_after_s: float = 300.0,
+        on_applied: Callable[[ReplanOutcome], None] | None = None,
     ) -> None:
         self._planner = planner
+        self._on_applied = on_applied  # e.g. the metrics' re-plan histograms
         self._trainer = trainer
         self._health = health or ControlHealth()
         self._stuck_after_s = stuck_after_s
@@ -155,6 +159,7 @@ class Replanner:
                 failpoint("control.mid-replan")
                 _, current_version = self._trainer.current_plan()
                 applied = self._trainer.apply_plan(plan, current_version + 1)
+                seconds = time.perf_counter() - started
         finally:
             with self._lock:
                 self._running = False
@@ -166,9 +171,15 @@ class Replanner:
             planning_seconds=planning_seconds,
             stall_seconds=applied.stall_seconds,
             applied_time_ms=applied.applied_time_ms,
+            seconds=seconds,
         )
         with self._lock:
             self._last = outcome
+        if self._on_applied is not None:
+            try:
+                self._on_applied(outcome)
+            except Exception:  # a listener (metrics) never turns an applied plan into a failed call
+                log.exception("re-plan #%d was applied; its listener failed", generation)
         log.info(
             "re-plan #%d: budget %d B -> plan v%d (%d stages, %d/%d workers, %d B predicted); "
             "planning %.3f s, stall %.3f s",

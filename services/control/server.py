@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import FrameType
@@ -42,7 +43,7 @@ from ferret_core.errors import ConfigError
 from services.control.auth import ServerTls, TokenAuthInterceptor
 from services.control.health import ControlHealth
 from services.control.limits import StreamLimiter
-from services.control.replanner import PlannerLike, Replanner
+from services.control.replanner import PlannerLike, Replanner, ReplanOutcome
 from services.control.servicer import ControlServicer
 from services.control.trainer_port import TrainerPort
 from services.exposure import check_exposure, is_loopback, split_host
@@ -118,6 +119,7 @@ def create_server(
     ready: bool = True,
     stuck_after_s: float = 300.0,
     health_state: ControlHealth | None = None,
+    on_replan: Callable[[ReplanOutcome], None] | None = None,
 ) -> ControlServer:
     """Wire the control plane and bind ``address`` (port 0: any free port); call ``.start()`` next.
 
@@ -127,7 +129,8 @@ def create_server(
     beyond loopback without a token or client certificates. ``health_address``: also serve
     ``grpc.health.v1`` alone, unauthenticated, there. ``ready``: initial readiness (the trainer flips it
     later through ``.health.set_ready``). ``health_state``: the trainer's own :class:`ControlHealth`,
-    built before the trainer's parts so they can flip it (``ready`` is then ignored). Raises
+    built before the trainer's parts so they can flip it (``ready`` is then ignored). ``on_replan``: called
+    with every applied re-plan's :class:`ReplanOutcome` (the metrics' re-plan histograms). Raises
     ``ConfigError`` (one line) when a port cannot be bound.
     """
     authenticated = token is not None or (tls is not None and tls.client_ca_file is not None)
@@ -137,7 +140,7 @@ def create_server(
     if token is not None and tls is None and not _is_local(address):
         log.warning("the control token travels in clear text on %s: turn TLS on (control.tls_cert)", address)
     health_state = health_state if health_state is not None else ControlHealth(ready=ready)
-    replanner = Replanner(planner, trainer, health_state, stuck_after_s=stuck_after_s)
+    replanner = Replanner(planner, trainer, health_state, stuck_after_s=stuck_after_s, on_applied=on_replan)
     servicer = ControlServicer(trainer, replanner, max_watchers=max_watchers)
     threads = pool_size(max_watchers, unary_workers)
     limiter = StreamLimiter(max(1, max_watchers), max_streams_per_peer)

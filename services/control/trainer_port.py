@@ -74,6 +74,7 @@ class TrainerStatus:
     measured_bytes: int = 0
     lag_items: int = 0
     lag_seconds: float = 0.0
+    lag_items_by_partition: Mapping[int, int] = field(default_factory=dict)  # sample partition → lag in items
     items_per_second: float = 0.0
     latency_ms_p50: float = 0.0
     latency_ms_p99: float = 0.0

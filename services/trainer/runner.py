@@ -249,7 +249,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     hooks = StreamHooks(
         on_assigned=OnAssigned(health, drift),
         on_arrival=drift.observe if drift is not None else StreamHooks.on_arrival,
-        on_latency=metrics.latency.observe,
+        on_latency=metrics.observe_latency_ms,
     )
     # 4. the trainer's parts, and the metrics' view of their status
     shape, classes = sample_spec(settings)
@@ -270,6 +270,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
         insecure=c.insecure,
         health_address=c.health_listen,
         health_state=health,
+        on_replan=metrics.observe_replan,
     ).start()
     if drift is not None:
         # the re-planner takes a byte budget: "unconstrained" is the unconstrained plan's own bytes
