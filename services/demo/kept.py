@@ -31,6 +31,12 @@ class KeptStack:
             f"  Redis       {self.redis_url}",
             f"  control     ferret control --target {self.control_target} status   (also: watch, budget, snapshot)",
             f"  metrics     curl -s {self.metrics_url}",
+            *(
+                f"  predictions ferret predictions tail --bootstrap-servers {self.bootstrap_servers} "
+                f"--topic-prefix {topic.removesuffix('.predictions')} --from-beginning"
+                for topic in self.topics
+                if topic.endswith(".predictions")
+            ),
             f"  processes   {', '.join(f'{k} {v}' for k, v in self.pids.items())}",
             f"  stop it     kill {pids}",
         ]

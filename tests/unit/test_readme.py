@@ -51,3 +51,20 @@ def test_your_own_model_commands_work_as_written() -> None:
         out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, f"{command}\n{out.stderr[-3000:]}"
     assert "examples.custom_cnn:build" in (ROOT / "out" / "custom_cnn.json").read_text()
+
+
+def test_downstream_commands_parse_and_are_run_by_the_integration_tier() -> None:
+    """The README's "Downstream" commands are ferret commands the CLI accepts; they run, as written,
+    against a live trainer in tests/integration/test_downstream.py (which needs the broker)."""
+    commands = section_commands("Downstream")
+    assert len(commands) >= 3 and all(c.startswith(".venv/bin/ferret predictions tail") for c in commands)
+    parser = build_parser()
+    for command in commands:
+        argv = shlex.split(command.split(" > ")[0])[1:]
+        args = parser.parse_args(argv)
+        assert args.command == "predictions" and args.action == "tail"
+    python = README.split("## Downstream", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    compile(python, "README.md", "exec")
+    assert "iter_predictions" in python and "to_dataframe" in python
+    runner = (ROOT / "tests" / "integration" / "test_downstream.py").read_text()
+    assert "def test_the_readme_downstream_commands_work_as_written" in runner
