@@ -166,3 +166,24 @@ def test_tail_writes_strict_json_lines_or_a_table() -> None:
     table = out.getvalue().splitlines()
     assert table[0] == TABLE_HEADER and len(table) == 4
     assert table[2] == table_row(rs[1]) and "3:0.75 1:0.12 0:0.06" in table[2] and " y " not in table[1]
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 12])
+def test_the_engine_learner_reports_trainer_prediction_top_k_classes(k: int) -> None:
+    from services.config import load_settings
+    from services.trainer.engine_learner import EngineLearner
+    from services.trainer.runner import build_zoo_model
+    from tests.unit.test_engine_support import make_plan
+
+    env = {"FERRET_TRAINER_DATASET": "digits", "FERRET_TRAINER_MODEL": "mlp", "FERRET_TRAINER_PREDICTION_TOP_K": str(k)}
+    settings = load_settings(None, env=env)
+    model = build_zoo_model(settings)
+    learner = EngineLearner(model, make_plan(1, 1, num_units=model.num_units), settings)
+    try:
+        outcome = learner.arrive(0, torch.rand(1, 8, 8), 3)
+    finally:
+        learner.close()
+    assert len(outcome.top_k) == min(k, 10)  # digits: 10 classes
+    if k:
+        assert outcome.top_k[0] == (outcome.predicted_class, outcome.confidence)
+    assert load_settings(None, env={}).trainer.prediction_top_k == 3
