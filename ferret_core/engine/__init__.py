@@ -6,23 +6,27 @@ Modules, one concept each: ``actions`` (frozen Action / TraceEvent), ``versions`
 stashes), ``stage_exec`` (one stage's passes through ``functional_call``), ``optim`` (out-of-place
 SGD), ``scheduler`` (the one schedule logic), ``pipeline`` (what an action does), ``state`` (its
 in-flight items and counters), ``virtual_clock``, ``wall_clock``, ``memory`` (measurement), ``trace``
-(validator, table, staleness), ``policies`` (Oracle, 1-Skip, Ferret), ``result``, ``carry``
-(compensator state across a re-plan), ``engine`` (the facade).
+(validator, table, staleness), ``policies`` (Oracle, 1-Skip, Ferret), ``schedules`` (DAPPLE, ZB,
+Hanayo, PipeDream, PipeDream-2BW), ``methods`` (the registry of every method by name), ``result``,
+``carry`` (compensator state across a re-plan), ``engine`` (the facade).
 """
 
 from ferret_core.engine.actions import Kind, SkipReason, TraceEvent
 from ferret_core.engine.engine import EngineSettings, StreamEngine, simulate
-from ferret_core.engine.policies import METHOD_NAMES, FerretPolicy, OneSkip, Oracle, make_policy
+from ferret_core.engine.methods import METHOD_NAMES, METHODS, MethodOptions, make_policy
+from ferret_core.engine.policies import FerretPolicy, OneSkip, Oracle
 from ferret_core.engine.result import EngineStats, SimulationResult
 from ferret_core.engine.trace import TraceError, validate_trace
 from ferret_core.engine.virtual_clock import StageTimes
 
 __all__ = [
+    "METHODS",
     "METHOD_NAMES",
     "EngineSettings",
     "EngineStats",
     "FerretPolicy",
     "Kind",
+    "MethodOptions",
     "OneSkip",
     "Oracle",
     "SimulationResult",

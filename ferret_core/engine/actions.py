@@ -6,6 +6,10 @@ An *executor* is one (worker n, stage j) pair. The scheduler hands executors two
 as up to three trace events: ``R`` (the recompute forward, T1, only when the worker recomputes), ``B``
 itself, and ``U`` (the update of the master stage, when the accumulation count reaches c^a_{n,j}, T2).
 ``U`` takes no time of its own on the virtual clock (it is folded into ``B``, DESIGN §2).
+
+Schedules that split the backward pass (zero bubble, Qi et al. 2023) run ``B`` as the *input*-gradient
+pass only and a later ``W`` as the *weight*-gradient pass of the same (item, stage); the update then
+follows the ``W`` (see :mod:`ferret_core.engine.schedules`).
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ from enum import StrEnum
 
 
 class Kind(StrEnum):
-    """Kinds of trace events; ``F`` and ``B`` are also the kinds of scheduled actions."""
+    """Kinds of trace events; ``F``, ``B`` and ``W`` are also the kinds of scheduled actions."""
 
     F = "F"
     B = "B"
     R = "R"
     U = "U"
+    W = "W"
 
 
 class SkipReason(StrEnum):

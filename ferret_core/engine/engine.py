@@ -84,7 +84,8 @@ class StreamEngine:
             make_compensator(s.compensator, v.params, s.compensator_settings, ring_capacity(plan, j))
             for j, v in enumerate(initial)
         ]
-        self.pipeline = Pipeline(
+        pipeline_type = setup.pipeline_type or Pipeline
+        self.pipeline = pipeline_type(
             plan,
             setup.rules,
             programs,
@@ -115,9 +116,13 @@ class StreamEngine:
         started = time.perf_counter()
         VirtualClock(self.pipeline, times, arrival_interval).run(items, on_arrival)
         elapsed = time.perf_counter() - started
-        if self.settings.validate and self.pipeline.trace is not None:
-            validate_trace(self.pipeline.trace, self.setup.plan, check_staleness=False)
+        self._validate()
         return self.result(wall_seconds=elapsed, test=test)
+
+    def _validate(self) -> None:
+        p = self.pipeline
+        if self.settings.validate and p.trace is not None:
+            validate_trace(p.trace, self.setup.plan, check_staleness=False, semantics=p.trace_semantics)
 
     def wall_clock(self) -> WallClock:
         """Real executors over this engine's pipeline (not started): ``submit`` arrivals, ``drain``,
@@ -138,8 +143,7 @@ class StreamEngine:
         with clock:
             clock.run_stream(items, arrival_interval, on_arrival)
         elapsed = time.perf_counter() - started
-        if self.settings.validate and self.pipeline.trace is not None:
-            validate_trace(self.pipeline.trace, self.setup.plan, check_staleness=False)
+        self._validate()
         return self.result(wall_seconds=elapsed, test=test)
 
     def stats(self) -> EngineStats:
@@ -199,7 +203,7 @@ class StreamEngine:
             memory_breakdown={} if meter is None else dict(meter.peak_breakdown),
             mean_staleness=p.mean_staleness(),
             max_staleness=tuple(c.staleness_max),
-            staleness_bound=plan_bounds(self.setup.plan),
+            staleness_bound=p.trace_semantics.bounds or plan_bounds(self.setup.plan),
             lambdas=tuple(s["lambda"] for s in stats),
             relative_correction=tuple(s["relative_correction_mean"] for s in stats),
             num_stages=p.num_stages,

@@ -58,6 +58,7 @@ from ferret_core.engine.stage_exec import (
     predict_logits,
 )
 from ferret_core.engine.state import Counters, InFlightItem, Stamps
+from ferret_core.engine.trace import TraceSemantics
 from ferret_core.engine.versions import StageVersion, VersionStore
 from ferret_core.errors import ConfigError
 from ferret_core.metrics import OnlineAccuracy, TestAccuracy
@@ -102,6 +103,7 @@ class Pipeline:
         self.online = OnlineAccuracy()
         self.score_online = score_online  # off: the caller scores predictions (see EngineSettings)
         self.trace: list[TraceEvent] | None = [] if keep_trace else None
+        self.trace_semantics = TraceSemantics()  # how the validator reads this pipeline's trace
         self.lock = threading.RLock()
         self._stage_locks = [threading.Lock() for _ in programs]
         self.end_of_action: Callable[[], None] = end_of_action or (lambda: None)
@@ -278,8 +280,7 @@ class Pipeline:
         if input_grad:
             item.grad_outputs[j - 1] = grad_in
         del grad_in
-        pending = self._pending[n][j]
-        pending.append((list(grads), version))
+        self._keep_gradient(n, j, grads, version)
         read = version.version
         del grads, version  # the pending entry holds the stash now (see _apply's in-place test)
         self.end_of_action()
@@ -288,14 +289,25 @@ class Pipeline:
             self.counters.backwards[n][j] += 1
             self._record(Kind.B, a, read, None, t0, t_end)
             self._sample()
-        if len(pending) >= self.plan.workers[n].accumulation[j]:
-            del pending
-            self._update(a, stamps, t_end)
+        self._after_gradient(a, stamps, t_end)
         if j == item.lowest:
-            with self.lock:
-                del self._items[a.item]
-                self.counters.trained_any_stage += 1
-                self.counters.trained += int(item.lowest == 0)
+            self._finish_item(item)
+
+    def _keep_gradient(self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion) -> None:
+        """Hold one item's parameter gradients of ``stage`` (read from ``version``) until an update."""
+        self._pending[worker][stage].append((list(grads), version))
+
+    def _after_gradient(self, a: Action, stamps: Stamps, t_end: float) -> None:
+        """T2: update once the worker's pending gradients of the stage reach c^a_{n,j}."""
+        if len(self._pending[a.worker][a.stage]) >= self.plan.workers[a.worker].accumulation[a.stage]:
+            self._update(a, stamps, t_end)
+
+    def _finish_item(self, item: InFlightItem) -> None:
+        """The item's last action (its backward at its lowest back-propagated stage) is done."""
+        with self.lock:
+            del self._items[item.index]
+            self.counters.trained_any_stage += 1
+            self.counters.trained += int(item.lowest == 0)
 
     def _update(self, a: Action, stamps: Stamps, t0: float) -> None:
         n, j = a.worker, a.stage

@@ -8,20 +8,23 @@ the planner's plan whose predicted memory is reported (``None`` when no cost mod
 
 Later methods plug in at the same seams: Random-N / Last-N B-Skip (Ghunaim et al.'s baselines as the
 paper runs them) are rules whose ``lowest_backprop_stage`` keeps only the last layers; Camel adds an
-admission rule; DAPPLE / ZB / Hanayo are rules plus a flush barrier in the scheduler; PipeDream and
-PipeDream-2BW are plans with c^a = 1 (2BW: a two-version replica rule) — not implemented here.
+admission rule. The pipeline schedules live in :mod:`ferret_core.engine.schedules`: PipeDream and
+PipeDream-2BW are plans executed by this engine as it is (c^a = 1, resp. c^a = m), DAPPLE / ZB / Hanayo
+bring their own scheduler and pipeline (``PolicySetup.pipeline_type``: a flush barrier, the B/W split,
+shared devices). Every method is registered by name in :mod:`ferret_core.engine.methods`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ferret_core.engine.scheduler import PlanRules, ScheduleRules
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Partition, Plan, WorkerConfig
 
-METHOD_NAMES: tuple[str, ...] = ("oracle", "1-skip", "ferret")
+if TYPE_CHECKING:
+    from ferret_core.engine.pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class PolicySetup:
     rules: ScheduleRules
     instant: bool  # every action takes no time (the clock still orders them)
     planned: Plan | None  # the planner's plan (its predicted bytes are reported), None without one
+    pipeline_type: type[Pipeline] | None = None  # a schedule's own pipeline; None: the engine's
 
 
 class Policy(Protocol):
@@ -107,16 +111,3 @@ class FerretPolicy:
             )
         rules = PlanRules(self.plan, wait_slots=self.wait_slots)
         return PolicySetup(self.name, self.plan, rules, instant=False, planned=self.plan)
-
-
-def make_policy(name: str, plan: Plan | None = None) -> Policy:
-    """The policy called ``name`` (one of :data:`METHOD_NAMES`); ``ferret`` needs ``plan``."""
-    if name == "oracle":
-        return Oracle()
-    if name == "1-skip":
-        return OneSkip()
-    if name == "ferret":
-        if plan is None:
-            raise ConfigError("method 'ferret' executes a plan: pass plan= (from ferret_core.planner.Planner)")
-        return FerretPolicy(plan)
-    raise ConfigError(f"unknown method {name!r}: expected one of {', '.join(METHOD_NAMES)}")

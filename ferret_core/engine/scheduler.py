@@ -26,11 +26,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ferret_core.engine.actions import Action, Kind
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
+
+if TYPE_CHECKING:
+    from ferret_core.engine.virtual_clock import StageTimes
 
 
 class ScheduleRules(Protocol):
@@ -172,6 +175,11 @@ class Scheduler:
         for below in range(lowest):  # stages the item passed without a backward (T3)
             self._ex[n][below].in_flight -= 1
         return ((n, j), *((n, below) for below in range(lowest)))
+
+    def duration(self, action: Action, times: StageTimes, recompute: bool) -> tuple[float, float]:
+        """(R part, whole duration) of ``action`` on the virtual clock (schedules that split the backward
+        pass charge their own parts, :mod:`ferret_core.engine.schedules`)."""
+        return times.duration(action, recompute)
 
     # ------------------------------------------------------------------------------------ queries
     def idle(self) -> bool:

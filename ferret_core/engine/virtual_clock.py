@@ -120,7 +120,7 @@ class VirtualClock:
         if action is None:
             return
         p.scheduler.start(action)
-        split, duration = self.times.duration(action, p.plan.workers[worker].recompute)
+        split, duration = p.scheduler.duration(action, self.times, p.plan.workers[worker].recompute)
         t = self.now
         self._push(t + duration, _Done(action, FixedStamps(t, t + split, t + duration)))
 

@@ -6,6 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
+from ferret_core.compensation import COMPENSATOR_NAMES
 from ferret_core.errors import ConfigError
 from ferret_core.memory_model import MEMORY_VARIANTS, OPTIMIZER_SLOTS, MemorySettings
 from ferret_core.plan import Plan
@@ -14,10 +15,12 @@ from ferret_core.profile import DTYPE_BYTES, ModelProfile
 from services import strict_json
 from services.cli.args import arrival_interval_type, budget_type, existing_file, non_negative_float
 from services.models import MODEL_HELP, build_model_for, check_model_spec, is_factory, model_spec_type, shape_type
+from ferret_core.zoo import MODEL_NAMES
 from services.units import ArrivalInterval, format_bytes
 
-MODEL_CHOICES = ("mlp", "mnistnet", "convnet", "resnet18", "mobilenet")
-COMPENSATOR_CHOICES = ("none", "step-aware", "gap-aware", "fisher", "iter-fisher", "iter-fisher-cf")
+MODEL_CHOICES = MODEL_NAMES  # the core's registries, never a hand-copied list
+COMPENSATOR_CHOICES = COMPENSATOR_NAMES
+PLANNER_COMPENSATOR = "iter-fisher"  # what the planner counts when --compensator is not given
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -93,8 +96,9 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compensator",
         choices=COMPENSATOR_CHOICES,
-        default="iter-fisher",
-        help="stale-gradient compensator whose state is counted (default iter-fisher)",
+        default=None,
+        help=f"stale-gradient compensator whose state is counted (default {PLANNER_COMPENSATOR}); simulate applies "
+        "it to ferret by default and to the other methods only when given",
     )
     parser.add_argument(
         "--optimizer",
@@ -144,7 +148,7 @@ def planner_from_args(args: argparse.Namespace, profile: ModelProfile) -> Planne
         variant=args.memory_model,
         dtype=args.dtype,
         optimizer=args.optimizer,
-        compensator=args.compensator,
+        compensator=args.compensator or PLANNER_COMPENSATOR,
     )
     settings = PlannerSettings(
         arrival_interval=args.arrival_interval.resolve(profile.max_forward_time),

@@ -6,6 +6,13 @@ Examples::
         --profile benchmarks/profiles/mnistnet.json --json
     ferret simulate --dataset mnist --model mnistnet --method ferret --budget 12MiB \\
         --profile benchmarks/profiles/mnistnet.json --trace trace.csv
+    ferret simulate --dataset mnist --model mnistnet --method zb --budget 40MiB --flush-every 4 \\
+        --profile benchmarks/profiles/mnistnet.json
+
+Methods come from :data:`ferret_core.engine.METHODS`. Those that run on a planner's plan (Ferret, and the
+pipeline schedules, which take Ferret's partition L* and worker slots) plan with the planning options
+(``--budget``, ``--decay``, ...). Only Ferret applies ``--compensator`` by default (iter-fisher); the
+others apply none unless it is given.
 
 The stream is the dataset's training split in its stored order; every item is predicted by the master
 at its arrival (online accuracy), test accuracy is measured on the test split at the end. With
@@ -26,16 +33,31 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 
 from ferret_core.compensation import CompensatorSettings
 from ferret_core.data import DATASET_NAMES, Dataset, iter_stream, load_dataset, test_split
-from ferret_core.engine import EngineSettings, SimulationResult, StageTimes, StreamEngine, make_policy
-from ferret_core.engine.policies import METHOD_NAMES
+from ferret_core.engine import (
+    METHOD_NAMES,
+    EngineSettings,
+    MethodOptions,
+    SimulationResult,
+    StageTimes,
+    StreamEngine,
+    make_policy,
+)
+from ferret_core.engine.methods import method
 from ferret_core.engine.trace import to_csv
 from ferret_core.errors import ConfigError
+from ferret_core.memory_model import MemorySettings
 from ferret_core.plan import Plan
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel, build_model
 from services import strict_json
-from services.cli.args import default_data_root, non_negative_int, positive_float
-from services.cli.plan_cmd import add_planning_arguments, load_or_profile, model_from_profile, planner_from_args
+from services.cli.args import default_data_root, non_negative_int, positive_float, positive_int
+from services.cli.plan_cmd import (
+    PLANNER_COMPENSATOR,
+    add_planning_arguments,
+    load_or_profile,
+    model_from_profile,
+    planner_from_args,
+)
 from services.models import build_model_for, is_factory
 
 MOMENTUM = 0.9  # --optimizer momentum
@@ -44,7 +66,7 @@ MOMENTUM = 0.9  # --optimizer momentum
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "simulate",
-        help="run oracle, 1-skip or ferret on a dataset stream (virtual clock)",
+        help="run one training method on a dataset stream (virtual clock)",
         description=(
             "Stream a dataset through the engine on the virtual clock (stage times from the profile, "
             "arrivals every t^d) with one method, and report online/test accuracy, counts, skipped items, "
@@ -56,6 +78,20 @@ def register(subparsers: Any) -> None:
         "--data-root", type=Path, default=None, help="data folder (default ../shared/data, else ~/.cache/ferret/data)"
     )
     parser.add_argument("--method", required=True, choices=METHOD_NAMES, help="training method")
+    parser.add_argument(
+        "--flush-every",
+        type=positive_int,
+        default=None,
+        metavar="M",
+        help="micro-batches per pipeline between updates: the flush group of dapple, zb and hanayo-*, the "
+        "accumulation of pipedream-2bw (default: the number of stages P)",
+    )
+    parser.add_argument(
+        "--wait-slots",
+        type=non_negative_int,
+        default=1,
+        help="items that may wait for stage 0 per worker (ferret and the pipeline schedules; default 1)",
+    )
     add_planning_arguments(parser)
     parser.add_argument("--items", type=non_negative_int, default=None, help="stream length (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="model initialisation and dataset seed (default 0)")
@@ -84,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             f"{model.num_units}; profile this model (ferret profile) or omit --profile"
         )
     arrival = args.arrival_interval.resolve(profile.max_forward_time)
-    plan = planner_from_args(args, profile).plan(args.budget) if args.method == "ferret" else None
+    plan = planner_from_args(args, profile).plan(args.budget) if method(args.method).needs_plan else None
     result = simulate_dataset(args, model, dataset, profile, arrival, plan)
     if args.trace is not None and result.trace is not None:
         args.trace.write_text(to_csv(result.trace))
@@ -113,13 +149,20 @@ def simulate_dataset(
     if args.optimizer == "adam":
         raise ConfigError("the engine implements SGD and SGD with momentum; use --optimizer sgd or momentum")
     torch.set_flush_denormal(True)
-    policy = make_policy(args.method, plan)
+    compensator = run_compensator(args)
+    options = MethodOptions(
+        wait_slots=args.wait_slots,
+        flush_every=args.flush_every,
+        memory=MemorySettings(
+            variant="engine", dtype=args.dtype, optimizer=args.optimizer, compensator=compensator
+        ),
+    )
+    policy = make_policy(args.method, plan, profile=profile, options=options)
     setup = policy.setup(model.name, model.num_units, arrival)
     settings = EngineSettings(
         lr=args.lr,
         momentum=MOMENTUM if args.optimizer == "momentum" else 0.0,
-        # Oracle and 1-Skip train sequentially (staleness 0): no compensator, and none of its state
-        compensator=args.compensator if args.method == "ferret" else "none",
+        compensator=compensator,
         compensator_settings=CompensatorSettings(),
         keep_trace=True,
     )
@@ -130,6 +173,15 @@ def simulate_dataset(
     with tqdm(total=total, desc=f"{args.method} on {dataset.name}", unit="item", file=sys.stderr) as bar:
         result = engine.run_virtual(items, times, arrival, on_arrival=lambda _: bar.update(1))
     return dataclasses.replace(result, tacc=engine.pipeline.evaluate(*test_split(dataset)))
+
+
+def run_compensator(args: argparse.Namespace) -> str:
+    """The compensator the run applies: ``--compensator`` when given, else iter-fisher for the methods
+    that compensate by default (Ferret) and none for the others (never stale, or compared without
+    compensation as in the paper's pipeline table)."""
+    if args.compensator is not None:
+        return str(args.compensator)
+    return PLANNER_COMPENSATOR if method(args.method).compensates else "none"
 
 
 def _model(args: argparse.Namespace, dataset: Dataset) -> ZooModel:
@@ -157,6 +209,8 @@ def _report(args: argparse.Namespace, result: SimulationResult, arrival: float, 
         "lr": args.lr,
         "arrival_interval": arrival,
         "profile": None if args.profile is None else str(args.profile),
+        "flush_every": args.flush_every,
+        "wait_slots": args.wait_slots,
     }
     out.update(result.to_dict())
     out["plan"] = None if plan is None else plan.to_dict()

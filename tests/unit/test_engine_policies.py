@@ -76,5 +76,7 @@ def test_make_policy_by_name() -> None:
     assert make_policy("oracle").name == "oracle" and make_policy("1-skip").name == "1-skip"
     with pytest.raises(ConfigError, match="plan"):
         make_policy("ferret")
-    with pytest.raises(ConfigError, match="unknown method"):
+    with pytest.raises(ConfigError, match="plan"):
         make_policy("dapple")
+    with pytest.raises(ConfigError, match="unknown method"):
+        make_policy("gpipe")

@@ -1,0 +1,236 @@
+"""What the synchronous schedules' actions do: the engine's pipeline with a flush instead of per-worker
+updates, and the zero-bubble B/W split (DAPPLE, Fan et al. PPoPP'21; ZB, Qi et al. 2023; Hanayo, Liu et al.
+SC'23 — see :mod:`ferret_core.engine.schedules.synchronous`).
+
+Differences from :class:`~ferret_core.engine.pipeline.Pipeline` (everything else — versions, stashes,
+T1's recompute, counting, memory sampling — is the engine's):
+
+* **Gradient accumulation.** A row keeps one gradient buffer per stage: the first gradient of a group
+  is kept as it is, later ones are added into it in place (as ``loss.backward()`` accumulates into
+  ``.grad`` between optimizer steps). Every gradient of a group read the same version, so nothing is
+  lost by summing before the update: the compensator would see τ = 0 anyway.
+* **Flush.** When the scheduler reports that the last gradient of a closed group at stage j is in
+  (:meth:`FlushScheduler.gradient_done`), the buffers of every row are summed, the optimizer steps the
+  master once, the master version advances and *every* row's replica is refreshed to it; one ``U`` is
+  recorded (on the executor whose action completed the group). Then the scheduler lifts the barrier.
+* **Split backward.** ``B`` runs :func:`~.split_backward.input_gradient` (the graph and the output
+  gradient stay with the item), ``W`` runs :func:`~.split_backward.weight_gradients` and hands the
+  gradient to the accumulation; at the item's lowest stage ``W`` is the whole (fused) backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from ferret_core.engine.actions import Action, Kind
+from ferret_core.engine.memory import StorageKey, storage_keys
+from ferret_core.engine.pipeline import Pipeline
+from ferret_core.engine.schedules.flush_scheduler import FlushRules, FlushScheduler
+from ferret_core.engine.schedules.split_backward import backward_root, input_gradient, weight_gradients
+from ferret_core.engine.stage_exec import StageProgram, backward, forward_with_grad
+from ferret_core.engine.state import InFlightItem, Stamps
+from ferret_core.engine.trace import TraceSemantics
+from ferret_core.engine.versions import StageVersion
+from ferret_core.errors import ConfigError, FerretError
+from ferret_core.plan import Plan
+
+
+class ScheduleError(FerretError, RuntimeError):
+    """A schedule broke its own invariant while running (a bug, not a user error)."""
+
+
+class FlushPipeline(Pipeline):
+    """The engine's pipeline for a :class:`FlushRules` schedule (see the module docstring)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        rules: FlushRules,
+        programs: Sequence[StageProgram],
+        initial: Sequence[StageVersion],
+        **kwargs: object,
+    ) -> None:
+        if not isinstance(rules, FlushRules):
+            raise ConfigError(f"a FlushPipeline runs FlushRules, got {type(rules).__name__}")
+        super().__init__(plan, rules, programs, initial, **kwargs)  # type: ignore[arg-type]
+        self.flush_rules = rules
+        self.scheduler: FlushScheduler = FlushScheduler(rules)
+        self.trace_semantics = TraceSemantics(
+            shared_updates=True,
+            devices={(n, j): rules.device(n, j) for n in range(rules.num_workers) for j in range(rules.num_stages)}
+            if rules.devices
+            else None,
+            bounds=(0,) * rules.num_stages,
+        )
+        self._roots: dict[tuple[int, int], Tensor] = {}  # (item, stage) → loss kept between B and W
+        if self.meter is not None:
+            self.meter.add_source("split_backward_roots", self._root_storages)
+
+    # ------------------------------------------------------------------------------------- execution
+    def execute(self, action: Action, stamps: Stamps) -> None:
+        if action.kind is Kind.W:
+            self._weight_gradient(action, stamps)
+        elif action.kind is Kind.B and self.flush_rules.split_backward:
+            self._input_gradient(action, stamps)
+        else:
+            super().execute(action, stamps)
+
+    def _keep_gradient(self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion) -> None:
+        pending = self._pending[worker][stage]
+        if not pending:
+            pending.append((list(grads), version))
+            return
+        buffer, held = pending[0]
+        if held.version != version.version:
+            raise ScheduleError(
+                f"row {worker} stage {stage}: a gradient read version {version.version} while its group's "
+                f"read {held.version}; a flush group must read one version"
+            )
+        with torch.no_grad():
+            torch._foreach_add_(buffer, list(grads))
+
+    def _after_gradient(self, a: Action, stamps: Stamps, t_end: float) -> None:
+        with self.lock:
+            due = self.scheduler.gradient_done(a.item, a.stage)
+        if due:
+            self._flush(a, stamps, t_end)
+
+    def _flush(self, a: Action, stamps: Stamps, t0: float) -> None:
+        """Apply every row's accumulated gradient of the stage once and refresh every row's replica."""
+        j = a.stage
+        with self._stage_locks[j]:
+            read = self.store.master(j).version
+            pending = [entry for row in self._pending for entry in row[j]]
+            for row in self._pending:
+                row[j] = []
+            new_params, stalenesses = self._apply(a.worker, j, pending)
+            del pending
+            written = self.store.publish(j, new_params)
+            del new_params
+            for n in range(self.plan.num_workers):
+                self.store.refresh(n, j)
+            self.end_of_action()
+            with self.lock:
+                c = self.counters
+                c.updates[a.worker][j] += 1
+                c.staleness_sum[j] += sum(stalenesses)
+                c.staleness_count[j] += len(stalenesses)
+                c.staleness_max[j] = max(c.staleness_max[j], *stalenesses)
+                self._record(Kind.U, a, read, written.version, t0, stamps.end())
+                self.scheduler.flushed(j)
+                self._sample()
+
+    # ------------------------------------------------------------------------------ split backward
+    def _recompute(self, a: Action, item: InFlightItem, version: StageVersion, stamps: Stamps, t0: float) -> float:
+        """T1 before the first backward action of a stage: rebuild the graph on the stash; the R/B time."""
+        n, j = a.worker, a.stage
+        x = item.inputs[j]
+        if x is None:
+            raise ScheduleError(f"{a} on executor {n}/{j}: the stage input kept for recomputation is gone")
+        with self._saving():
+            item.graphs[j] = forward_with_grad(self._runners[(n, j)], version, x, input_grad=j > item.lowest)
+        item.inputs[j] = None
+        del x
+        self.end_of_action()
+        t_split = stamps.split()
+        with self.lock:
+            self.counters.recomputes[n][j] += 1
+            self._record(Kind.R, a, version.version, None, t0, t_split)
+            self._sample()
+        return t_split
+
+    def _start_backward(self, a: Action, item: InFlightItem, stamps: Stamps) -> tuple[StageVersion, float]:
+        version = item.stashes[a.stage]
+        if version is None:
+            raise ScheduleError(f"{a} on executor {a.worker}/{a.stage}: no stash (its F did not run)")
+        t0 = stamps.start()
+        if self.plan.workers[a.worker].recompute:
+            t0 = self._recompute(a, item, version, stamps, t0)
+        return version, t0
+
+    def _root_and_grad_output(self, a: Action, item: InFlightItem) -> tuple[Tensor, Tensor | None]:
+        j = a.stage
+        graph = item.graphs[j]
+        if graph is None:
+            raise ScheduleError(f"{a} on executor {a.worker}/{j}: the forward graph is gone")
+        if j == self.num_stages - 1:
+            with self._saving():
+                return backward_root(graph, target=item.target), None
+        grad_out = item.grad_outputs[j]
+        if grad_out is None:
+            raise ScheduleError(f"{a} on executor {a.worker}/{j}: no gradient from stage {j + 1}")
+        return graph.output, grad_out.to(self._devices[j], non_blocking=True)
+
+    def _input_gradient(self, a: Action, stamps: Stamps) -> None:
+        """B of a split backward: the input gradient goes down, graph and output gradient stay for W."""
+        j = a.stage
+        item = self._items[a.item]
+        version, t0 = self._start_backward(a, item, stamps)
+        graph = item.graphs[j]
+        root, grad_out = self._root_and_grad_output(a, item)
+        assert graph is not None
+        item.grad_outputs[j - 1] = input_gradient(graph, root, grad_out)
+        if grad_out is None:
+            self._roots[(a.item, j)] = root
+        del graph, root, grad_out
+        self.end_of_action()
+        with self.lock:
+            self._record(Kind.B, a, version.version, None, t0, stamps.end())
+            self._sample()
+
+    def _weight_gradient(self, a: Action, stamps: Stamps) -> None:
+        """W of a split backward (after its B), or the whole backward at the item's lowest stage."""
+        n, j = a.worker, a.stage
+        item = self._items[a.item]
+        if j == item.lowest:
+            version, t0 = self._start_backward(a, item, stamps)
+        else:
+            stash = item.stashes[j]
+            if stash is None:
+                raise ScheduleError(f"{a} on executor {n}/{j}: no stash (its F did not run)")
+            version, t0 = stash, stamps.start()
+        graph = item.graphs[j]
+        if graph is None:
+            raise ScheduleError(f"{a} on executor {n}/{j}: the forward graph is gone")
+        if j == item.lowest:
+            last = j == self.num_stages - 1
+            grad_out = None if last else item.grad_outputs[j]
+            if not last and grad_out is None:
+                raise ScheduleError(f"{a} on executor {n}/{j}: no gradient from stage {j + 1}")
+            grads, _ = backward(
+                graph,
+                target=item.target if last else None,
+                grad_output=None if grad_out is None else grad_out.to(self._devices[j], non_blocking=True),
+            )
+        else:
+            root = self._roots.pop((a.item, j), None)
+            grad_out = item.grad_outputs[j]
+            if root is None:
+                if grad_out is None:
+                    raise ScheduleError(f"{a} on executor {n}/{j}: no gradient from stage {j + 1}")
+                root, grad_out = graph.output, grad_out.to(self._devices[j], non_blocking=True)
+            grads = weight_gradients(graph, root, grad_out)
+            del root
+        item.graphs[j] = None
+        item.grad_outputs[j] = None
+        item.stashes[j] = None
+        del graph, grad_out
+        self._keep_gradient(n, j, grads, version)
+        read = version.version
+        del grads, version
+        self.end_of_action()
+        t_end = stamps.end()
+        with self.lock:
+            self.counters.backwards[n][j] += 1
+            self._record(Kind.W, a, read, None, t0, t_end)
+            self._sample()
+        self._after_gradient(a, stamps, t_end)
+        if j == item.lowest:
+            self._finish_item(item)
+
+    # ------------------------------------------------------------------------- memory measurement
+    def _root_storages(self) -> Iterator[StorageKey]:
+        return storage_keys(list(self._roots.values()))
