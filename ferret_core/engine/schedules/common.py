@@ -63,7 +63,9 @@ def schedule_plan(
 ) -> tuple[Plan, bool]:
     """The plan a schedule executes (Ferret's L* and timing, the schedule's rows), with its planned bytes
     when a profile is given; the flag says whether bytes were planned."""
-    breakdown = {} if profile is None else schedule_memory(profile, plan.partition, shape, memory)
+    breakdown = (
+        {} if profile is None else schedule_memory(profile, plan.partition, shape, memory, plan.arrival_interval)
+    )
     return (
         dataclasses.replace(
             plan,

@@ -15,7 +15,8 @@ T1's recompute, counting, memory sampling — is the engine's):
   recorded (on the executor whose action completed the group). Then the scheduler lifts the barrier.
 * **Split backward.** ``B`` runs :func:`~.split_backward.input_gradient` (the graph and the output
   gradient stay with the item), ``W`` runs :func:`~.split_backward.weight_gradients` and hands the
-  gradient to the accumulation; at the item's lowest stage ``W`` is the whole (fused) backward.
+  gradient to the accumulation; at the item's lowest stage ``W`` is the whole (fused) backward. The
+  item is trained once its last W is done, which may be a W above its lowest stage.
 """
 
 from __future__ import annotations
@@ -228,7 +229,7 @@ class FlushPipeline(Pipeline):
             self._record(Kind.W, a, read, None, t0, t_end)
             self._sample()
         self._after_gradient(a, stamps, t_end)
-        if j == item.lowest:
+        if all(stash is None for stash in item.stashes):  # its last W (a W above may follow the lowest's)
             self._finish_item(item)
 
     # ------------------------------------------------------------------------- memory measurement

@@ -122,6 +122,7 @@ class FlushScheduler(Scheduler):
             self._members[device].append(executor)
         self._busy: dict[Device, Action | None] = dict.fromkeys(self._members)
         self._group_of: dict[int, int] = {}
+        self._backward_left: dict[int, int] = {}
         self._groups: dict[int, _Group] = {0: self._new_group()}
         self.open_group = 0
         self.flushes = [0] * p  # flushes done per stage = the version every F there reads
@@ -163,6 +164,7 @@ class FlushScheduler(Scheduler):
         group.closed = all(a == self.flush_rules.flush_every for a in group.admitted)
         self._group_of[item] = self.open_group
         self._lowest[item] = lowest
+        self._backward_left[item] = self.num_stages - lowest  # stages whose B (fused) or W is still due
         self._slots[worker][0].ready_f.append(item)
 
     def group_of(self, item: int) -> int:
@@ -261,9 +263,9 @@ class FlushScheduler(Scheduler):
             if j > lowest and not split:
                 self._queue_backward(n, j - 1, item)
                 changed.add((n, j - 1))
-            elif j == lowest:
-                del self._lowest[item]
-                del self._group_of[item]
+            self._backward_left[item] -= 1
+            if not self._backward_left[item]:  # its last gradient (a W may come after the lowest's)
+                del self._lowest[item], self._group_of[item], self._backward_left[item]
                 for below in range(lowest):
                     self._slots[n][below].in_flight -= 1
                     changed.add((n, below))

@@ -4,23 +4,32 @@ and outputs; :class:`~ferret_core.memory_model.MemoryModel`'s shared extras: mas
 gradient, optimizer and compensator state, prediction path). The measurement it is checked against is
 the engine's meter (:mod:`ferret_core.engine.memory`), never this model.
 
-Per row n (a worker of the engine) and stage j, what the schedule holds at its peak, in elements:
+What the schedule holds at its peak, in elements, per pipeline (a worker slot: one row, or Hanayo's 2W
+rows sharing one set of devices) and stage j:
 
 * **activations**: k_j items in flight at stage j, each holding its saved tensors (only the stage input
   under T1) and its stage output, which waits as the next stage's input (nothing waits after the last
-  stage): k_j = min(P − j, m) for a synchronous schedule (1F1B's warm-up inside a flush group of m),
-  P − j for an asynchronous one; a split backward (zero bubble) also keeps the output gradient |a_j| of
-  each item between its B and its W (j < P − 1);
-* **weights** beyond the master: none for a synchronous schedule (every row reads the one version of
-  its group: replicas share the master's storage); for an asynchronous one, worker n's replica plus
-  the stashes of its in-flight items, 1 + ⌈(P−1−j)/c^a⌉ versions (PipeDream: one per in-flight item;
-  PipeDream-2BW, c^a = m ≥ P − 1: two);
-* **gradients**: a synchronous row's accumulation buffer |w_j| from its first gradient to the flush;
-  an asynchronous worker's c^a − 1 gradients held individually until its update (the engine keeps
-  them apart for compensation; 2BW's accumulation).
+  stage); a split backward (zero bubble) also keeps the output gradient |a_j| of each item between its
+  B and its W (j < P − 1). k_j is the schedule's cap — P − j per row (1F1B), min(P − j, m) per row and
+  m per pipeline inside a synchronous flush group of m micro-batches — unless the stream cannot fill
+  it: an item stays in flight at stage j for T_j = Σ_{k≥j} (t̂^f_k + t̂^b_k) (+ t̂^f_k under T1) and a
+  pipeline receives one item per S·t^d (S pipelines), so by Little's law at most ⌈T_j / (S·t^d)⌉ of
+  them are there at once;
+* **weights**: a synchronous schedule holds one version per stage, the master (every row reads the
+  version of its group: the replicas share the master's storage); an asynchronous worker holds its
+  replica plus the stashes of its in-flight items, 1 + ⌈(P−1−j)/c^a⌉ versions (PipeDream: one per
+  item in flight; PipeDream-2BW, c^a = m ≥ P − 1: two), and the master is the replica of the worker
+  that updated last, not a copy of its own (``clone_replicas=False``, the engine's default);
+* **gradients**: a synchronous pipeline's accumulation buffers, |w_j| for each row that holds items of
+  the group (min(rows, m)), from the row's first gradient to the flush — a new gradient is summed into
+  its buffer within the action, so no separate gradient is held between actions (the model's
+  ``transient_gradient`` is left out); an asynchronous worker's c^a − 1 gradients held individually
+  until its update (the engine keeps them apart for compensation; 2BW's accumulation) plus the one
+  being applied (``transient_gradient``).
 
-Shared: the extras of :meth:`MemoryModel.breakdown` (the Iter-Fisher ring sized by the executed plan's
-staleness bound, as the engine allocates it).
+Shared: the other extras of :meth:`MemoryModel.breakdown` (optimizer and compensator state, the
+prediction path; the Iter-Fisher ring sized by the executed plan's staleness bound, as the engine
+allocates it).
 """
 
 from __future__ import annotations
@@ -41,30 +50,41 @@ class ScheduleShape:
 
     synchronous: bool
     workers: tuple[WorkerConfig, ...]  # the executed rows: c^r per row; c^a drives asynchronous versions
-    flush_every: int = 1  # m (synchronous)
+    flush_every: int = 1  # m (synchronous), per pipeline
     split_backward: bool = False
+    rows_per_slot: int = 1  # rows that share one pipeline's devices and its m (Hanayo: 2W)
 
 
 def schedule_memory(
-    profile: ModelProfile, partition: Partition, shape: ScheduleShape, settings: MemorySettings
+    profile: ModelProfile,
+    partition: Partition,
+    shape: ScheduleShape,
+    settings: MemorySettings,
+    arrival_interval: float,
 ) -> dict[str, int]:
     """Planned bytes by component (elements when ``settings.count_elements``); they sum to the total."""
     geometry = StageGeometry.from_profile(profile, partition)
     outputs = _stage_outputs(profile, partition)
     p = geometry.num_stages
+    pipelines = max(1, len([w for w in shape.workers if w.live]) // shape.rows_per_slot)
+    residence = _residence(profile, partition)
     parts = {"activations": 0, "weight_versions": 0, "gradients": 0}
-    for worker in shape.workers:
-        if not worker.live:
-            continue
-        for j in range(p):
-            in_flight = min(p - j, shape.flush_every) if shape.synchronous else p - j
-            per_item = geometry.stage_inputs[j] if worker.recompute else geometry.saved[j]
-            if j < p - 1:
-                per_item += outputs[j] * (2 if shape.split_backward else 1)
-            parts["activations"] += in_flight * per_item
-            if shape.synchronous:
-                parts["gradients"] += geometry.weights[j]
-            else:
+    live = [w for w in shape.workers if w.live]
+    if shape.synchronous:
+        m, per_slot = shape.flush_every, shape.rows_per_slot
+        for first in range(0, len(live), per_slot):
+            rows = live[first : first + per_slot]
+            used = min(len(rows), m)
+            parts["gradients"] += used * geometry.total_weights
+            for j in range(p):
+                stream = _stream_limit(residence[j], rows[0].recompute, pipelines, arrival_interval)
+                in_flight = min(m, used * min(p - j, m), stream)
+                parts["activations"] += in_flight * _per_item(geometry, outputs, rows[0], j, shape.split_backward)
+    else:
+        for worker in live:
+            for j in range(p):
+                in_flight = min(p - j, _stream_limit(residence[j], worker.recompute, pipelines, arrival_interval))
+                parts["activations"] += in_flight * _per_item(geometry, outputs, worker, j, False)
                 stashes = math.ceil((p - 1 - j) / worker.accumulation[j])
                 parts["weight_versions"] += (1 + stashes) * geometry.weights[j]
                 parts["gradients"] += (worker.accumulation[j] - 1) * geometry.weights[j]
@@ -72,15 +92,49 @@ def schedule_memory(
     out = {name: value * unit for name, value in parts.items()}
     extras = MemoryModel(geometry, profile, settings).breakdown(shape.workers)
     extras.pop("workers", None)
+    extras.pop("master_copy" if not shape.synchronous else "transient_gradient", None)
+    if shape.synchronous:
+        out["master"] = extras.pop("master_copy", 0)
     out.update(extras)
     return out
 
 
+def _per_item(geometry: StageGeometry, outputs: Sequence[int], worker: WorkerConfig, stage: int, split: bool) -> int:
+    """Elements one item in flight holds at ``stage``: saved tensors (the stage input under T1), its output
+    waiting for the next stage, and under a split backward its output gradient between B and W."""
+    held = geometry.stage_inputs[stage] if worker.recompute else geometry.saved[stage]
+    if stage < geometry.num_stages - 1:
+        held += outputs[stage] * (2 if split else 1)
+    return held
+
+
 def schedule_bytes(
-    profile: ModelProfile, partition: Partition, shape: ScheduleShape, settings: MemorySettings
+    profile: ModelProfile,
+    partition: Partition,
+    shape: ScheduleShape,
+    settings: MemorySettings,
+    arrival_interval: float,
 ) -> int:
     """Planned bytes of the schedule (see the module docstring)."""
-    return sum(schedule_memory(profile, partition, shape, settings).values())
+    return sum(schedule_memory(profile, partition, shape, settings, arrival_interval).values())
+
+
+def _residence(profile: ModelProfile, partition: Partition) -> list[tuple[float, float]]:
+    """Per stage j: (Σ_{k≥j} t̂^f_k + t̂^b_k, Σ_{k≥j} t̂^f_k) — an item's time in flight there without
+    waiting, and the recompute's share under T1."""
+    out = []
+    for j in range(partition.num_stages):
+        units = [u for stage in partition.stages[j:] for u in stage]
+        out.append((sum(profile.layers[u].t_fb for u in units), sum(profile.layers[u].t_f for u in units)))
+    return out
+
+
+def _stream_limit(residence: tuple[float, float], recompute: bool, pipelines: int, arrival_interval: float) -> int:
+    """⌈T_j / (S·t^d)⌉: items one pipeline receives while one of them is in flight at the stage."""
+    busy = residence[0] + (residence[1] if recompute else 0.0)
+    if arrival_interval <= 0:
+        return 1 << 30
+    return max(1, math.ceil(busy / (pipelines * arrival_interval) - 1e-9))
 
 
 def _stage_outputs(profile: ModelProfile, partition: Partition) -> Sequence[int]:

@@ -67,7 +67,7 @@ class _FlushSchedule:
             input_share=self.input_share,
             devices=self.devices(len(workers), p),
         )
-        shape = ScheduleShape(True, workers, self.flush_every, self.split_backward)
+        shape = ScheduleShape(True, workers, self.flush_every, self.split_backward, self.rows_per_slot())
         executed, planned = schedule_plan(self.plan, self.name, workers, shape, self.profile, self.memory)
         return PolicySetup(
             self.name, executed, rules, instant=False, planned=executed if planned else None,
