@@ -58,7 +58,7 @@ def measure(name: str, budget_name: str, method: str, items: int) -> dict[str, o
     policy = make_policy(method, plan, profile=profile, options=MethodOptions())
     setup = policy.setup(name, model.num_units, plan.arrival_interval)
     engine = StreamEngine(model.units, setup, EngineSettings(keep_trace=False, validate=False))
-    times = StageTimes.from_profile(profile, plan.partition)
+    times = StageTimes.from_profile(profile, setup.plan.partition)
     result = engine.run_virtual(stream(model.input_shape, model.num_classes, items), times, plan.arrival_interval)
     planned = int(result.planned_bytes or 0)
     measured = int(result.peak_bytes or 0)
@@ -67,7 +67,7 @@ def measure(name: str, budget_name: str, method: str, items: int) -> dict[str, o
         "budget": budget_name,
         "budget_bytes": budget,
         "method": method,
-        "stages": plan.num_stages,
+        "stages": setup.plan.num_stages,
         "slots": plan.num_workers,
         "rows": setup.plan.num_workers,
         "trained": result.trained,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ferret_core.engine.policies import FerretPolicy, OneSkip, Oracle, Policy
 from ferret_core.engine.schedules import Dapple, Hanayo, PipeDream, PipeDream2BW, ZeroBubble
+from ferret_core.engine.schedules.common import WithPlannedBytes
 from ferret_core.errors import ConfigError
 from ferret_core.memory_model import MemorySettings
 from ferret_core.plan import Plan
@@ -69,8 +70,10 @@ def _async(o: MethodOptions, profile: ModelProfile | None) -> dict[str, object]:
 
 
 _LIST: tuple[Method, ...] = (
-    Method("oracle", lambda plan, profile, o: Oracle(), False, "Ghunaim et al., ICCV 2023 (no compute limit)"),
-    Method("1-skip", lambda plan, profile, o: OneSkip(), False, "Ghunaim et al., ICCV 2023"),
+    Method("oracle", lambda plan, profile, o: WithPlannedBytes(Oracle(), profile, o.memory), False,
+           "Ghunaim et al., ICCV 2023 (no compute limit)"),
+    Method("1-skip", lambda plan, profile, o: WithPlannedBytes(OneSkip(), profile, o.memory), False,
+           "Ghunaim et al., ICCV 2023"),
     Method("dapple", lambda plan, profile, o: Dapple(_plan(plan, "dapple"), **_schedule(o, profile)),  # type: ignore[arg-type]
            True, "Fan et al., PPoPP 2021"),
     Method("zb", lambda plan, profile, o: ZeroBubble(_plan(plan, "zb"), **_schedule(o, profile)),  # type: ignore[arg-type]

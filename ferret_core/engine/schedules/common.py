@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ferret_core.engine.policies import Policy, PolicySetup
 from ferret_core.engine.schedules.memory import ScheduleShape, schedule_memory
 from ferret_core.errors import ConfigError
 from ferret_core.memory_model import MemorySettings
@@ -78,3 +79,33 @@ def schedule_plan(
         ),
         profile is not None,
     )
+
+
+class WithPlannedBytes:
+    """A sequential method (Oracle, 1-Skip: one worker, one stage holding the whole model) reported with
+    planned bytes from the same byte model as the schedules — an asynchronous pipeline of one worker
+    and one stage: the master (its own replica), one item's activations, one gradient — so every
+    method reports measured *and* planned memory."""
+
+    def __init__(self, policy: Policy, profile: ModelProfile | None, memory: MemorySettings) -> None:
+        self.policy = policy
+        self.profile = profile
+        self.memory = memory
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    def setup(self, model: str, num_units: int, arrival_interval: float) -> PolicySetup:
+        setup = self.policy.setup(model, num_units, arrival_interval)
+        if self.profile is None:
+            return setup
+        shape = ScheduleShape(False, setup.plan.workers)
+        breakdown = schedule_memory(self.profile, setup.plan.partition, shape, self.memory, arrival_interval)
+        planned = dataclasses.replace(
+            setup.plan,
+            predicted_bytes=sum(breakdown.values()),
+            memory_model=f"schedule:{self.name}",
+            memory_breakdown=breakdown,
+        )
+        return dataclasses.replace(setup, planned=planned)
