@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ferret_core.engine import METHOD_NAMES, METHODS
 from ferret_core.engine.trace import from_csv
 from ferret_core.profile import LayerProfile, ModelProfile
 from services.cli.main import EXIT_INFEASIBLE, main
@@ -47,8 +48,8 @@ def test_simulate_prints_the_result_and_the_same_seed_gives_the_same_json(
     assert first == second
     if method == "ferret":
         assert first["planned_bytes"] == first["plan"]["predicted_bytes"] and first["num_workers"] > 1
-    else:
-        assert first["planned_bytes"] is None and first["compensator"] == "none"
+    else:  # sequential: planned bytes from the schedules' byte model, never stale, no compensator
+        assert first["planned_bytes"] > 0 and first["plan"] is None and first["compensator"] == "none"
     if method == "1-skip":
         assert first["skipped"]["busy"] > 0
 
@@ -71,3 +72,36 @@ def test_an_infeasible_budget_exits_3(profile: Path, capsys: pytest.CaptureFixtu
                  "--profile", str(profile), "--budget", "1000"])
     assert code == EXIT_INFEASIBLE
     assert "minimum feasible" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", METHOD_NAMES)
+def test_simulate_accepts_every_registered_method(
+    method: str, profile: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = simulate(capsys, "--method", method, "--profile", str(profile))
+    assert out["method"] == method and out["items"] == 80
+    assert out["trained_any_stage"] + sum(out["skipped"].values()) == 80
+    assert out["peak_bytes"] > 0 and out["planned_bytes"] > 0
+    assert out["compensator"] == ("iter-fisher" if method == "ferret" else "none")
+    assert (out["plan"] is not None) == METHODS[method].needs_plan
+
+
+def test_simulate_flush_every_and_an_asked_compensator(profile: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    default = simulate(capsys, "--method", "dapple", "--profile", str(profile))
+    longer = simulate(capsys, "--method", "dapple", "--profile", str(profile), "--flush-every", "6")
+    assert longer["flush_every"] == 6 and sum(longer["updates_per_stage"]) < sum(default["updates_per_stage"])
+    asked = simulate(capsys, "--method", "pipedream", "--profile", str(profile), "--compensator", "fisher")
+    assert asked["compensator"] == "fisher"
+
+
+def test_the_cli_lists_names_from_the_core_registries() -> None:
+    from ferret_core.compensation import COMPENSATOR_NAMES
+    from ferret_core.zoo import MODEL_NAMES
+    from services.cli.main import build_parser
+
+    parser = build_parser()
+    simulate_parser = parser._subparsers._group_actions[0].choices["simulate"]  # type: ignore[union-attr]
+    choices = {a.dest: a.choices for a in simulate_parser._actions if a.choices}
+    assert tuple(choices["method"]) == METHOD_NAMES
+    assert tuple(choices["model"]) == MODEL_NAMES
+    assert tuple(choices["compensator"]) == COMPENSATOR_NAMES

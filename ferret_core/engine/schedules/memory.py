@@ -17,9 +17,10 @@ rows sharing one set of devices) and stage j:
   them are there at once;
 * **weights**: a synchronous schedule holds one version per stage, the master (every row reads the
   version of its group: the replicas share the master's storage); an asynchronous worker holds its
-  replica plus the stashes of its in-flight items, 1 + ⌈(P−1−j)/c^a⌉ versions (PipeDream: one per
-  item in flight; PipeDream-2BW, c^a = m ≥ P − 1: two), and the master is the replica of the worker
-  that updated last, not a copy of its own (``clone_replicas=False``, the engine's default);
+  replica plus the stashes of its in-flight items, 1 + ⌈(k_j − 1)/c^a⌉ versions, at most
+  1 + ⌈(P−1−j)/c^a⌉ (PipeDream: one per item in flight; PipeDream-2BW, c^a = m ≥ P − 1: at most
+  two); the master is the replica of the worker that updated last, not a copy of its own
+  (``clone_replicas=False``, the engine's default);
 * **gradients**: a synchronous pipeline's accumulation buffers, |w_j| for each row that holds items of
   the group (min(rows, m)), from the row's first gradient to the flush — a new gradient is summed into
   its buffer within the action, so no separate gradient is held between actions (the model's
@@ -85,7 +86,7 @@ def schedule_memory(
             for j in range(p):
                 in_flight = min(p - j, _stream_limit(residence[j], worker.recompute, pipelines, arrival_interval))
                 parts["activations"] += in_flight * _per_item(geometry, outputs, worker, j, False)
-                stashes = math.ceil((p - 1 - j) / worker.accumulation[j])
+                stashes = math.ceil((in_flight - 1) / worker.accumulation[j])
                 parts["weight_versions"] += (1 + stashes) * geometry.weights[j]
                 parts["gradients"] += (worker.accumulation[j] - 1) * geometry.weights[j]
     unit = settings.unit_bytes
