@@ -189,10 +189,12 @@ def test_pipedream_2bw_needs_m_of_at_least_p_minus_one() -> None:
 def test_hanayo_rows_alternate_direction_on_shared_devices() -> None:
     setup = make_policy("hanayo-2w", make_plan(3, 2)).setup("tiny", 3, 1.0)
     devices = setup.rules.devices  # type: ignore[attr-defined]
-    assert setup.plan.num_workers == 8  # 2 slots × 2W rows
-    assert [devices[(1, j)] for j in range(3)] == [(0, 2), (0, 1), (0, 0)]  # an upward row of slot 0
-    assert [devices[(2, j)] for j in range(3)] == [(0, 0), (0, 1), (0, 2)]  # a downward one
-    assert [devices[(4, j)] for j in range(3)] == [(1, 0), (1, 1), (1, 2)]  # slot 1
+    assert setup.plan.num_workers == 8  # 2 slots × 2W rows; row n = r·2 + slot
+    assert [devices[(0, j)] for j in range(3)] == [(0, 0), (0, 1), (0, 2)]  # slot 0's first row: down
+    assert [devices[(1, j)] for j in range(3)] == [(1, 0), (1, 1), (1, 2)]  # slot 1's first row
+    assert [devices[(2, j)] for j in range(3)] == [(0, 2), (0, 1), (0, 0)]  # slot 0's second row: up
+    assert [devices[(4, j)] for j in range(3)] == [(0, 0), (0, 1), (0, 2)]  # its third: down again
+    assert {setup.rules.slot(n) for n in (0, 2, 4, 6)} == {0}  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match="1, 2 or 3 waves"):
         from ferret_core.engine.schedules import Hanayo
 

@@ -38,19 +38,21 @@ def check_units(plan: Plan, model: str, num_units: int) -> None:
 
 
 def rows_from_slots(plan: Plan, rows_per_slot: int = 1, accumulation: int = 1) -> tuple[WorkerConfig, ...]:
-    """``rows_per_slot`` live rows for each of the plan's worker slots (consecutive indices), each with
-    the slot's recomputation, c^a = ``accumulation`` at every stage and no omission."""
+    """``rows_per_slot`` live rows for each of the plan's S worker slots, each with the slot's
+    recomputation, c^a = ``accumulation`` at every stage and no omission. Row n = r·S + s is the r-th row
+    of slot s, so item i (dispatched to row i mod R) goes to slot i mod S, as with one row per slot."""
     p = plan.num_stages
+    slots = len(plan.workers)
     return tuple(
         WorkerConfig(
-            slot.index * rows_per_slot + r,
+            r * slots + s,
             live=True,
             recompute=slot.recompute,
             accumulation=(accumulation,) * p,
             omission=(0,) * p,
         )
-        for slot in plan.workers
         for r in range(rows_per_slot)
+        for s, slot in enumerate(plan.workers)
     )
 
 

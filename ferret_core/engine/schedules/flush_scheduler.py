@@ -53,7 +53,7 @@ class FlushRules:
     num_workers: int  # R pipeline rows
     num_stages: int  # P
     flush_every: int  # m micro-batches per slot and group
-    rows_per_slot: int = 1  # rows sharing one pipeline's quota (Hanayo: 2W)
+    rows_per_slot: int = 1  # rows sharing one pipeline's quota (Hanayo: 2W); row n is slot n mod S's
     wait_slots: int = 1
     split_backward: bool = False
     input_share: float = 0.5  # of t̂^b charged to B when split
@@ -85,7 +85,8 @@ class FlushRules:
         return self.num_workers // self.rows_per_slot
 
     def slot(self, worker: int) -> int:
-        return worker // self.rows_per_slot
+        """Row n belongs to slot n mod S (so item i, on row i mod R, goes to slot i mod S as in DAPPLE)."""
+        return worker % self.num_slots
 
     @property
     def group_size(self) -> int:
@@ -93,7 +94,7 @@ class FlushRules:
 
 
 @dataclass
-class _Slot:
+class _ExecutorState:
     ready_f: deque[int] = field(default_factory=deque)
     ready_b: deque[int] = field(default_factory=deque)
     ready_w: deque[int] = field(default_factory=deque)
@@ -115,7 +116,7 @@ class FlushScheduler(Scheduler):
         super().__init__(rules)
         self.flush_rules = rules
         r, p = rules.num_workers, rules.num_stages
-        self._slots = [[_Slot() for _ in range(p)] for _ in range(r)]
+        self._states = [[_ExecutorState() for _ in range(p)] for _ in range(r)]
         self._device_of = {(n, j): rules.device(n, j) for n in range(r) for j in range(p)}
         self._members: dict[Device, list[Executor]] = defaultdict(list)
         for executor, device in self._device_of.items():
@@ -136,7 +137,7 @@ class FlushScheduler(Scheduler):
         group = self._groups[self.open_group]
         if group.admitted[self.flush_rules.slot(worker)] >= self.flush_rules.flush_every:
             return False
-        waiting = len(self._slots[worker][0].ready_f)
+        waiting = len(self._states[worker][0].ready_f)
         starts_now = waiting == 0 and self._would_start_new_forward(worker)
         return waiting + (0 if starts_now else 1) <= self.rules.wait_slots
 
@@ -147,10 +148,10 @@ class FlushScheduler(Scheduler):
         if self._busy[device] is not None:
             return False
         for n, j in self._members[device]:
-            slot = self._slots[n][j]
-            if slot.ready_b or (slot.ready_f and self._may_forward(n, j, slot.ready_f[0])):
+            ex = self._states[n][j]
+            if ex.ready_b or (ex.ready_f and self._may_forward(n, j, ex.ready_f[0])):
                 return False
-        return self._slots[worker][0].in_flight < self.rules.in_flight_cap(worker, 0)
+        return self._states[worker][0].in_flight < self.rules.in_flight_cap(worker, 0)
 
     def admit(self, worker: int, item: int, lowest: int) -> None:
         if not 0 <= lowest < self.num_stages:
@@ -165,7 +166,7 @@ class FlushScheduler(Scheduler):
         self._group_of[item] = self.open_group
         self._lowest[item] = lowest
         self._backward_left[item] = self.num_stages - lowest  # stages whose B (fused) or W is still due
-        self._slots[worker][0].ready_f.append(item)
+        self._states[worker][0].ready_f.append(item)
 
     def group_of(self, item: int) -> int:
         return self._group_of[item]
@@ -202,64 +203,64 @@ class FlushScheduler(Scheduler):
         """The action the device should run next: B, then a startable F, then W; oldest item first."""
         choice: tuple[int, int, Action] | None = None
         for n, j in self._members[device]:
-            slot = self._slots[n][j]
-            if slot.running is not None:
+            ex = self._states[n][j]
+            if ex.running is not None:
                 continue
             candidates = []
-            if slot.ready_b:
-                candidates.append((0, slot.ready_b[0], Action(Kind.B, n, j, slot.ready_b[0])))
-            if slot.ready_f and self._may_forward(n, j, slot.ready_f[0]):
-                candidates.append((1, slot.ready_f[0], Action(Kind.F, n, j, slot.ready_f[0])))
-            if slot.ready_w:
-                candidates.append((2, slot.ready_w[0], Action(Kind.W, n, j, slot.ready_w[0])))
+            if ex.ready_b:
+                candidates.append((0, ex.ready_b[0], Action(Kind.B, n, j, ex.ready_b[0])))
+            if ex.ready_f and self._may_forward(n, j, ex.ready_f[0]):
+                candidates.append((1, ex.ready_f[0], Action(Kind.F, n, j, ex.ready_f[0])))
+            if ex.ready_w:
+                candidates.append((2, ex.ready_w[0], Action(Kind.W, n, j, ex.ready_w[0])))
             for candidate in candidates:
                 if choice is None or candidate[:2] < choice[:2]:
                     choice = candidate
         return None if choice is None else choice[2]
 
     def _may_forward(self, worker: int, stage: int, item: int) -> bool:
-        slot = self._slots[worker][stage]
+        ex = self._states[worker][stage]
         return (
-            slot.in_flight < self.rules.in_flight_cap(worker, stage)
+            ex.in_flight < self.rules.in_flight_cap(worker, stage)
             and self.flushes[stage] == self._group_of[item]
         )
 
     def start(self, action: Action) -> None:
-        slot = self._slots[action.worker][action.stage]
+        ex = self._states[action.worker][action.stage]
         device = self._device_of[(action.worker, action.stage)]
-        if slot.running is not None or self._busy[device] is not None:
+        if ex.running is not None or self._busy[device] is not None:
             raise ConfigError(f"{action}: executor {action.worker}/{action.stage} or its device is busy")
-        queue = {Kind.F: slot.ready_f, Kind.B: slot.ready_b, Kind.W: slot.ready_w}[action.kind]
+        queue = {Kind.F: ex.ready_f, Kind.B: ex.ready_b, Kind.W: ex.ready_w}[action.kind]
         if not queue or queue[0] != action.item:
             raise ConfigError(f"{action} is not the next ready action of executor {action.worker}/{action.stage}")
         queue.popleft()
-        slot.running = action
+        ex.running = action
         self._busy[device] = action
         if action.kind is Kind.F:
-            slot.in_flight += 1
+            ex.in_flight += 1
 
     def finish(self, action: Action) -> tuple[tuple[int, int], ...]:
         n, j, item = action.worker, action.stage, action.item
-        slot = self._slots[n][j]
-        if slot.running != action:
-            raise ConfigError(f"executor {n}/{j} is not running {action} (running {slot.running})")
-        slot.running = None
+        ex = self._states[n][j]
+        if ex.running != action:
+            raise ConfigError(f"executor {n}/{j} is not running {action} (running {ex.running})")
+        ex.running = None
         self._busy[self._device_of[(n, j)]] = None
         changed: set[Executor] = {(n, j)}
         lowest = self._lowest[item]
         split = self.flush_rules.split_backward
         if action.kind is Kind.F:
             if j < self.num_stages - 1:
-                self._slots[n][j + 1].ready_f.append(item)
+                self._states[n][j + 1].ready_f.append(item)
                 changed.add((n, j + 1))
             else:
                 self._queue_backward(n, j, item)
         elif action.kind is Kind.B and split:
-            slot.ready_w.append(item)
+            ex.ready_w.append(item)
             self._queue_backward(n, j - 1, item)
             changed.add((n, j - 1))
         else:  # a fused B, or a W: the item's work at this stage is over
-            slot.in_flight -= 1
+            ex.in_flight -= 1
             if j > lowest and not split:
                 self._queue_backward(n, j - 1, item)
                 changed.add((n, j - 1))
@@ -267,7 +268,7 @@ class FlushScheduler(Scheduler):
             if not self._backward_left[item]:  # its last gradient (a W may come after the lowest's)
                 del self._lowest[item], self._group_of[item], self._backward_left[item]
                 for below in range(lowest):
-                    self._slots[n][below].in_flight -= 1
+                    self._states[n][below].in_flight -= 1
                     changed.add((n, below))
         for stage in self._lifted:
             changed.update((row, stage) for row in range(self.num_workers))
@@ -276,11 +277,11 @@ class FlushScheduler(Scheduler):
 
     def _queue_backward(self, worker: int, stage: int, item: int) -> None:
         """The item's first backward action at ``stage``: B, or W alone at its lowest stage when split."""
-        slot = self._slots[worker][stage]
+        ex = self._states[worker][stage]
         if self.flush_rules.split_backward and stage == self._lowest[item]:
-            slot.ready_w.append(item)
+            ex.ready_w.append(item)
         else:
-            slot.ready_b.append(item)
+            ex.ready_b.append(item)
 
     def _with_device_members(self, executors: set[Executor]) -> tuple[Executor, ...]:
         out: set[Executor] = set()
@@ -304,9 +305,9 @@ class FlushScheduler(Scheduler):
     def idle(self) -> bool:
         return not self._lowest and all(
             s.running is None and not s.ready_f and not s.ready_b and not s.ready_w
-            for row in self._slots
+            for row in self._states
             for s in row
         )
 
     def in_flight(self, worker: int, stage: int) -> int:
-        return self._slots[worker][stage].in_flight
+        return self._states[worker][stage].in_flight

@@ -72,9 +72,9 @@ def schedule_memory(
     parts = {"activations": 0, "weight_versions": 0, "gradients": 0}
     live = [w for w in shape.workers if w.live]
     if shape.synchronous:
-        m, per_slot = shape.flush_every, shape.rows_per_slot
-        for first in range(0, len(live), per_slot):
-            rows = live[first : first + per_slot]
+        m = shape.flush_every
+        for slot in range(pipelines):  # row n belongs to slot n mod S
+            rows = [w for w in live if w.index % pipelines == slot]
             used = min(len(rows), m)
             parts["gradients"] += used * geometry.total_weights
             for j in range(p):

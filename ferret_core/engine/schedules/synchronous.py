@@ -122,10 +122,10 @@ class Hanayo(_FlushSchedule):
         return 2 * self.waves
 
     def devices(self, rows: int, stages: int) -> dict[Executor, Device]:
-        per_slot = self.rows_per_slot()
+        slots = rows // self.rows_per_slot()
         out: dict[Executor, Device] = {}
         for n in range(rows):
-            slot, r = divmod(n, per_slot)
+            r, slot = divmod(n, slots)  # row n = r·S + slot (see rows_from_slots)
             for j in range(stages):
                 out[(n, j)] = (slot, j if r % 2 == 0 else stages - 1 - j)
         return out
