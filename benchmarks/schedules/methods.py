@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ferret_core.metrics import agm
 from ferret_core.memory_model import MemorySettings
+from ferret_core.metrics import agm
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 
@@ -89,8 +89,9 @@ def table(summary: dict[str, Any]) -> str:
         f"MNIST / MNISTNet, {summary['items']} items, t^d = max_i t̂_i^f = {base['arrival_interval'] * 1e3:.4g} ms "
         f"({summary['profile']}), SGD lr 1e-3, seed 0, no compensation. Ferret's plan at the budget "
         f"{summary['budget'] / 2**20:.2f} MiB (halfway between the minimum feasible "
-        f"{summary['min_feasible_bytes'] / 2**20:.2f} and the unconstrained {summary['unconstrained_bytes'] / 2**20:.2f}"
-        f" MiB): L* = {plan['num_stages']} stages {plan['stages']}, {plan['num_workers']} worker slots "
+        f"{summary['min_feasible_bytes'] / 2**20:.2f} and the unconstrained "
+        f"{summary['unconstrained_bytes'] / 2**20:.2f} MiB): L* = {plan['num_stages']} stages {plan['stages']}, "
+        f"{plan['num_workers']} worker slots "
         f"({plan['live_workers']} live for Ferret); every schedule runs on L* and all slots. Flush group m = P. "
         f"Command per row: `{base['command'].replace('--method dapple', '--method <method>')}`.",
         "",
