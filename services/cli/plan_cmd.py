@@ -12,10 +12,10 @@ from ferret_core.memory_model import MEMORY_VARIANTS, OPTIMIZER_SLOTS, MemorySet
 from ferret_core.plan import Plan
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import DTYPE_BYTES, ModelProfile
+from ferret_core.zoo import MODEL_NAMES
 from services import strict_json
 from services.cli.args import arrival_interval_type, budget_type, existing_file, non_negative_float
 from services.models import MODEL_HELP, build_model_for, check_model_spec, is_factory, model_spec_type, shape_type
-from ferret_core.zoo import MODEL_NAMES
 from services.units import ArrivalInterval, format_bytes
 
 MODEL_CHOICES = MODEL_NAMES  # the core's registries, never a hand-copied list

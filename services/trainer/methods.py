@@ -4,10 +4,10 @@
 
 The live reading of a policy's :class:`~ferret_core.engine.policies.PolicySetup`:
 
-* **Methods that execute the planner's plan** (their setup reports it as ``planned``; today ``ferret``)
-  run the plan the planner made for the budget, and re-plan on ``SetMemoryBudget`` and on a drifting
-  measured arrival interval.
-* **Methods with a fixed plan** (``planned`` is ``None``; today ``oracle`` and ``1-skip``: one worker,
+* **Methods that run on the planner's plan** (the registry's ``needs_plan``: ``ferret``, and the pipeline
+  schedules, which execute its partition and worker slots) run the plan the planner made for the budget,
+  and re-plan on ``SetMemoryBudget`` and on a drifting measured arrival interval.
+* **Methods with a fixed plan** (not ``needs_plan``; today ``oracle`` and ``1-skip``: one worker,
   one stage, no T1–T4) run that plan whatever the budget: a configured ``trainer.budget_bytes`` is a
   config error at start-up, and ``SetMemoryBudget`` answers FAILED_PRECONDITION (:class:`BudgetNotPlanned`,
   the plan in force unchanged); a ``measured`` arrival interval re-plans nothing.
@@ -25,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from ferret_core.engine import METHOD_NAMES, make_policy
-from ferret_core.engine.policies import PolicySetup, sequential_plan
+from ferret_core.engine import METHOD_NAMES, METHODS, make_policy
+from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.scheduler import ScheduleRules
 from ferret_core.plan import Plan
 from services.control.errors import BudgetNotPlanned
@@ -66,9 +66,9 @@ def live_setup(method: str, plan: Plan, model: str, num_units: int) -> PolicySet
 
 
 def plans_for_budget(method: str) -> bool:
-    """Whether ``method`` executes the planner's plan (so a memory budget means something to it)."""
-    probe = sequential_plan("probe", 1, 1.0)
-    return make_policy(method, probe).setup("probe", 1, 1.0).planned is not None
+    """Whether ``method`` runs on the planner's plan (Ferret, and the pipeline schedules on its partition
+    and worker slots), so a memory budget means something to it (the registry's ``needs_plan``)."""
+    return METHODS[method].needs_plan
 
 
 def budget_methods() -> tuple[str, ...]:
