@@ -12,13 +12,11 @@ from ferret_core.memory_model import MEMORY_VARIANTS, OPTIMIZER_SLOTS, MemorySet
 from ferret_core.plan import Plan
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import DTYPE_BYTES, ModelProfile
-from ferret_core.zoo import MODEL_NAMES
 from services import strict_json
 from services.cli.args import arrival_interval_type, budget_type, existing_file, non_negative_float
 from services.models import MODEL_HELP, build_model_for, check_model_spec, is_factory, model_spec_type, shape_type
 from services.units import ArrivalInterval, format_bytes
 
-MODEL_CHOICES = MODEL_NAMES  # the core's registries, never a hand-copied list
 COMPENSATOR_CHOICES = COMPENSATOR_NAMES
 PLANNER_COMPENSATOR = "iter-fisher"  # what the planner counts when --compensator is not given
 
@@ -98,7 +96,7 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
         choices=COMPENSATOR_CHOICES,
         default=None,
         help=f"stale-gradient compensator whose state is counted (default {PLANNER_COMPENSATOR}); simulate applies "
-        "it to ferret by default and to the other methods only when given",
+        "it to Ferret by default and to the other methods only when given",
     )
     parser.add_argument(
         "--optimizer",

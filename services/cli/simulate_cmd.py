@@ -90,7 +90,7 @@ def register(subparsers: Any) -> None:
         "--wait-slots",
         type=non_negative_int,
         default=1,
-        help="items that may wait for stage 0 per worker (ferret and the pipeline schedules; default 1)",
+        help="items that may wait for stage 0 per worker (Ferret and the pipeline schedules; default 1)",
     )
     add_planning_arguments(parser)
     parser.add_argument("--items", type=non_negative_int, default=None, help="stream length (default: all)")

@@ -22,6 +22,7 @@ from ferret_core.engine import EngineSettings, StreamEngine
 from ferret_core.engine.wall_clock import WallClock
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
+from ferret_core.profile import ModelProfile
 from ferret_core.profiler import resolve_device
 from ferret_core.zoo import ZooModel
 from services.config import Settings
@@ -34,8 +35,9 @@ PREDICTION_TIMEOUT_S = 60.0
 class EngineLearner:
     """Implements :class:`services.trainer.learner.Learner` over a :class:`StreamEngine`."""
 
-    def __init__(self, model: ZooModel, plan: Plan, settings: Settings) -> None:
+    def __init__(self, model: ZooModel, plan: Plan, settings: Settings, profile: ModelProfile | None = None) -> None:
         self.model = model
+        self.profile = profile  # lets the pipeline schedules and sequential methods report planned bytes
         self.method = settings.trainer.method
         self.plans_for_budget = plans_for_budget(self.method)
         self.engine_settings = EngineSettings(
@@ -55,7 +57,14 @@ class EngineLearner:
         self._start(plan)
 
     def _start(self, plan: Plan) -> None:
-        setup = live_setup(self.method, plan, self.model.name, self.model.num_units)
+        setup = live_setup(
+            self.method,
+            plan,
+            self.model.name,
+            self.model.num_units,
+            profile=self.profile,
+            compensator=self.engine_settings.compensator,
+        )
         self.engine = StreamEngine(self.model.units, setup, self.engine_settings, devices=self._stage_devices(plan))
         self.clock: WallClock = self.engine.wall_clock().start()
 
@@ -165,12 +174,14 @@ class EngineLearner:
         stats = self.engine.stats()
         measured = stats.peak_bytes or 0
         staleness = stats.mean_staleness
+        planned = self.engine.setup.planned  # the method's own plan of bytes (None: not planned)
         return LearnerStats(
             backward_passes=self._backprops_before + stats.trained_any_stage,
             model_version=self._updates_before + stats.updates,
             measured_bytes=measured,
             peak_bytes=max(self._peak_before, measured),
             mean_staleness=sum(staleness) / len(staleness) if staleness else None,
+            planned_bytes=None if planned is None else planned.predicted_bytes,
         )
 
     def _model_version(self) -> int:

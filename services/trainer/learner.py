@@ -47,6 +47,7 @@ class LearnerStats:
     measured_bytes: int  # measured peak under the plan in force (0 when not measured)
     peak_bytes: int  # measured peak since the start, across plans
     mean_staleness: float | None = None  # of applied gradients, over the stages; None when unknown
+    planned_bytes: int | None = None  # the method's own planned bytes (a schedule's); None: the plan's
 
 
 class Learner(Protocol):

@@ -25,10 +25,12 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from ferret_core.engine import METHOD_NAMES, METHODS, make_policy
+from ferret_core.engine import METHOD_NAMES, METHODS, MethodOptions, make_policy
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.scheduler import ScheduleRules
+from ferret_core.memory_model import MemorySettings
 from ferret_core.plan import Plan
+from ferret_core.profile import ModelProfile
 from services.control.errors import BudgetNotPlanned
 
 
@@ -57,9 +59,20 @@ class QueueEveryItem:
         return self.rules.in_flight_cap(worker, stage)
 
 
-def live_setup(method: str, plan: Plan, model: str, num_units: int) -> PolicySetup:
-    """The setup the wall clock runs for ``method`` given the planner's ``plan`` (module docstring)."""
-    setup = make_policy(method, plan).setup(model, num_units, plan.arrival_interval)
+def live_setup(
+    method: str,
+    plan: Plan,
+    model: str,
+    num_units: int,
+    *,
+    profile: ModelProfile | None = None,
+    compensator: str = "none",
+) -> PolicySetup:
+    """The setup the wall clock runs for ``method`` given the planner's ``plan`` (module docstring); with
+    the model's ``profile`` the schedules and the sequential methods report their planned bytes (counting
+    the state of ``compensator``)."""
+    options = MethodOptions(memory=MemorySettings(variant="engine", compensator=compensator))
+    setup = make_policy(method, plan, profile=profile, options=options).setup(model, num_units, plan.arrival_interval)
     if setup.instant:
         setup = dataclasses.replace(setup, rules=QueueEveryItem(setup.rules))
     return setup

@@ -229,11 +229,12 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     torch.set_flush_denormal(True)
     # 1. the model, its profile, the planner and the start-up plan
     model = build_zoo_model(settings)
-    planner = SwitchablePlanner(make_planner(settings, load_profile(settings, model)))
+    profile = load_profile(settings, model)
+    planner = SwitchablePlanner(make_planner(settings, profile))
     planner.current.warm()  # before any gRPC thread can reach the planner
     plan = planner.plan(t.budget_bytes)
     # 2. the learner, the topics, the snapshot store
-    learner = EngineLearner(model, plan, settings)
+    learner = EngineLearner(model, plan, settings, profile)
     kafka = settings.kafka
     ensure_topics(kafka.bootstrap_servers, kafka.topic_prefix, sample_partitions=kafka.sample_partitions)
     r = settings.redis

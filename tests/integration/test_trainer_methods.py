@@ -63,7 +63,7 @@ def test_every_method_runs_live(
     ensure_topics(bootstrap_servers, topic_prefix, sample_partitions=2)
     settings = method_settings(bootstrap_servers, redis_url, topic_prefix, method)
     planner = make_planner(settings, mlp_profile)
-    learner = EngineLearner(build_zoo_model(settings), planner.plan(None), settings)
+    learner = EngineLearner(build_zoo_model(settings), planner.plan(None), settings, mlp_profile)
     parts = assemble(settings, learner, SampleDecoder(*dataset_spec(settings.trainer.dataset)), None)
     budgeted = plans_for_budget(method)
     control = create_server(planner if budgeted else FixedPlan(method), parts.port).start()

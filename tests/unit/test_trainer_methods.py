@@ -14,7 +14,8 @@ from services.control.errors import BudgetNotPlanned
 from services.control.servicer import status_for
 from services.trainer.engine_learner import EngineLearner
 from services.trainer.methods import FixedPlan, QueueEveryItem, live_setup, plans_for_budget
-from services.trainer.runner import build_zoo_model
+from services.trainer.runner import build_zoo_model, load_profile
+from tests.unit.test_engine_policies import tiny_profile
 from tests.unit.test_engine_support import make_plan
 
 
@@ -50,6 +51,34 @@ def test_live_setups() -> None:
     assert live_setup("1-skip", plan, "tiny", 4).rules.wait_slots == 0
     ferret = live_setup("ferret", plan, "tiny", 4)
     assert ferret.plan == plan and ferret.rules.wait_slots == 1
+
+
+def test_live_setups_report_the_methods_own_planned_bytes_given_the_profile() -> None:
+    plan = make_plan(3, 2, num_units=3)
+    assert live_setup("dapple", plan, "tiny", 3).planned is None  # no profile: no planned bytes to report
+    for method in ("dapple", "zb", "hanayo-2w", "pipedream", "pipedream-2bw", "oracle", "1-skip"):
+        planned = live_setup(method, plan, "tiny", 3, profile=tiny_profile()).planned
+        assert planned is not None and planned.memory_model == f"schedule:{method}", method
+        assert planned.predicted_bytes == sum(planned.memory_breakdown.values()) > 0, method
+    none = live_setup("pipedream", plan, "tiny", 3, profile=tiny_profile()).planned
+    asked = live_setup("pipedream", plan, "tiny", 3, profile=tiny_profile(), compensator="iter-fisher").planned
+    assert none is not None and asked is not None and asked.predicted_bytes > none.predicted_bytes  # its state
+
+
+def test_the_learner_reports_a_schedules_planned_bytes_for_the_status() -> None:
+    settings = load_settings(
+        None, env={"FERRET_TRAINER_DATASET": "digits", "FERRET_TRAINER_MODEL": "mlp", "FERRET_TRAINER_METHOD": "dapple"}
+    )
+    model = build_zoo_model(settings)
+    profile = load_profile(settings, model)
+    learner = EngineLearner(model, make_plan(2, 2, num_units=model.num_units), settings, profile)
+    try:
+        burst(learner, 4)
+        stats = learner.stats()
+    finally:
+        learner.close()
+    assert learner.engine.setup.planned is not None
+    assert stats.planned_bytes == learner.engine.setup.planned.predicted_bytes > 0
 
 
 def test_oracle_trains_every_item_of_a_burst_in_order() -> None:

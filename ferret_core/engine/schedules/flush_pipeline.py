@@ -217,7 +217,9 @@ class FlushPipeline(Pipeline):
             del root
         item.graphs[j] = None
         item.grad_outputs[j] = None
-        item.stashes[j] = None
+        with self.lock:  # two W of one item may end at once on the wall clock: one of them is its last
+            item.stashes[j] = None
+            last = all(stash is None for stash in item.stashes)
         del graph, grad_out
         self._keep_gradient(n, j, grads, version)
         read = version.version
@@ -229,7 +231,7 @@ class FlushPipeline(Pipeline):
             self._record(Kind.W, a, read, None, t0, t_end)
             self._sample()
         self._after_gradient(a, stamps, t_end)
-        if all(stash is None for stash in item.stashes):  # its last W (a W above may follow the lowest's)
+        if last:  # its last W (a W above may follow the lowest's)
             self._finish_item(item)
 
     # ------------------------------------------------------------------------- memory measurement
