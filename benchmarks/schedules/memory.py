@@ -1,12 +1,15 @@
-"""Measured peak memory of every pipeline schedule against its planned bytes (issue 8, Must show).
+"""Measured peak memory of every method against its planned bytes (issue 8, Must show).
 
 For mnistnet and convnet (committed profiles) at three budgets — the minimum feasible, halfway, and
 unconstrained (the paper's M−, M, M+ of Ferret's planner) — plan Ferret's partition L* and worker slots,
-run each schedule on them on the virtual clock at the paper's rate (t^d = max_i t̂_i^f), and compare the
-engine's *measured* peak (distinct storages it holds + autograd's saved tensors, sampled after every
-action; independent of any cost model) with the schedule's planned bytes
+run each method on them (Oracle and 1-Skip on the whole model, Ferret on its plan, every schedule on its
+L*) on the virtual clock at the paper's rate (t^d = max_i t̂_i^f), and compare the engine's *measured* peak
+(distinct storages it holds + autograd's saved tensors, sampled after every action; independent of any
+cost model) with the method's planned bytes: the schedules' and the sequential methods' byte model
 (:mod:`ferret_core.engine.schedules.memory`, built from the same per-stage primitives as Ferret's byte
-model). Inputs are random tensors of the model's input shape (memory does not depend on pixel values).
+model), and for Ferret its plan's predicted bytes. Every planned figure counts with the engine's byte
+model (``variant="engine"``) and no compensator, as the runs apply none. Inputs are random tensors of the
+model's input shape (memory does not depend on pixel values).
 
     .venv/bin/python benchmarks/schedules/memory.py            # → results/memory.{md,json}
     .venv/bin/python benchmarks/schedules/memory.py --items 120 --models mnistnet
@@ -23,8 +26,9 @@ from pathlib import Path
 
 import torch
 
-from ferret_core.engine import EngineSettings, MethodOptions, StageTimes, StreamEngine, make_policy
-from ferret_core.planner import Planner
+from ferret_core.engine import METHOD_NAMES, EngineSettings, MethodOptions, StageTimes, StreamEngine, make_policy
+from ferret_core.memory_model import MemorySettings
+from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import build_model
 
@@ -32,7 +36,10 @@ HERE = Path(__file__).resolve().parent
 PROFILES = HERE.parent / "profiles"
 RESULTS = HERE / "results"
 MODELS = {"mnistnet": {}, "convnet": {"input_size": 32}}
-SCHEDULES = ("dapple", "zb", "hanayo-1w", "hanayo-2w", "hanayo-3w", "pipedream", "pipedream-2bw")
+METHODS = METHOD_NAMES  # every registered method
+# what every method's planned bytes count: the engine's byte model (what it allocates), no compensator (the
+# runs apply none) — the same settings for Ferret's planner as for the schedules' and the sequential methods'
+COUNTED = MemorySettings(variant="engine", compensator="none")
 BUDGETS = {"M-": 0.0, "M": 0.5, "M+": None}  # fraction of the way from the minimum feasible to unconstrained
 
 
@@ -49,13 +56,13 @@ def stream(shape: tuple[int, ...], classes: int, count: int) -> list[Item]:
 
 def measure(name: str, budget_name: str, method: str, items: int) -> dict[str, object]:
     profile = ModelProfile.load(PROFILES / f"{name}.json")
-    planner = Planner(profile)
+    planner = Planner(profile, PlannerSettings(memory=COUNTED))
     low, high = planner.min_feasible_bytes, planner.plan(None).predicted_bytes
     fraction = BUDGETS[budget_name]
     budget = None if fraction is None else int(low + fraction * (high - low))
     plan = planner.plan(budget)
     model = build_model(name, **MODELS[name])  # type: ignore[arg-type]
-    policy = make_policy(method, plan, profile=profile, options=MethodOptions())
+    policy = make_policy(method, plan, profile=profile, options=MethodOptions(memory=COUNTED))
     setup = policy.setup(name, model.num_units, plan.arrival_interval)
     engine = StreamEngine(model.units, setup, EngineSettings(keep_trace=False, validate=False))
     times = StageTimes.from_profile(profile, setup.plan.partition)
@@ -84,7 +91,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=200)
     parser.add_argument("--models", nargs="+", default=list(MODELS))
-    parser.add_argument("--methods", nargs="+", default=list(SCHEDULES))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -121,8 +128,8 @@ def main() -> int:
         RESULTS.mkdir(parents=True, exist_ok=True)
         command = "benchmarks/schedules/memory.py " + " ".join(sys.argv[1:])
         header = (
-            f"Measured peak vs planned bytes of every pipeline schedule ({args.items} items per run, no "
-            f"compensator, virtual clock at t^d = max t̂^f; load average {load_before:.2f} → "
+            f"Measured peak vs planned bytes of every method ({args.items} items per run, no compensator; "
+            f"planned with the engine byte model, virtual clock at t^d = max t̂^f; load average {load_before:.2f} → "
             f"{os.getloadavg()[0]:.2f}). Command: `.venv/bin/python {command.strip()}`.\n\n"
         )
         (RESULTS / "memory.md").write_text(

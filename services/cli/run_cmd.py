@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from ferret_core.engine import METHOD_NAMES
+from ferret_core.engine import METHOD_NAMES, METHODS
 from services.cli.args import budget_type, positive_int
 from services.config import load_settings
 from services.logs import add_logging_arguments, configure_logging
@@ -69,7 +69,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--method",
         default=None,
         choices=METHOD_NAMES,
-        help="training method (default: trainer.method, ferret); oracle and 1-skip have a fixed plan and no budget",
+        help="training method (default: trainer.method, ferret); those that do not plan for a budget: "
+        + ", ".join(m for m in METHOD_NAMES if not METHODS[m].needs_plan),
     )
     parser.add_argument(
         "--budget",

@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from ferret_core.engine import EngineSettings, MethodOptions, StageTimes, StreamEngine, make_policy
-from ferret_core.planner import Planner
+from ferret_core.memory_model import MemorySettings
+from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.profiler import profile_model
 from ferret_core.zoo import build_model
 from tests.unit.test_method_checks import Item
 
-SCHEDULES = ("oracle", "1-skip", "dapple", "zb", "hanayo-1w", "hanayo-2w", "hanayo-3w", "pipedream",
+SCHEDULES = ("oracle", "1-skip", "ferret", "dapple", "zb", "hanayo-1w", "hanayo-2w", "hanayo-3w", "pipedream",
              "pipedream-2bw")
 
 
@@ -38,10 +39,11 @@ def profile() -> ModelProfile:
 @pytest.mark.parametrize("budget", ["min", "max"])
 @pytest.mark.parametrize("method", SCHEDULES)
 def test_measured_peak_is_within_20_percent_of_planned(method: str, budget: str, profile: ModelProfile) -> None:
-    planner = Planner(profile)
+    counted = MemorySettings(variant="engine", compensator="none")  # what the engine allocates; no compensator
+    planner = Planner(profile, PlannerSettings(memory=counted))
     plan = planner.plan(planner.min_feasible_bytes if budget == "min" else None)
     model = build_model("mlp", num_classes=5, in_features=96, seed=0)
-    setup = make_policy(method, plan, profile=profile, options=MethodOptions()).setup(
+    setup = make_policy(method, plan, profile=profile, options=MethodOptions(memory=counted)).setup(
         "mlp", model.num_units, plan.arrival_interval
     )
     engine = StreamEngine(model.units, setup, EngineSettings(keep_trace=False, validate=False))
