@@ -13,7 +13,7 @@ Hanayo, PipeDream, PipeDream-2BW), ``methods`` (the registry of every method by 
 
 from ferret_core.engine.actions import Kind, SkipReason, TraceEvent
 from ferret_core.engine.engine import EngineSettings, StreamEngine, simulate
-from ferret_core.engine.methods import METHOD_NAMES, METHODS, MethodOptions, make_policy
+from ferret_core.engine.methods import METHOD_NAMES, METHODS, MethodOptions, layout_plan, make_policy
 from ferret_core.engine.policies import FerretPolicy, OneSkip, Oracle
 from ferret_core.engine.result import EngineStats, SimulationResult
 from ferret_core.engine.trace import TraceError, validate_trace
@@ -35,6 +35,7 @@ __all__ = [
     "StreamEngine",
     "TraceError",
     "TraceEvent",
+    "layout_plan",
     "make_policy",
     "simulate",
     "validate_trace",

@@ -8,6 +8,7 @@ a method, add its line here (and its options to :class:`MethodOptions`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,7 +17,7 @@ from ferret_core.engine.schedules import Dapple, Hanayo, PipeDream, PipeDream2BW
 from ferret_core.engine.schedules.common import WithPlannedBytes
 from ferret_core.errors import ConfigError
 from ferret_core.memory_model import MemorySettings
-from ferret_core.plan import Plan
+from ferret_core.plan import Partition, Plan, WorkerConfig
 from ferret_core.profile import ModelProfile
 
 
@@ -116,3 +117,26 @@ def make_policy(
     """The policy of method ``name``; methods with ``needs_plan`` need ``plan``, and report planned bytes
     of a schedule only with the model's ``profile``."""
     return method(name).build(plan, profile, options or MethodOptions())
+
+
+def layout_plan(plan: Plan, partition: Partition, num_workers: int, *, recompute: bool = False) -> Plan:
+    """``plan`` moved onto another layout — ``partition`` and ``num_workers`` plain worker slots (live, no
+    T1–T4 unless ``recompute``) — for running a pipeline schedule on a partition/N of your choice (an
+    ablation beside the paper's, which shares Ferret's L* and N). The cost model's figures of ``plan``
+    no longer apply: predicted bytes become 0 and its steps are dropped; a schedule given the profile
+    plans its own bytes. Not for Ferret, whose techniques are what its planner chose."""
+    if num_workers < 1:
+        raise ConfigError(f"a layout needs at least one worker slot, got num_workers={num_workers}")
+    if partition.num_units != plan.partition.num_units:
+        raise ConfigError(
+            f"partition over {partition.num_units} units cannot drive a model of {plan.partition.num_units} units"
+        )
+    stages = partition.num_stages
+    workers = tuple(
+        WorkerConfig(n, live=True, recompute=recompute, accumulation=(1,) * stages, omission=(0,) * stages)
+        for n in range(num_workers)
+    )
+    return dataclasses.replace(
+        plan, partition=partition, workers=workers, predicted_bytes=0, memory_breakdown={}, steps=(),
+        recompute_note=f"layout chosen by hand: {stages} stages, {num_workers} slots",
+    )

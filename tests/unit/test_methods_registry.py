@@ -50,3 +50,26 @@ def test_schedules_run_on_ferrets_partition_and_slots_with_every_slot_live() -> 
         expected = 3 if name == "pipedream-2bw" else 1
         assert all(w.accumulation == (expected,) * 3 for w in setup.plan.workers)
     assert make_policy("hanayo-3w", plan).setup("tiny", 3, 1.0).plan.num_workers == 18
+
+
+def test_a_schedule_runs_on_a_layout_of_your_choice() -> None:
+    from ferret_core.engine import EngineSettings, StreamEngine, layout_plan
+    from ferret_core.plan import Partition
+    from tests.unit.test_engine_policies import tiny_profile
+    from tests.unit.test_engine_support import stream, tiny_units, uniform_times
+
+    plan = make_plan(3, 2, accumulation=2, omission=1)
+    layout = layout_plan(plan, Partition((0, 1, 3)), 4)
+    assert (layout.num_stages, layout.num_workers, layout.predicted_bytes, layout.steps) == (2, 4, 0, ())
+    assert all(w.live and w.accumulation == (1, 1) and w.omission == (0, 0) for w in layout.workers)
+    setup = make_policy("dapple", layout, profile=tiny_profile()).setup("tiny", 3, 1.0)
+    assert setup.plan.partition == Partition((0, 1, 3)) and setup.plan.num_workers == 4
+    assert setup.planned is not None and setup.planned.predicted_bytes > 0  # its own bytes on this layout
+    r = StreamEngine(tiny_units(num_units=3), setup, EngineSettings()).run_virtual(
+        stream(12), uniform_times(2), 1.0
+    )
+    assert r.trained_any_stage + sum(r.skipped.values()) == r.items == 12
+    with pytest.raises(ConfigError, match="2 units cannot drive a model of 3 units"):
+        layout_plan(plan, Partition((0, 1, 2)), 1)
+    with pytest.raises(ConfigError, match="at least one worker slot"):
+        layout_plan(plan, Partition((0, 3)), 0)
