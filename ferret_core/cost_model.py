@@ -35,6 +35,10 @@ class StageGeometry:
     recompute_savings: tuple[int, ...]  # Σ_{l=L_j+1}^{L_{j+1}−1} |â_l| (what T1 frees, eq. ferret-svre)
     saved: tuple[int, ...]  # autograd saved-tensor elements per item (engine model; |a_j| if unprofiled)
     stage_inputs: tuple[int, ...]  # elements of the stage's input (what T1 keeps in the engine)
+    outputs: tuple[int, ...] = ()  # elements of the stage's output (the next stage's input)
+    graph_internal: tuple[int, ...] = ()  # a stage graph's saved storages besides its input and output
+    forward_times: tuple[float, ...] = ()  # Σ t̂^f of each stage
+    backward_times: tuple[float, ...] = ()  # Σ t̂^b of each stage
 
     @classmethod
     def from_profile(cls, profile: ModelProfile, partition: Partition) -> StageGeometry:
@@ -54,7 +58,14 @@ class StageGeometry:
         inputs = tuple(
             profile.input_elements if stage[0] == 0 else layers[stage[0] - 1].activations for stage in stages
         )
-        return cls(partition, t_f, t_b, weights, activations, savings, saved, inputs)
+        outputs = tuple(layers[stage[-1]].activations for stage in stages)
+        internal = tuple(_graph_internal(profile, stage) for stage in stages)
+        forward_times = tuple(sum(layers[u].t_f for u in stage) for stage in stages)
+        backward_times = tuple(sum(layers[u].t_b for u in stage) for stage in stages)
+        return cls(
+            partition, t_f, t_b, weights, activations, savings, saved, inputs, outputs, internal,
+            forward_times, backward_times,
+        )
 
     @property
     def num_stages(self) -> int:
@@ -71,6 +82,30 @@ class StageGeometry:
 
 def _saved_elements(layer: LayerProfile) -> int:
     return layer.activations if layer.saved is None else layer.saved
+
+
+def _graph_internal(profile: ModelProfile, stage: tuple[int, ...]) -> int:
+    """Elements of the distinct storages a stage's graph saves, besides the stage's input and output.
+
+    Unit u's saved tensors are its input (when ``saved_input``), its output (``saved_output``) and the rest;
+    a storage between two units of the stage is saved once if either keeps it. Without the flags every
+    unit's saved tensors count whole and every inner boundary once more (an upper bound).
+    """
+    layers = profile.layers
+    total = 0
+    for position, u in enumerate(stage):
+        layer = layers[u]
+        saved = _saved_elements(layer)
+        if layer.saved_input is None or layer.saved_output is None:
+            total += saved + (layer.activations if position + 1 < len(stage) else 0)
+            continue
+        unit_input = profile.input_elements if u == 0 else layers[u - 1].activations
+        total += max(0, saved - layer.saved_input * unit_input - layer.saved_output * layer.activations)
+        if position + 1 < len(stage):
+            following = layers[u + 1]
+            if layer.saved_output or following.saved_input is None or following.saved_input:
+                total += layer.activations
+    return total
 
 
 def num_worker_slots(geometry: StageGeometry, arrival_interval: float, recompute: bool) -> int:

@@ -1,24 +1,47 @@
-"""Bytes a configuration needs: eq. ferret-svre's M_F plus what exists at run time (DESIGN §3.8, §3.10).
+"""Bytes a configuration needs: what the engine holds (default), or eq. ferret-svre's M_F (DESIGN §3.8, §3.10).
 
 Two variants (``MemorySettings.variant``):
 
-* ``paper``: eq. ferret-svre exactly, per worker Σ_i (1 + ⌈(P−i−1)/c^a⌉ − c^o)(|w_i| + |a_i| − c^r·Σ|â_l|);
-* ``engine``: what the engine of DESIGN §3.13 holds per worker and stage: its replica plus the stashes
-  made while back-propagated items are in flight (1 + own updates in flight, see
-  :mod:`ferret_core.staleness`) times |w_i|, plus, for each in-flight item that will be back-propagated
-  at stage i (⌈(P−i)/period⌉ of the P−i in flight), autograd's saved tensors (or only the stage input
-  under T1). Unlike the paper, T2 does not free activations: in-flight items still hold them.
+* ``engine`` (the default): a bound on what the engine of DESIGN §3.13 holds at any of its sampled
+  points (:mod:`ferret_core.engine.memory`), per live worker n and stage j:
 
-Both add the extras the paper leaves out, each counted once (not per worker) unless said: the master copy
-(ΣW), one transient gradient (max_i |w_i|), accumulation buffers (|w_i| per worker and stage with
-c^a > 1), optimizer state (slots × ΣW), compensator state (Iter-Fisher: v_r, v_a = 2ΣW when λ is tuned,
-plus the delta ring Σ_i capacity_i·|w_i| sized by the staleness bound; Gap-Aware: ΣW), the prediction
-path's activations (max_l input_l + output_l), and the OCL algorithm's state (replay buffer items, LwF's
-teacher ΣW, MAS importances and anchor 2ΣW). ``extras=False`` leaves eq. ferret-svre alone;
+  - **versions**: the replica plus the stashes of items back-propagated at j while they are in flight,
+    ``1 + ⌈(K_j − 1)/c^a_{n,j}⌉`` copies of |w_j|, where K_j is the most such items in flight at once
+    (an item reads the replica at its F and releases its stash at its B; the replica changes once per
+    c^a of its B's, so the oldest in-flight item read a version at most ⌈(K_j − 1)/c^a⌉ updates old).
+    With K_j = P − j this is eq. ferret-svre's ``1 + ⌈(P−j−1)/c^a⌉``;
+  - **activations**: what the worker's in-flight items hold (graphs, queued stage inputs, output
+    gradients; under T1 only stage inputs plus the recomputed graph), from
+    :mod:`ferret_core.residency`. T2 does not free activations (items in flight keep their graphs);
+  - **accumulation buffer**: |w_j| where c^a_{n,j} > 1 (the engine sums compensated gradients into
+    one buffer per worker and stage, T2).
+
+  ``MemorySettings.in_flight`` says where K_j and the activations come from: ``"cap"`` (default) —
+  the 1F1B cap of P − j items in flight at stage j, true on any clock and for any action durations
+  (the trainer's wall clock); ``"schedule"`` — a replay of the worker's schedule on the profile's stage
+  times at the plan's arrival interval, which is what the virtual clock runs (``ferret simulate``,
+  ``ferret bench``; it needs ``arrival_interval`` and ``num_slots``). Shared terms: no master copy (the
+  master always is the replica of the worker that updated it last; replicas share its storage), one
+  gradient between a B and its update (max_j |w_j|, or Σ_j |w_j| under ``cap``: stages update
+  concurrently on the wall clock), and the extras below.
+* ``paper``: eq. ferret-svre exactly, per worker Σ_i (1 + ⌈(P−i−1)/c^a⌉ − c^o)(|w_i| + |a_i| −
+  c^r·Σ|â_l|), plus the extras and a master copy ΣW and one accumulation buffer per c^a > 1. It is the
+  *paper's* planning model, kept to reproduce the paper: it credits T2 with freeing activations the
+  engine keeps and is not a bound on measured memory (MobileNet-224 measured 1.97× a plan it "fit").
+
+Extras (both variants, counted once, not per worker): optimizer state (slots × ΣW), compensator state
+(Iter-Fisher: v_r, v_a = 2ΣW when λ is tuned plus the delta ring Σ_i bound_i·|w_i| sized by the
+staleness bound; ``iter-fisher-lean``: nothing per parameter; Gap-Aware: ΣW), the prediction path's
+activations (max_l input_l + output_l), and the OCL algorithm's state (replay buffer items, LwF's teacher
+ΣW, MAS importances and anchor 2ΣW). ``extras=False`` leaves eq. ferret-svre alone;
 ``count_elements=True`` reports elements instead of bytes (the paper's unit, used by golden tests).
 
-The planner's search condition, ``predicted_bytes`` and ``min_feasible_bytes`` all use
-:meth:`MemoryModel.total`.
+API for planners and policies that build on it (all in elements unless named ``bytes``):
+:meth:`MemoryModel.stage_versions` (n, j) → versions, :meth:`MemoryModel.residency` (n) → K_j and the
+activation peak, :meth:`MemoryModel.worker_elements` / :meth:`MemoryModel.worker_breakdown` (n),
+:meth:`MemoryModel.shared_elements` (all workers), :meth:`MemoryModel.total` and
+:meth:`MemoryModel.breakdown` in bytes. The planner's search condition, ``predicted_bytes`` and
+``min_feasible_bytes`` all use :meth:`MemoryModel.total`.
 """
 
 from __future__ import annotations
@@ -27,22 +50,25 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ferret_core.cost_model import StageGeometry, backprop_period, paper_worker_elements
+from ferret_core.cost_model import StageGeometry, paper_worker_elements
 from ferret_core.errors import ConfigError
-from ferret_core.plan import WorkerConfig
+from ferret_core.plan import Plan, WorkerConfig
 from ferret_core.profile import ModelProfile, dtype_bytes
-from ferret_core.staleness import bound_for_workers, own_updates_in_flight
+from ferret_core.residency import LABEL_BYTES, Residency, StageSizes, cap_residency, replay_worker
+from ferret_core.staleness import bound_for_workers
 
-MEMORY_VARIANTS = ("paper", "engine")
+MEMORY_VARIANTS = ("engine", "paper")
+IN_FLIGHT_MODES = ("cap", "schedule")
 COMPENSATORS_WITH_RING = ("iter-fisher", "iter-fisher-cf")
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
 
 
 @dataclass(frozen=True)
 class MemorySettings:
-    """How predicted memory is counted."""
+    """How predicted memory is counted (see the module docstring)."""
 
-    variant: str = "paper"
+    variant: str = "engine"
+    in_flight: str = "cap"  # engine variant: "cap" (any clock) or "schedule" (the virtual clock's replay)
     dtype: str = "float32"
     extras: bool = True
     count_elements: bool = False
@@ -56,6 +82,8 @@ class MemorySettings:
     def __post_init__(self) -> None:
         if self.variant not in MEMORY_VARIANTS:
             raise ConfigError(f"memory model must be one of {MEMORY_VARIANTS}, got {self.variant!r}")
+        if self.in_flight not in IN_FLIGHT_MODES:
+            raise ConfigError(f"in_flight must be one of {IN_FLIGHT_MODES}, got {self.in_flight!r}")
         if self.optimizer not in OPTIMIZER_SLOTS:
             raise ConfigError(f"optimizer must be one of {sorted(OPTIMIZER_SLOTS)}, got {self.optimizer!r}")
         if self.replay_items < 0:
@@ -71,39 +99,97 @@ class MemorySettings:
     def unit_bytes(self) -> int:
         return 1 if self.count_elements else dtype_bytes(self.dtype)
 
+    def describe(self) -> str:
+        """One line naming the model, for plan output."""
+        if self.variant == "paper":
+            return (
+                "paper: eq. ferret-svre + extras, the paper's planning model (not a bound on the engine's "
+                "memory: it credits T2 with freeing activations the engine keeps)"
+            )
+        where = (
+            "items in flight from the 1F1B cap P−j (any clock)"
+            if self.in_flight == "cap"
+            else "items in flight from a replay of the virtual clock's schedule (exact there)"
+        )
+        return f"engine: what the engine holds, {where}"
+
 
 class MemoryModel:
-    """Bytes of a whole configuration: Σ_n worker term + shared term."""
+    """Bytes of a whole configuration: Σ_n worker term + shared term (see the module docstring).
 
-    def __init__(self, geometry: StageGeometry, profile: ModelProfile, settings: MemorySettings) -> None:
+    ``arrival_interval`` (t^d) and ``num_slots`` (N) are needed by the ``schedule`` in-flight mode: a
+    worker's items arrive every N·t^d.
+    """
+
+    def __init__(
+        self,
+        geometry: StageGeometry,
+        profile: ModelProfile,
+        settings: MemorySettings,
+        *,
+        arrival_interval: float | None = None,
+        num_slots: int | None = None,
+    ) -> None:
         self.geometry = geometry
         self.settings = settings
+        self._engine = settings.variant == "engine"
+        self._schedule = self._engine and settings.in_flight == "schedule"
+        if self._schedule and (arrival_interval is None or num_slots is None):
+            raise ConfigError(
+                "memory model 'engine' with in_flight='schedule' replays the virtual clock: give "
+                "arrival_interval and num_slots (or use in_flight='cap')"
+            )
+        self._period = (arrival_interval or 0.0) * (num_slots or 0)
+        if self._engine and not geometry.outputs:
+            raise ConfigError("the engine memory model needs a StageGeometry built by StageGeometry.from_profile")
+        label = -(-LABEL_BYTES // dtype_bytes(settings.dtype))
+        self.sizes = StageSizes(profile.input_elements, geometry.outputs, geometry.graph_internal, label)
         self._fixed = self._fixed_extras(profile) if settings.extras else {}
         self._ring = settings.extras and settings.compensator in COMPENSATORS_WITH_RING
+        self._residency: dict[tuple[bool, tuple[int, ...]], Residency] = {}
 
-    # -- per worker -------------------------------------------------------------------------------
+    @classmethod
+    def for_plan(cls, plan: Plan, profile: ModelProfile, settings: MemorySettings) -> MemoryModel:
+        """The model for an existing plan (its partition, arrival interval and worker slots)."""
+        geometry = StageGeometry.from_profile(profile, plan.partition)
+        return cls(geometry, profile, settings, arrival_interval=plan.arrival_interval, num_slots=plan.num_workers)
+
+    # -- per worker and stage ---------------------------------------------------------------------
+    def residency(self, worker: WorkerConfig) -> Residency:
+        """K_j and the activation peak of a worker with this T1/T3 configuration (cached)."""
+        key = (worker.recompute, worker.omission)
+        found = self._residency.get(key)
+        if found is None:
+            g = self.geometry
+            if self._schedule:
+                found = replay_worker(
+                    self.sizes, g.forward_times, g.backward_times, worker.recompute, worker.omission, self._period
+                )
+            else:
+                found = cap_residency(self.sizes, worker.recompute)
+            self._residency[key] = found
+        return found
+
+    def stage_versions(self, worker: WorkerConfig, stage: int) -> int:
+        """Versions of ``stage`` worker n keeps (engine): its replica plus stashes, 1 + ⌈(K_j − 1)/c^a⌉."""
+        most = self.residency(worker).backprop_in_flight[stage]
+        return 1 + math.ceil(max(0, most - 1) / worker.accumulation[stage])
+
+    def worker_breakdown(self, worker: WorkerConfig) -> dict[str, int]:
+        """Worker n's term by component, in elements (empty when removed)."""
+        if not worker.live:
+            return {}
+        g = self.geometry
+        buffers = sum(w for w, a in zip(g.weights, worker.accumulation, strict=True) if a > 1)
+        if not self._engine:
+            paper = paper_worker_elements(g, worker.recompute, worker.accumulation, worker.omission)
+            return {"workers": paper, "accumulation_buffers": buffers if self.settings.extras else 0}
+        versions = sum(self.stage_versions(worker, j) * g.weights[j] for j in range(g.num_stages))
+        return {"versions": versions, "activations": self.residency(worker).peak, "accumulation_buffers": buffers}
+
     def worker_elements(self, worker: WorkerConfig) -> int:
         """Worker n's term, in elements (0 when removed)."""
-        if not worker.live:
-            return 0
-        if self.settings.variant == "paper":
-            held = paper_worker_elements(self.geometry, worker.recompute, worker.accumulation, worker.omission)
-        else:
-            held = self._engine_worker_elements(worker)
-        if self.settings.extras:
-            held += sum(w for w, a in zip(self.geometry.weights, worker.accumulation, strict=True) if a > 1)
-        return held
-
-    def _engine_worker_elements(self, worker: WorkerConfig) -> int:
-        g = self.geometry
-        p = g.num_stages
-        total = 0
-        for i in range(p):
-            versions = 1 + own_updates_in_flight(worker, i, p)
-            inflight_backprop = math.ceil((p - i) / backprop_period(worker.omission, i))
-            per_item = g.stage_inputs[i] if worker.recompute else g.saved[i]
-            total += versions * g.weights[i] + inflight_backprop * per_item
-        return total
+        return sum(self.worker_breakdown(worker).values())
 
     # -- shared -----------------------------------------------------------------------------------
     def _fixed_extras(self, profile: ModelProfile) -> dict[str, int]:
@@ -112,12 +198,14 @@ class MemoryModel:
         total_w = g.total_weights
         outputs = [layer.activations for layer in profile.layers]
         inputs = [profile.input_elements, *outputs[:-1]]
-        extras = {
-            "master_copy": total_w,
-            "transient_gradient": max(g.weights),
-            "optimizer_state": OPTIMIZER_SLOTS[s.optimizer] * total_w,
-            "prediction_path": max(i + o for i, o in zip(inputs, outputs, strict=True)),
-        }
+        extras: dict[str, int] = {}
+        if not self._engine:
+            extras["master_copy"] = total_w
+            extras["transient_gradient"] = max(g.weights)
+        else:
+            extras["transient_gradient"] = max(g.weights) if self._schedule else total_w
+        extras["optimizer_state"] = OPTIMIZER_SLOTS[s.optimizer] * total_w
+        extras["prediction_path"] = max(i + o for i, o in zip(inputs, outputs, strict=True))
         if s.compensator in COMPENSATORS_WITH_RING and (s.lambda_tuning or s.compensator == "iter-fisher-cf"):
             extras["compensator_moments"] = 2 * total_w
         if s.compensator == "gap-aware":
@@ -158,7 +246,10 @@ class MemoryModel:
     def breakdown(self, workers: Sequence[WorkerConfig]) -> dict[str, int]:
         """Bytes by component; the values sum to :meth:`total`."""
         unit = self.settings.unit_bytes
-        parts = {"workers": sum(self.worker_elements(w) for w in workers) * unit}
+        parts: dict[str, int] = {}
+        for worker in workers:
+            for name, value in self.worker_breakdown(worker).items():
+                parts[name] = parts.get(name, 0) + value * unit
         parts.update({name: value * unit for name, value in self._fixed.items()})
         if self._ring:
             parts["compensator_ring"] = self.ring_elements(workers) * unit

@@ -122,6 +122,7 @@ class Plan:
     memory_model: str
     dtype: str
     memory_breakdown: Mapping[str, int] = field(default_factory=dict)
+    memory_note: str = ""  # what the byte model counts (``MemorySettings.describe``)
     steps: tuple[PlanStep, ...] = ()
     recompute_note: str = ""
 
@@ -178,6 +179,7 @@ class Plan:
             "stage_backward_time": self.stage_backward_time,
             "decay": self.decay,
             "memory_model": self.memory_model,
+            "memory_note": self.memory_note,
             "dtype": self.dtype,
             "memory_breakdown": dict(self.memory_breakdown),
             "steps": [
@@ -234,6 +236,7 @@ class Plan:
             min_feasible_bytes=int(data["min_feasible_bytes"]),
             budget_bytes=None if budget is None else int(budget),
             memory_model=str(data["memory_model"]),
+            memory_note=str(data.get("memory_note", "")),
             dtype=str(data["dtype"]),
             memory_breakdown={str(k): int(v) for k, v in data.get("memory_breakdown", {}).items()},
             steps=steps,

@@ -78,12 +78,14 @@ class Planner:
         self._candidates: list[_Candidate] = []
         for cap, partition in candidate_partitions(profile):
             geometry = StageGeometry.from_profile(profile, partition)
-            memory = MemoryModel(geometry, profile, self.settings.memory)
             rate = RateModel(geometry, self.decay)
             for recompute in self.settings.recompute_options:
                 n = num_worker_slots(geometry, self.arrival_interval, recompute)
                 if self.settings.max_workers is not None:
                     n = min(n, self.settings.max_workers)
+                memory = MemoryModel(
+                    geometry, profile, self.settings.memory, arrival_interval=self.arrival_interval, num_slots=n
+                )
                 self._candidates.append(_Candidate(cap, geometry, memory, rate, recompute, n))
         self._paths: dict[int, SearchPath] = {}
 
@@ -153,6 +155,7 @@ class Planner:
             min_feasible_bytes=minimum,
             budget_bytes=budget,
             memory_model=self.settings.memory.variant,
+            memory_note=self.settings.memory.describe(),
             dtype=self.settings.memory.dtype,
             memory_breakdown=cand.memory.breakdown(workers),
             steps=path.steps[: point.steps_taken],

@@ -7,7 +7,10 @@ It round-trips through the JSON format of DESIGN §4::
      "layers": [{"name", "t_f", "t_b", "params", "activations"}]}
 
 ``saved`` (optional, elements of autograd's saved tensors per sample) is an extension used by the
-``engine`` memory model; absent in older files.
+``engine`` memory model; absent in older files. ``saved_input`` / ``saved_output`` (optional booleans)
+say whether the unit's input and output storages are among those saved tensors, so the memory model
+can count a storage two units share (one's output, the next one's input) once; without them it
+counts each unit's saved tensors whole and every boundary again (an upper bound).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class LayerProfile:
     params: int  # |ŵ|: parameter elements
     activations: int  # |â|: output activation elements per sample
     saved: int | None = None  # autograd saved-tensor elements per sample (engine memory model)
+    saved_input: bool | None = None  # whether ``saved`` includes the unit's input storage
+    saved_output: bool | None = None  # whether ``saved`` includes the unit's output storage
 
     def __post_init__(self) -> None:
         for key in ("t_f", "t_b"):
@@ -59,6 +64,10 @@ class LayerProfile:
                 raise ProfileError(f"layer {self.name!r}: {key} must be an integer >= 0, got {value!r}")
         if self.saved is not None and not (isinstance(self.saved, int) and self.saved >= 0):
             raise ProfileError(f"layer {self.name!r}: saved must be an integer >= 0, got {self.saved!r}")
+        for key in ("saved_input", "saved_output"):
+            flag = getattr(self, key)
+            if flag is not None and not isinstance(flag, bool):
+                raise ProfileError(f"layer {self.name!r}: {key} must be true, false or absent, got {flag!r}")
 
     @property
     def t_fb(self) -> float:
@@ -119,6 +128,9 @@ class ModelProfile:
             }
             if layer.saved is not None:
                 row["saved"] = layer.saved
+            for key in ("saved_input", "saved_output"):
+                if getattr(layer, key) is not None:
+                    row[key] = getattr(layer, key)
             layers.append(row)
         out: dict[str, Any] = {
             "model": self.model,
@@ -159,6 +171,8 @@ class ModelProfile:
                     params=_as_int(row["params"], f"{source}: layers[{index}].params"),
                     activations=_as_int(row["activations"], f"{source}: layers[{index}].activations"),
                     saved=None if saved is None else _as_int(saved, f"{source}: layers[{index}].saved"),
+                    saved_input=row.get("saved_input"),
+                    saved_output=row.get("saved_output"),
                 )
             )
         return cls(

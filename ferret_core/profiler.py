@@ -21,7 +21,9 @@ Sizes are per sample: ``params`` = |ŵ| (parameter elements of the unit), ``acti
 elements), ``saved`` = bytes of the distinct storages autograd saves for the backward (counted by a
 ``saved_tensors_hooks`` pack hook, deduplicated by ``untyped_storage().data_ptr()``, parameters and
 buffers excluded), expressed in elements of the profile's dtype (so ``saved × dtype_bytes`` is bytes;
-int64 max-pool indices count double). It includes the unit's input when autograd keeps it.
+int64 max-pool indices count double). It includes the unit's input when autograd keeps it;
+``saved_input`` / ``saved_output`` say whether the unit's input / output storage is among the saved ones
+(so the memory model counts a storage two neighbouring units share once).
 
 The model is never mutated: the profiler works on a ``copy.deepcopy`` of the units (in train mode, on
 the requested device and dtype), so the caller's parameters, buffers, ``.grad`` and train/eval mode
@@ -167,7 +169,7 @@ class _UnitBench:
 
     def result(self, batch_size: int) -> LayerProfile:
         element = self.output.element_size()
-        saved_bytes = _saved_bytes(self.unit, self.forward)
+        saved_bytes, saved_input, saved_output = _saved_bytes(self.unit, self.forward, self.x_in)
         return LayerProfile(
             name=self.name,
             t_f=statistics.median(self.t_f),
@@ -175,6 +177,8 @@ class _UnitBench:
             params=sum(p.numel() for p in self.unit.parameters()),
             activations=self.output.numel() // batch_size,
             saved=-(-saved_bytes // (element * batch_size)),
+            saved_input=saved_input,
+            saved_output=saved_output,
         )
 
 
@@ -190,8 +194,11 @@ def _blame(model: ZooModel, index: int, x: torch.Tensor, dtype: str, dev: torch.
         ) from exc
 
 
-def _saved_bytes(unit: nn.Module, forward: Callable[[], torch.Tensor]) -> int:
-    """Bytes of the distinct storages autograd saves during one forward, excluding parameters/buffers."""
+def _saved_bytes(
+    unit: nn.Module, forward: Callable[[], torch.Tensor], x_in: torch.Tensor
+) -> tuple[int, bool, bool]:
+    """Bytes of the distinct storages autograd saves during one forward, excluding parameters/buffers,
+    and whether the input's and the output's storages are among them."""
     state = {_storage_key(t)[0] for t in (*unit.parameters(), *unit.buffers())}
     seen: dict[int, int] = {}
 
@@ -206,8 +213,9 @@ def _saved_bytes(unit: nn.Module, forward: Callable[[], torch.Tensor]) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         out = forward()
+    output_key = _storage_key(out)[0]
     del out
-    return sum(seen.values())
+    return sum(seen.values()), _storage_key(x_in)[0] in seen, output_key in seen
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[int, int]:

@@ -17,16 +17,22 @@ Per worker n and stage j (plan semantics, T1–T4):
 * **B** (preceded by **R**, a forward on the stash with grad, under T1) computes the stage's parameter
   gradients and, unless j is the item's lowest back-propagated stage, the gradient of its input, which
   becomes stage j−1's ``grad_output``.
-* **U** follows the B that makes worker n's count of pending gradients of stage j reach c^a_{n,j} (T2).
-  Under stage j's update lock: every pending gradient is compensated *individually* from its own read
-  version (τ = master version − read version, θ_then = its stash, θ_now = the master), the results are
-  summed (so each item contributes the step it would with c^a = 1), the optimizer builds new master
-  tensors, the compensator observes ``θ_new − θ_old`` (not computed for ``none`` and ``step-aware``,
-  whose ``observe_update`` ignores it), the master version advances, and worker n's
-  replica is refreshed to it. The new tensors go into storage of a dead version, or — when nothing but
-  the store and this update references the old master (``in_place``; see
-  :mod:`ferret_core.engine.versions`) — into the old master itself. Pending gradients left when a
-  stream ends are not applied.
+* **Accumulation** (T2): right after its B, under stage j's update lock, the item's gradient is
+  compensated from its own read version to the master as it is *then* (τ = master version − read
+  version, θ_then = its stash, θ_now = the master) and added into worker n's one accumulation buffer
+  of stage j; the stash is released there. So T2 keeps one gradient buffer instead of c^a gradients
+  and their versions (the saving eq. ferret-svre credits T2 with; DESIGN §3.10, ``docs/planner.md``).
+  With c^a = 1 this is exactly "compensate at the update". With c^a > 1, master updates that other
+  workers make between an item's B and the update that applies it are not compensated: accumulation's
+  own delay, which R_F already charges (the j of A_{i,j} in eq. ferret-svre).
+* **U** follows the B that makes worker n's count of accumulated gradients of stage j reach c^a_{n,j},
+  still under the stage's lock: the optimizer builds new master tensors from the buffer, the
+  compensator observes ``θ_new − θ_old`` (not computed for ``none`` and ``step-aware``, whose
+  ``observe_update`` ignores it), the master version advances, and worker n's replica is refreshed to
+  it. The staleness counted for each applied gradient is the master version at the update minus its
+  read version. The new tensors go into storage of a dead version, or — when nothing but the store and
+  this update references the old master (``in_place``; see :mod:`ferret_core.engine.versions`) — into
+  the old master itself. Accumulated gradients left when a stream ends are not applied.
 
 Memory is sampled (independently, :mod:`ferret_core.engine.memory`) after every F, after every R (the
 recomputed graph alive), after every B's gradients are computed (before the update) and after every U.
@@ -57,7 +63,7 @@ from ferret_core.engine.stage_exec import (
     forward_with_grad,
     predict_logits,
 )
-from ferret_core.engine.state import Counters, InFlightItem, Stamps
+from ferret_core.engine.state import Counters, GradientBuffer, InFlightItem, Stamps
 from ferret_core.engine.trace import TraceSemantics
 from ferret_core.engine.versions import StageVersion, VersionStore
 from ferret_core.errors import ConfigError
@@ -94,7 +100,9 @@ class Pipeline:
         self.rules = rules
         self.scheduler = Scheduler(rules)
         self.programs = tuple(programs)
-        self.store = VersionStore(initial, plan.num_workers, clone_replicas=clone_replicas)
+        self.store = VersionStore(
+            initial, plan.num_workers, clone_replicas=clone_replicas, live=[w.live for w in plan.workers]
+        )
         self.optimizer = optimizer
         self.compensators = tuple(compensators)
         self._observes = tuple(c.needs_deltas for c in compensators)
@@ -109,9 +117,7 @@ class Pipeline:
         self.end_of_action: Callable[[], None] = end_of_action or (lambda: None)
         self.in_place = in_place  # may overwrite an unshared master in place (off under the wall clock)
         self._items: dict[int, InFlightItem] = {}
-        self._pending: list[list[list[tuple[list[Tensor], StageVersion]]]] = [
-            [[] for _ in programs] for _ in plan.workers
-        ]
+        self._buffers = [[GradientBuffer() for _ in programs] for _ in plan.workers]
         self._runners = {(w.index, j): p.runner() for w in plan.workers if w.live for j, p in enumerate(programs)}
         self._predict_runners = [p.runner() for p in programs]
         self._devices = [v.params[0].device if v.params else torch.device("cpu") for v in initial]
@@ -280,27 +286,36 @@ class Pipeline:
         if input_grad:
             item.grad_outputs[j - 1] = grad_in
         del grad_in
-        self._keep_gradient(n, j, grads, version)
         read = version.version
-        del grads, version  # the pending entry holds the stash now (see _apply's in-place test)
-        self.end_of_action()
-        t_end = stamps.end()
-        with self.lock:
-            self.counters.backwards[n][j] += 1
-            self._record(Kind.B, a, read, None, t0, t_end)
-            self._sample()
+        with self._stage_locks[j]:
+            self._keep_gradient(n, j, grads, version)
+            del grads, version  # the stash is released here: the buffer holds the compensated gradient
+            self.end_of_action()
+            t_end = stamps.end()
+            with self.lock:
+                self.counters.backwards[n][j] += 1
+                self._record(Kind.B, a, read, None, t0, t_end)
+                self._sample()
         self._after_gradient(a, stamps, t_end)
         if j == item.lowest:
             self._finish_item(item)
 
     def _keep_gradient(self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion) -> None:
-        """Hold one item's parameter gradients of ``stage`` (read from ``version``) until an update."""
-        self._pending[worker][stage].append((list(grads), version))
+        """Compensate one item's parameter gradients of ``stage`` from their read ``version`` to the current
+        master and add them to the worker's buffer (T2: one buffer, the stash released; call under the
+        stage's lock)."""
+        master = self.store.master(stage)
+        fixed = self.compensators[stage].compensate(
+            list(grads), staleness=master.version - version.version, theta_then=version.params, theta_now=master.params
+        )
+        self._buffers[worker][stage].add(fixed, version.version)
 
     def _after_gradient(self, a: Action, stamps: Stamps, t_end: float) -> None:
-        """T2: update once the worker's pending gradients of the stage reach c^a_{n,j}."""
-        if len(self._pending[a.worker][a.stage]) >= self.plan.workers[a.worker].accumulation[a.stage]:
-            self._update(a, stamps, t_end)
+        """T2: update once the worker's buffer of the stage holds c^a_{n,j} gradients (only executor
+        (n, j) touches that buffer, so the count needs no lock)."""
+        if self._buffers[a.worker][a.stage].count >= self.plan.workers[a.worker].accumulation[a.stage]:
+            with self._stage_locks[a.stage]:
+                self._update(a, stamps, t_end)
 
     def _finish_item(self, item: InFlightItem) -> None:
         """The item's last action (its backward at its lowest back-propagated stage) is done."""
@@ -310,44 +325,31 @@ class Pipeline:
             self.counters.trained += int(item.lowest == 0)
 
     def _update(self, a: Action, stamps: Stamps, t0: float) -> None:
+        """Apply worker ``a.worker``'s buffer of stage ``a.stage`` to the master (call under the stage's lock)."""
         n, j = a.worker, a.stage
-        pending = self._pending[n][j]
-        self._pending[n][j] = []
-        with self._stage_locks[j]:
-            read = self.store.master(j).version
-            new_params, stalenesses = self._apply(n, j, pending)
-            del pending
-            written = self.store.publish(j, new_params)
-            del new_params
-            self.store.refresh(n, j)
-            self.end_of_action()
-            with self.lock:
-                c = self.counters
-                c.updates[n][j] += 1
-                c.staleness_sum[j] += sum(stalenesses)
-                c.staleness_count[j] += len(stalenesses)
-                c.staleness_max[j] = max(c.staleness_max[j], *stalenesses)
-                self._record(Kind.U, a, read, written.version, t0, stamps.end())
-                self._sample()
+        grads, reads = self._buffers[n][j].take()
+        read = self.store.master(j).version
+        new_params = self._apply(n, j, grads)
+        del grads
+        written = self.store.publish(j, new_params)
+        del new_params
+        self.store.refresh(n, j)
+        self.end_of_action()
+        stalenesses = [read - r for r in reads]
+        with self.lock:
+            c = self.counters
+            c.updates[n][j] += 1
+            c.staleness_sum[j] += sum(stalenesses)
+            c.staleness_count[j] += len(stalenesses)
+            c.staleness_max[j] = max(c.staleness_max[j], *stalenesses)
+            self._record(Kind.U, a, read, written.version, t0, stamps.end())
+            self._sample()
 
-    def _apply(
-        self, worker: int, stage: int, pending: list[tuple[list[Tensor], StageVersion]]
-    ) -> tuple[list[Tensor], list[int]]:
-        """Compensate each pending gradient from its read version, sum, step the optimizer: the new
-        master tensors and the stalenesses (a function, so no temporary outlives it)."""
+    def _apply(self, worker: int, stage: int, total: list[Tensor]) -> list[Tensor]:
+        """Step the optimizer with the accumulated gradient: the new master tensors (a function, so no
+        temporary outlives it)."""
         master = self.store.master(stage)
         compensator = self.compensators[stage]
-        total: list[Tensor] | None = None
-        stalenesses = []
-        for grads, version in pending:
-            tau = master.version - version.version
-            stalenesses.append(tau)
-            fixed = compensator.compensate(grads, staleness=tau, theta_then=version.params, theta_now=master.params)
-            total = fixed if total is None else [s + g for s, g in zip(total, fixed, strict=True)]
-        if total is None:
-            raise ConfigError(f"stage {stage}: an update needs at least one pending gradient")
-        pending.clear()
-        del grads, version, fixed
         observes = self._observes[stage]
         if self.in_place and not observes and self._unshared(master, worker):
             out: Sequence[Tensor] | None = self.store.reuse(master)
@@ -358,7 +360,7 @@ class Pipeline:
         if observes:
             with torch.no_grad():
                 compensator.observe_update([new - old for new, old in zip(new_params, master.params, strict=True)])
-        return new_params, stalenesses
+        return new_params
 
     def _unshared(self, master: StageVersion, worker: int) -> bool:
         """Whether nothing but the master slot, ``worker``'s own replica slot (refreshed right after) and
@@ -436,11 +438,9 @@ class Pipeline:
             yield from storage_keys(item.tensors())
 
     def _pending_storages(self) -> Iterator[StorageKey]:
-        for row in self._pending:
-            for pending in row:
-                for grads, version in list(pending):
-                    yield from storage_keys(grads)
-                    yield from version.storages
+        for row in self._buffers:
+            for buffer in row:
+                yield from storage_keys(buffer.tensors())
 
     def _optimizer_storages(self) -> Iterator[StorageKey]:
         return storage_keys(self.optimizer.state_tensors())

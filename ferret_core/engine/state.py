@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import torch
 from torch import Tensor
 
 from ferret_core.engine.actions import SkipReason
 from ferret_core.engine.stage_exec import StageGraph
 from ferret_core.engine.versions import StageVersion
+from ferret_core.errors import ConfigError
 
 
 class Stamps(Protocol):
@@ -66,6 +68,40 @@ class InFlightItem:
         for t in self.grad_outputs:
             if t is not None:
                 yield t
+
+
+@dataclass(eq=False)
+class GradientBuffer:
+    """Worker n's accumulated gradient of one stage (T2: one buffer, not one gradient per item) and the
+    versions its gradients read (for the staleness counted when it is applied)."""
+
+    grads: list[Tensor] | None = None
+    reads: list[int] = field(default_factory=list)
+
+    def add(self, grads: Sequence[Tensor], read: int) -> int:
+        """Add one (compensated) gradient the caller owns; returns how many the buffer now holds."""
+        if self.grads is None:
+            self.grads = list(grads)  # the first gradient becomes the buffer: no copy
+        else:
+            torch._foreach_add_(self.grads, list(grads))
+        self.reads.append(read)
+        return len(self.reads)
+
+    @property
+    def count(self) -> int:
+        """How many gradients the buffer holds."""
+        return len(self.reads)
+
+    def take(self) -> tuple[list[Tensor], list[int]]:
+        """The sum and the read versions; the buffer is empty afterwards."""
+        if self.grads is None:
+            raise ConfigError("an update needs at least one accumulated gradient")
+        grads, reads = self.grads, self.reads
+        self.grads, self.reads = None, []
+        return grads, reads
+
+    def tensors(self) -> list[Tensor]:
+        return [] if self.grads is None else list(self.grads)
 
 
 @dataclass

@@ -82,9 +82,18 @@ class VersionStore:
     references (atomic in CPython) elsewhere.
     """
 
-    def __init__(self, initial: Sequence[StageVersion], num_workers: int, *, clone_replicas: bool = False) -> None:
+    def __init__(
+        self,
+        initial: Sequence[StageVersion],
+        num_workers: int,
+        *,
+        clone_replicas: bool = False,
+        live: Sequence[bool] | None = None,
+    ) -> None:
         if num_workers < 1:
             raise ConfigError(f"a version store needs at least one worker, got {num_workers}")
+        if live is not None and len(live) != num_workers:
+            raise ConfigError(f"live needs one flag per worker ({num_workers}), got {len(live)}")
         for j, version in enumerate(initial):
             if version.stage != j or version.version != 0:
                 raise ConfigError(f"initial versions must be stage j at version 0 in order; got {version}")
@@ -96,8 +105,9 @@ class VersionStore:
         for version in initial:
             self._recycle_when_dead(version)
         self._master: list[StageVersion] = list(initial)
-        self._replicas: list[list[StageVersion]] = [
-            [self._fresh(v) for v in self._master] for _ in range(num_workers)
+        # a removed worker (T4) keeps no replica: one would pin version 0 for the whole run
+        self._replicas: list[list[StageVersion] | None] = [
+            [self._fresh(v) for v in self._master] if live is None or live[n] else None for n in range(num_workers)
         ]
 
     @property
@@ -111,7 +121,13 @@ class VersionStore:
         return tuple(self._master)
 
     def replica(self, worker: int, stage: int) -> StageVersion:
-        return self._replicas[worker][stage]
+        return self._row(worker)[stage]
+
+    def _row(self, worker: int) -> list[StageVersion]:
+        row = self._replicas[worker]
+        if row is None:
+            raise ConfigError(f"worker {worker} was removed (T4): it has no replica")
+        return row
 
     def publish(self, stage: int, params: Sequence[Tensor]) -> StageVersion:
         """Make ``params`` (new tensors) the next master version of ``stage``; buffers carry over."""
@@ -133,7 +149,9 @@ class VersionStore:
 
     def slots_holding(self, version: StageVersion) -> int:
         """How many of the store's master and replica slots reference ``version``."""
-        return sum(v is version for v in self._master) + sum(v is version for row in self._replicas for v in row)
+        return sum(v is version for v in self._master) + sum(
+            v is version for row in self._replicas if row is not None for v in row
+        )
 
     def recycled(self, stage: int) -> tuple[Tensor, ...] | None:
         """Parameter storage of a dead master version of ``stage`` to write the next one into, if any."""
@@ -145,13 +163,13 @@ class VersionStore:
     def refresh(self, worker: int, stage: int) -> StageVersion:
         """Worker ``worker``'s update point of ``stage``: its replica becomes the current master."""
         replica = self._fresh(self._master[stage])
-        self._replicas[worker][stage] = replica
+        self._row(worker)[stage] = replica
         return replica
 
     def held(self) -> Iterator[StorageKey]:
         """Storages of the masters and replicas (stashes are held by in-flight items)."""
         seen: set[int] = set()
-        for version in (*self._master, *(v for row in self._replicas for v in row)):
+        for version in (*self._master, *(v for row in self._replicas if row is not None for v in row)):
             if id(version) not in seen:
                 seen.add(id(version))
                 yield from version.storages

@@ -56,12 +56,13 @@ def replay(units: list[nn.Module], plan: Plan, items: list[Item], trace: list[Tr
             else:
                 grads = torch.autograd.grad(out, [*params, x], grad_outputs=grad_out[key])
             grad_out[(e.item, j - 1)] = grads[-1]
-            pending[e.executor].append((list(grads[:-1]), e.version_read))
+            # compensated right away, from its read version to the master as it is at the B (T2's buffer)
+            v = e.version_read
+            pending[e.executor].append(comps[j].compensate(list(grads[:-1]), staleness=master[j] - v,
+                                                           theta_then=versions[j][v], theta_now=versions[j][master[j]]))
         elif e.kind is Kind.U:
             total = None
-            for grads, v in pending.pop(e.executor):
-                fixed = comps[j].compensate(grads, staleness=master[j] - v, theta_then=versions[j][v],
-                                            theta_now=versions[j][master[j]])
+            for fixed in pending.pop(e.executor):
                 total = fixed if total is None else [s + g for s, g in zip(total, fixed, strict=True)]
             assert total is not None
             old = versions[j][master[j]]

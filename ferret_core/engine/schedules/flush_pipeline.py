@@ -67,6 +67,10 @@ class FlushPipeline(Pipeline):
             bounds=(0,) * rules.num_stages,
         )
         self._roots: dict[tuple[int, int], Tensor] = {}  # (item, stage) → loss kept between B and W
+        # row n, stage j → the group's gradient sum and the version every gradient of it read
+        self._pending: list[list[list[tuple[list[Tensor], StageVersion]]]] = [
+            [[] for _ in range(plan.num_stages)] for _ in range(plan.num_workers)
+        ]
         if self.meter is not None:
             self.meter.add_source("split_backward_roots", self._root_storages)
 
@@ -107,8 +111,10 @@ class FlushPipeline(Pipeline):
             pending = [entry for row in self._pending for entry in row[j]]
             for row in self._pending:
                 row[j] = []
-            new_params, stalenesses = self._apply(a.worker, j, pending)
+            total, stalenesses = self._compensated_sum(j, pending)
             del pending
+            new_params = self._apply(a.worker, j, total)
+            del total
             written = self.store.publish(j, new_params)
             del new_params
             for n in range(self.plan.num_workers):
@@ -123,6 +129,26 @@ class FlushPipeline(Pipeline):
                 self._record(Kind.U, a, read, written.version, t0, stamps.end())
                 self.scheduler.flushed(j)
                 self._sample()
+
+    def _compensated_sum(
+        self, stage: int, pending: list[tuple[list[Tensor], StageVersion]]
+    ) -> tuple[list[Tensor], list[int]]:
+        """Compensate each row's sum from its read version to the master (τ = 0 within a flush group
+        unless asked otherwise) and add the rows: the total and the stalenesses (call under the stage's
+        lock; ``pending`` is emptied)."""
+        master = self.store.master(stage)
+        compensator = self.compensators[stage]
+        total: list[Tensor] | None = None
+        stalenesses = []
+        for grads, version in pending:
+            tau = master.version - version.version
+            stalenesses.append(tau)
+            fixed = compensator.compensate(grads, staleness=tau, theta_then=version.params, theta_now=master.params)
+            total = fixed if total is None else [s + g for s, g in zip(total, fixed, strict=True)]
+        if total is None:
+            raise ScheduleError(f"stage {stage}: a flush needs at least one pending gradient")
+        pending.clear()
+        return total, stalenesses
 
     # ------------------------------------------------------------------------------ split backward
     def _recompute(self, a: Action, item: InFlightItem, version: StageVersion, stamps: Stamps, t0: float) -> float:
@@ -235,5 +261,12 @@ class FlushPipeline(Pipeline):
             self._finish_item(item)
 
     # ------------------------------------------------------------------------- memory measurement
+    def _pending_storages(self) -> Iterator[StorageKey]:
+        for row in self._pending:
+            for pending in row:
+                for grads, version in list(pending):
+                    yield from storage_keys(grads)
+                    yield from version.storages
+
     def _root_storages(self) -> Iterator[StorageKey]:
         return storage_keys(list(self._roots.values()))
