@@ -23,7 +23,8 @@ Two variants (``MemorySettings.variant``):
   ``ferret bench``; it needs ``arrival_interval`` and ``num_slots``). Shared terms: no master copy (the
   master always is the replica of the worker that updated it last; replicas share its storage), one
   gradient between a B and its update (max_j |w_j|, or Σ_j |w_j| under ``cap``: stages update
-  concurrently on the wall clock), and the extras below.
+  concurrently on the wall clock), under ``schedule`` with T1 one recomputed graph max_j (internal_j +
+  output_j) (one action runs at a time; ``cap`` counts one per stage and worker), and the extras below.
 * ``paper``: eq. ferret-svre exactly, per worker Σ_i (1 + ⌈(P−i−1)/c^a⌉ − c^o)(|w_i| + |a_i| −
   c^r·Σ|â_l|), plus the extras and a master copy ΣW and one accumulation buffer per c^a > 1. It is the
   *paper's* planning model, kept to reproduce the paper: it credits T2 with freeing activations the
@@ -234,8 +235,17 @@ class MemoryModel:
         p = self.geometry.num_stages
         return sum(bound_for_workers(workers, i, p) * self.geometry.weights[i] for i in range(p))
 
+    def recompute_graph_elements(self, recompute: bool) -> int:
+        """``schedule`` mode with T1: the largest graph a recompute builds, max_j (internal_j + output_j),
+        counted once for all workers (one action runs at a time on the virtual clock); 0 otherwise (the
+        ``cap`` bound counts one per stage inside each worker's term)."""
+        if not (self._schedule and recompute):
+            return 0
+        return max(i + o for i, o in zip(self.sizes.internal, self.sizes.outputs, strict=True))
+
     def shared_elements(self, workers: Sequence[WorkerConfig]) -> int:
-        return self.fixed_elements + self.ring_elements(workers)
+        recompute = any(w.live and w.recompute for w in workers)
+        return self.fixed_elements + self.ring_elements(workers) + self.recompute_graph_elements(recompute)
 
     # -- totals -----------------------------------------------------------------------------------
     def total(self, workers: Sequence[WorkerConfig]) -> int:
@@ -251,6 +261,9 @@ class MemoryModel:
             for name, value in self.worker_breakdown(worker).items():
                 parts[name] = parts.get(name, 0) + value * unit
         parts.update({name: value * unit for name, value in self._fixed.items()})
+        regraph = self.recompute_graph_elements(any(w.live and w.recompute for w in workers))
+        if regraph:
+            parts["recompute_graph"] = regraph * unit
         if self._ring:
             parts["compensator_ring"] = self.ring_elements(workers) * unit
         return parts

@@ -41,7 +41,7 @@ from ferret_core.engine.scheduler import Scheduler
 from ferret_core.errors import ConfigError
 
 LABEL_BYTES = 8  # an int64 class index per item (InFlightItem.target)
-WARM_ARRIVALS_PER_STAGE = 8  # the replay's horizon: 8·P arrivals to fill and settle the pipeline,
+WARM_ARRIVALS_PER_STAGE = 8  # the replay's horizon: 8·P items taken to fill and settle the pipeline,
 CYCLES = 2  # plus two of T3's cycles of the worker's items (LCM of the back-propagation periods)
 MAX_HORIZON = 1024
 
@@ -67,11 +67,16 @@ class StageSizes:
 class Residency:
     """What one worker holds in flight: ``peak`` elements of activations at its worst sample point, and
     ``backprop_in_flight[j]`` = K_j, the most items back-propagated at j in flight there at once.
-    ``exact``: from a replay that reached its periodic regime (else a cap bound)."""
+    ``exact``: from a replay that reached a repeating state (else: a horizon or the cap bound).
+    ``recompute_graph`` (replay, T1): the largest graph a recompute (R) builds, held only from the R to
+    its B and left out of ``peak``: the virtual clock runs one action at a time, so one such graph of one
+    worker exists at any sample (the memory model adds the largest once)."""
 
     peak: int
     backprop_in_flight: tuple[int, ...]
     exact: bool
+    recompute_graph: int = 0
+    sampled_peak: int = 0  # the largest total at a sample, a recomputed graph included (one worker alone)
 
 
 class _OneWorker:
@@ -149,11 +154,13 @@ def replay_worker(
     arrival_period: float,
     *,
     wait_slots: int = 1,
+    arrivals: int | None = None,
 ) -> Residency:
     """Replay one worker's schedule on the virtual clock (see the module docstring): arrivals every
     ``arrival_period`` (= N·t^d), F taking ``forward_times[j]``, B taking ``backward_times[j]`` (plus the
-    forward under T1). Falls back to :func:`cap_residency` if no repetition shows within
-    :data:`MAX_REPLAY_ARRIVALS` arrivals."""
+    forward under T1), until the state repeats or the horizon (8·P items taken plus two of T3's cycles, at
+    most :data:`MAX_HORIZON`; items skipped as busy do not count) is reached. ``arrivals`` replays
+    exactly that many arrivals instead (what a stream of that length does; used by tests)."""
     p = sizes.num_stages
     if not (len(forward_times) == len(backward_times) == len(omission) == p):
         raise ConfigError(f"replay needs per-stage times and omissions for {p} stages")
@@ -161,7 +168,7 @@ def replay_worker(
         raise ConfigError(f"arrival period must be a positive number, got {arrival_period}")
     rules = _OneWorker(p, omission, wait_slots)
     cycle = math.lcm(*rules.periods)
-    horizon = min(MAX_HORIZON, WARM_ARRIVALS_PER_STAGE * p + CYCLES * cycle)
+    horizon = min(MAX_HORIZON, WARM_ARRIVALS_PER_STAGE * p + CYCLES * cycle)  # in items taken (busy ones do not count)
     scheduler = Scheduler(rules)
     held = _Held()
     heap: list[tuple[float, int, int, Action | None]] = []
@@ -172,6 +179,8 @@ def replay_worker(
     in_flight = [0] * p
     most = [0] * p
     peak = 0
+    regraph = 0
+    sampled = 0
     seen: dict[tuple[tuple[int, int, int, int], ...], int] = {}
     scale = 1e9 / arrival_period  # times compared in units of 1e-9 arrival periods
     m = 0  # the worker's item counter (T3's alignment), as Pipeline.dispatch counts it
@@ -192,7 +201,7 @@ def replay_worker(
     while heap:
         now, is_arrival, _, action = heapq.heappop(heap)
         if is_arrival:
-            if m % cycle == 0:  # compare states at the same place in T3's cycle
+            if arrivals is None and m % cycle == 0:  # compare states at the same place in T3's cycle
                 state = tuple(
                     sorted(
                         (arrival - i, lowest[i], progress[i], round((running.get(i, now) - now) * scale))
@@ -200,10 +209,12 @@ def replay_worker(
                     )
                 )
                 if state in seen:  # everything from here on repeats what followed the earlier arrival
-                    return Residency(peak, tuple(most), exact=True)
+                    return Residency(peak, tuple(most), exact=True, recompute_graph=regraph, sampled_peak=max(peak, sampled))
                 seen[state] = arrival
-            if arrival >= horizon:
-                return Residency(peak, tuple(most), exact=False)
+            if arrivals is None and m >= horizon:
+                return Residency(peak, tuple(most), exact=False, recompute_graph=regraph, sampled_peak=max(peak, sampled))
+            if arrivals is not None and arrival >= arrivals:
+                continue  # the stream has ended: drain what is in flight
             heapq.heappush(heap, ((arrival + 1) * arrival_period, 1, next(order), None))
             item, arrival = arrival, arrival + 1
             k = rules.lowest_backprop_stage(0, m)
@@ -244,10 +255,10 @@ def replay_worker(
             peak = max(peak, held.total)
         else:
             if recompute:  # R: a graph on the kept input with a fresh output, sampled, then B
-                held.ref(i, "g", j, sizes.internal[j])
-                held.ref(i, "r", j, sizes.outputs[j])
                 peak = max(peak, held.total)
-                held.unref(i, "r", j)
+                regraph = max(regraph, sizes.internal[j] + sizes.outputs[j])
+                sampled = max(sampled, held.total + sizes.internal[j] + sizes.outputs[j])
+                held.ref(i, "g", j, 0)  # the B below releases it
             else:
                 held.unref(i, "b", j)  # the graph's output
             held.unref(i, "g", j)
@@ -263,4 +274,4 @@ def replay_worker(
                 del lowest[i], progress[i]
         for _, stage in scheduler.finish(action):
             poke(stage, now)
-    return Residency(peak, tuple(most), exact=True)
+    return Residency(peak, tuple(most), exact=True, recompute_graph=regraph, sampled_peak=max(peak, sampled))

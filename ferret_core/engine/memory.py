@@ -87,6 +87,7 @@ class MemoryMeter:
         self.last_bytes = 0
         self.samples = 0
         self.peak_breakdown: dict[str, int] = {}
+        self.last_breakdown: dict[str, int] = {}
         self._cuda_devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
         self._cuda_baseline = {d: torch.cuda.memory_allocated(d) for d in self._cuda_devices}
         for device in self._cuda_devices:
@@ -106,6 +107,7 @@ class MemoryMeter:
         total = sum(breakdown.values())
         self.samples += 1
         self.last_bytes = total
+        self.last_breakdown = breakdown
         if total > self.peak_bytes:
             self.peak_bytes = total
             self.peak_breakdown = breakdown

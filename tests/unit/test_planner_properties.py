@@ -5,7 +5,6 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ferret_core.cost_model import StageGeometry
 from ferret_core.errors import InfeasibleBudgetError
 from ferret_core.memory_model import MemoryModel, MemorySettings
 from ferret_core.planner import Planner, PlannerSettings
@@ -22,6 +21,7 @@ memory_settings = st.sampled_from(
         MemorySettings.paper_elements(),
         MemorySettings(),
         MemorySettings(variant="engine"),
+        MemorySettings(in_flight="schedule", compensator="fisher"),
         MemorySettings(compensator="none", optimizer="adam"),
         MemorySettings(variant="engine", compensator="gap-aware", replay_items=50),
     ]
@@ -56,8 +56,8 @@ def test_plan_fits_and_partition_covers_every_unit(planner: Planner, fraction: f
     assert units == list(range(planner.profile.num_units))  # contiguous, each unit once, in order
     assert all(len(stage) >= 1 for stage in plan.stages)
     # the reported bytes are the search's own byte function
-    geometry = StageGeometry.from_profile(planner.profile, plan.partition)
-    assert MemoryModel(geometry, planner.profile, planner.settings.memory).total(plan.workers) == plan.predicted_bytes
+    model = MemoryModel.for_plan(plan, planner.profile, planner.settings.memory)
+    assert model.total(plan.workers) == plan.predicted_bytes
     assert plan.live_workers >= 1
     assert all(len(w.accumulation) == plan.num_stages for w in plan.workers)
 
@@ -120,7 +120,6 @@ def test_incremental_ring_pricing_matches_a_full_recount(planner: Planner, fract
     """The search prices the compensator ring incrementally; the plan's breakdown recounts it from
     scratch with ferret_core.staleness. Both must agree (they are the same bytes)."""
     plan = planner.plan(_budget(planner, fraction))
-    geometry = StageGeometry.from_profile(planner.profile, plan.partition)
-    model = MemoryModel(geometry, planner.profile, planner.settings.memory)
+    model = MemoryModel.for_plan(plan, planner.profile, planner.settings.memory)
     assert model.total(plan.workers) == plan.predicted_bytes
     assert model.breakdown(plan.workers).get("compensator_ring", 0) == plan.memory_breakdown.get("compensator_ring", 0)
