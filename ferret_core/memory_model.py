@@ -32,7 +32,7 @@ Two variants (``MemorySettings.variant``):
 
 Extras (both variants, counted once, not per worker): optimizer state (slots × ΣW), compensator state
 (Iter-Fisher: v_r, v_a = 2ΣW when λ is tuned plus the delta ring Σ_i bound_i·|w_i| sized by the
-staleness bound; ``iter-fisher-lean``: nothing per parameter; Gap-Aware: ΣW), the prediction path's
+staleness bound; ``iter-fisher-lean``: v_r, v_a only, nothing with η_λ = 0; Gap-Aware: ΣW), the prediction path's
 activations (max_l input_l + output_l), and the OCL algorithm's state (replay buffer items, LwF's teacher
 ΣW, MAS importances and anchor 2ΣW). ``extras=False`` leaves eq. ferret-svre alone;
 ``count_elements=True`` reports elements instead of bytes (the paper's unit, used by golden tests).
@@ -207,8 +207,9 @@ class MemoryModel:
             extras["transient_gradient"] = max(g.weights) if self._schedule else total_w
         extras["optimizer_state"] = OPTIMIZER_SLOTS[s.optimizer] * total_w
         extras["prediction_path"] = max(i + o for i, o in zip(inputs, outputs, strict=True))
-        if s.compensator in COMPENSATORS_WITH_RING and (s.lambda_tuning or s.compensator == "iter-fisher-cf"):
-            extras["compensator_moments"] = 2 * total_w
+        tuned = s.compensator in (*COMPENSATORS_WITH_RING, "iter-fisher-lean") and s.lambda_tuning
+        if tuned or s.compensator == "iter-fisher-cf":
+            extras["compensator_moments"] = 2 * total_w  # v_r, v_a of Alg. 1
         if s.compensator == "gap-aware":
             extras["compensator_moments"] = total_w
         if s.replay_items:

@@ -9,6 +9,7 @@ from torch import Tensor
 from ferret_core.compensation.base import CompensatorSettings, StageCompensator
 from ferret_core.compensation.fisher import FisherCompensator
 from ferret_core.compensation.iter_fisher import IterFisherClosedFormCompensator, IterFisherCompensator
+from ferret_core.compensation.lean import IterFisherLeanCompensator
 from ferret_core.compensation.simple import GapAwareCompensator, NoCompensator, StepAwareCompensator
 from ferret_core.errors import ConfigError
 
@@ -21,6 +22,7 @@ _FACTORIES: dict[str, _Factory] = {
     "fisher": lambda params, settings, _capacity: FisherCompensator(params, settings),
     "iter-fisher": IterFisherCompensator,
     "iter-fisher-cf": IterFisherClosedFormCompensator,
+    "iter-fisher-lean": IterFisherLeanCompensator,
 }
 
 COMPENSATOR_NAMES: tuple[str, ...] = (
@@ -30,6 +32,7 @@ COMPENSATOR_NAMES: tuple[str, ...] = (
     "fisher",
     "iter-fisher",
     "iter-fisher-cf",
+    "iter-fisher-lean",
 )
 
 

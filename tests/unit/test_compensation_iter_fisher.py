@@ -283,7 +283,7 @@ def test_fixed_lambda_allocates_no_emas_before_any_call() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize(
-    "name", ["none", "step-aware", "gap-aware", "fisher", "iter-fisher", "iter-fisher-cf"]
+    "name", ["none", "step-aware", "gap-aware", "fisher", "iter-fisher", "iter-fisher-cf", "iter-fisher-lean"]
 )
 def test_cuda_matches_cpu_without_host_sync(name: str) -> None:
     settings = CompensatorSettings(eta_lambda=1e-2)

@@ -1,0 +1,111 @@
+"""``iter-fisher-lean``: Alg. 1 in one step from the stash (issue 11, item 2).
+
+Its difference from the iterated form is second order in λ·g⊙g⊙Δθ: scaling every delta by s scales the
+first-order correction by s and the difference by s².
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import Tensor
+from torch.testing import assert_close
+
+from ferret_core.compensation import CompensatorSettings, make_compensator
+from ferret_core.compensation.base import StageCompensator
+
+SHAPES = [(6, 5), (7,)]
+
+
+def _tensors(seed: int, scale: float = 1.0) -> list[Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [scale * torch.randn(s, generator=gen, dtype=torch.float64) for s in SHAPES]
+
+
+def _pair(settings: CompensatorSettings, tau: int) -> tuple[StageCompensator, StageCompensator]:
+    params = _tensors(0)
+    iterated = make_compensator("iter-fisher", params, settings, tau)
+    return iterated, make_compensator("iter-fisher-lean", params, settings, 0)
+
+
+def _versions(tau: int, step: float, seed: int) -> list[list[Tensor]]:
+    versions = [_tensors(seed)]
+    for k in range(tau):
+        versions.append([v + d for v, d in zip(versions[-1], _tensors(seed + 10 + k, step), strict=True)])
+    return versions
+
+
+def _both(
+    tau: int, step: float, seed: int, settings: CompensatorSettings
+) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """(g, iterated, lean) for one gradient τ updates stale, the deltas of size ~``step``."""
+    iterated, lean = _pair(settings, tau)
+    versions = _versions(tau, step, seed)
+    for old, new in itertools.pairwise(versions):
+        iterated.observe_update([n - o for n, o in zip(new, old, strict=True)])
+    grads = _tensors(seed + 1)
+    kwargs = {"staleness": tau, "theta_then": versions[0], "theta_now": versions[-1]}
+    return grads, iterated.compensate(grads, **kwargs), lean.compensate(grads, **kwargs)
+
+
+def _norm(ts: list[Tensor]) -> float:
+    return float(torch.sqrt(sum((t * t).sum() for t in ts)))  # type: ignore[arg-type]
+
+
+def test_zero_staleness_is_the_identity_and_holds_no_ring() -> None:
+    _, lean = _pair(CompensatorSettings(), 0)
+    grads = _tensors(3)
+    out = lean.compensate(grads, staleness=0, theta_then=_tensors(4), theta_now=_tensors(5))
+    assert all(o is g for o, g in zip(out, grads, strict=True))
+    assert lean.needs_deltas is False
+    fixed = make_compensator("iter-fisher-lean", _tensors(0), CompensatorSettings(eta_lambda=0.0), 9)
+    assert fixed.state_tensors() == []  # η_λ = 0: no per-parameter state at all (the paper's manual-λ mode)
+
+
+def test_one_step_equals_iter_fisher_exactly_lambda_tuning_included() -> None:
+    settings = CompensatorSettings(eta_lambda=1e-2)
+    iterated, lean = _pair(settings, 1)
+    versions = _versions(12, 0.1, seed=7)
+    for k in range(1, len(versions)):
+        old, new = versions[k - 1], versions[k]
+        iterated.observe_update([n - o for n, o in zip(new, old, strict=True)])
+        grads = _tensors(100 + k)
+        kwargs = {"staleness": 1, "theta_then": old, "theta_now": new}
+        assert_close(lean.compensate(grads, **kwargs), iterated.compensate(grads, **kwargs), rtol=1e-12, atol=1e-15)
+    assert lean.stats()["lambda"] == pytest.approx(iterated.stats()["lambda"], rel=1e-12)
+    assert lean.stats()["lambda"] != settings.lambda0  # λ really moved, identically in both
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 6), st.integers(0, 1000))
+def test_the_difference_from_the_iteration_is_second_order(tau: int, seed: int) -> None:
+    fixed = CompensatorSettings(eta_lambda=0.0, lambda0=0.2)
+    rows = []
+    for step in (0.01, 0.005, 0.0025):
+        g, iterated, lean = _both(tau, step, seed, fixed)
+        first_order = _norm([i - x for i, x in zip(iterated, g, strict=True)])
+        difference = _norm([i - x for i, x in zip(iterated, lean, strict=True)])
+        rows.append((first_order, difference))
+    (c1, d1), (c2, d2), (c3, d3) = rows
+    assert c1 / c2 == pytest.approx(2.0, rel=0.1) and c2 / c3 == pytest.approx(2.0, rel=0.1)  # first order
+    assert d1 / d2 == pytest.approx(4.0, rel=0.15) and d2 / d3 == pytest.approx(4.0, rel=0.15)  # second order
+    assert d3 < 0.1 * c3
+
+
+def test_lean_state_is_the_moments_only() -> None:
+    iterated, lean = _pair(CompensatorSettings(), 5)
+    versions = _versions(5, 0.1, seed=1)
+    for old, new in itertools.pairwise(versions):
+        iterated.observe_update([n - o for n, o in zip(new, old, strict=True)])
+        lean.observe_update([n - o for n, o in zip(new, old, strict=True)])
+    size = sum(t.numel() for t in _tensors(0))
+
+    def held(c: StageCompensator) -> int:
+        return sum(t.numel() for t in c.state_tensors() if t.dim() > 0)
+
+    assert held(lean) == 2 * size  # v_r, v_a
+    assert held(iterated) == 2 * size + 5 * size  # v_r, v_a and a ring of five deltas
