@@ -196,6 +196,9 @@ def replay_worker(
         running[action.item] = now + duration
         heapq.heappush(heap, (now + duration, 0, next(order), action))
 
+    def done(*, exact: bool) -> Residency:
+        return Residency(peak, tuple(most), exact, recompute_graph=regraph, sampled_peak=max(peak, sampled))
+
     arrival = 0
     heapq.heappush(heap, (0.0, 1, next(order), None))
     while heap:
@@ -209,10 +212,10 @@ def replay_worker(
                     )
                 )
                 if state in seen:  # everything from here on repeats what followed the earlier arrival
-                    return Residency(peak, tuple(most), exact=True, recompute_graph=regraph, sampled_peak=max(peak, sampled))
+                    return done(exact=True)
                 seen[state] = arrival
             if arrivals is None and m >= horizon:
-                return Residency(peak, tuple(most), exact=False, recompute_graph=regraph, sampled_peak=max(peak, sampled))
+                return done(exact=False)
             if arrivals is not None and arrival >= arrivals:
                 continue  # the stream has ended: drain what is in flight
             heapq.heappush(heap, ((arrival + 1) * arrival_period, 1, next(order), None))
@@ -274,4 +277,4 @@ def replay_worker(
                 del lowest[i], progress[i]
         for _, stage in scheduler.finish(action):
             poke(stage, now)
-    return Residency(peak, tuple(most), exact=True, recompute_graph=regraph, sampled_peak=max(peak, sampled))
+    return done(exact=True)

@@ -104,6 +104,9 @@ class StageCompensator(ABC):
         self._truncated = 0
         self._correction_host = 0.0
         self._correction_device: Tensor | None = None  # created on first device-side measurement
+        # bumped whenever a state tensor is created or replaced outside observe_update (which the engine
+        # follows with a memory re-count anyway): lets the engine's meter cache the state's storages
+        self.state_generation = 0
 
     # ----------------------------------------------------------------------------------- the two calls
     def observe_update(self, delta: Sequence[Tensor]) -> None:
@@ -182,6 +185,10 @@ class StageCompensator(ABC):
             tensors.append(self._correction_device)
         return tensors
 
+    def state_storages(self) -> list[tuple[int, int]]:
+        """(data_ptr, nbytes) of the storages of :meth:`state_tensors` (subclasses may cache them)."""
+        return [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in self.state_tensors()]
+
     def stats(self) -> dict[str, float]:
         """``lambda``, ``relative_correction_mean`` (over calls with τ > 0), ``calls``, ``compensated``,
         ``truncated``. Reads device-side accumulators, so it synchronises: call it off the hot path."""
@@ -226,6 +233,7 @@ class StageCompensator(ABC):
         except KeyError as err:
             raise ConfigError(f"compensator snapshot for {self.name!r} lacks the key {err}") from None
         self._correction_device = None
+        self.state_generation += 1
 
     # ------------------------------------------------------------------------------------- helpers
     def _add_correction(self, value: Tensor | float) -> None:
@@ -235,6 +243,7 @@ class StageCompensator(ABC):
         value = value.to(device=self._device, dtype=torch.float64)
         if self._correction_device is None:
             self._correction_device = value.clone()
+            self.state_generation += 1
         else:
             self._correction_device.add_(value)
 

@@ -135,6 +135,16 @@ class IterFisherCompensator(StageCompensator):
     def _lambda(self) -> float:
         return float(self._lam.item()) if isinstance(self._lam, Tensor) else self._lam
 
+    def state_storages(self) -> list[tuple[int, int]]:
+        """The ring's cached keys, and the EMAs', λ's and the correction accumulator's (fixed storages)."""
+        fixed = [*self._v_r, *self._v_a]
+        if isinstance(self._lam, Tensor):
+            fixed.append(self._lam)
+        if self._correction_device is not None:
+            fixed.append(self._correction_device)
+        keys = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in fixed]
+        return [*self._ring.storages(), *keys]
+
     def _extra_tensors(self) -> list[Tensor]:
         tensors = [*self._ring.state_tensors(), *self._v_r, *self._v_a]
         if isinstance(self._lam, Tensor):

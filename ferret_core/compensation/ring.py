@@ -33,6 +33,7 @@ class DeltaRing:
         self._slots: list[list[Tensor]] = []
         self._head = 0  # slot the next push writes once the ring is full (= the oldest delta)
         self.pushed = 0  # deltas pushed since construction (the stage's master version, if started at 0)
+        self._storages: list[tuple[int, int]] | None = None  # storage keys of the slots (they never move)
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -44,6 +45,7 @@ class DeltaRing:
             return
         if len(self._slots) < self.capacity:
             self._slots.append([d.detach().clone() for d in delta])
+            self._storages = None
             return
         torch._foreach_copy_(self._slots[self._head], list(delta))
         self._head = (self._head + 1) % self.capacity
@@ -60,6 +62,15 @@ class DeltaRing:
     def state_tensors(self) -> list[Tensor]:
         """Every tensor the ring holds."""
         return [t for slot in self._slots for t in slot]
+
+    def storages(self) -> list[tuple[int, int]]:
+        """(data_ptr, nbytes) of every slot's storage, cached: slots are overwritten in place, so the keys
+        change only when a slot is allocated or a snapshot is loaded (for the engine's memory meter)."""
+        if self._storages is None:
+            self._storages = [
+                (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in self.state_tensors()
+            ]
+        return self._storages
 
     def state_dict(self) -> dict[str, Any]:
         """A snapshot: copies of the held deltas (oldest first) and the counters."""
@@ -96,5 +107,6 @@ class DeltaRing:
                 )
             slots.append([d.to(device=device, dtype=dt, copy=True) for d, dt in zip(delta, dtypes, strict=True)])
         self._slots = slots
+        self._storages = None
         self._head = 0  # slots are oldest first: a full ring overwrites slot 0 next
         self.pushed = int(state["pushed"])

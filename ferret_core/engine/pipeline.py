@@ -121,13 +121,14 @@ class Pipeline:
         self._runners = {(w.index, j): p.runner() for w in plan.workers if w.live for j, p in enumerate(programs)}
         self._predict_runners = [p.runner() for p in programs]
         self._devices = [v.params[0].device if v.params else torch.device("cpu") for v in initial]
-        if meter is not None:
-            meter.add_source("versions", self.store.held)
+        self._generations = [c.state_generation for c in compensators]
+        if meter is not None:  # versions, optimizer and compensator state change at an update (see _accumulate)
+            meter.add_source("versions", self.store.held, stable=True)
+            meter.add_source("optimizer", self._optimizer_storages, stable=True)
+            meter.add_source("compensators", self._compensator_storages, stable=True)
             meter.add_source("stashes", self._stash_storages)
             meter.add_source("activations", self._activation_storages)
             meter.add_source("pending_gradients", self._pending_storages)
-            meter.add_source("optimizer", self._optimizer_storages)
-            meter.add_source("compensators", self._compensator_storages)
 
     @property
     def num_stages(self) -> int:
@@ -301,14 +302,23 @@ class Pipeline:
             self._finish_item(item)
 
     def _keep_gradient(self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion) -> None:
-        """Compensate one item's parameter gradients of ``stage`` from their read ``version`` to the current
-        master and add them to the worker's buffer (T2: one buffer, the stash released; call under the
-        stage's lock)."""
+        """Compensate one item's parameter gradients of ``stage`` and add them to the worker's buffer (T2:
+        one buffer, the stash released; call under the stage's lock)."""
+        self._buffers[worker][stage].add(self._compensate(stage, grads, version), version.version)
+
+    def _compensate(self, stage: int, grads: Sequence[Tensor], version: StageVersion) -> list[Tensor]:
+        """``grads`` (read from ``version``) compensated to the current master (call under the stage's lock)."""
         master = self.store.master(stage)
-        fixed = self.compensators[stage].compensate(
+        compensator = self.compensators[stage]
+        fixed = compensator.compensate(
             list(grads), staleness=master.version - version.version, theta_then=version.params, theta_now=master.params
         )
-        self._buffers[worker][stage].add(fixed, version.version)
+        if compensator.state_generation != self._generations[stage]:  # it allocated state: re-count it
+            self._generations[stage] = compensator.state_generation
+            if self.meter is not None:
+                with self.lock:
+                    self.meter.invalidate()
+        return fixed
 
     def _after_gradient(self, a: Action, stamps: Stamps, t_end: float) -> None:
         """T2: update once the worker's buffer of the stage holds c^a_{n,j} gradients (only executor
@@ -343,6 +353,8 @@ class Pipeline:
             c.staleness_count[j] += len(stalenesses)
             c.staleness_max[j] = max(c.staleness_max[j], *stalenesses)
             self._record(Kind.U, a, read, written.version, t0, stamps.end())
+            if self.meter is not None:
+                self.meter.invalidate()
             self._sample()
 
     def _apply(self, worker: int, stage: int, total: list[Tensor]) -> list[Tensor]:
@@ -428,9 +440,11 @@ class Pipeline:
 
     # ------------------------------------------------------------------------- memory measurement
     def _stash_storages(self) -> Iterator[StorageKey]:
+        done = self.store.version_ids()  # most stashes are a replica or the master: counted already
         for item in list(self._items.values()):
             for version in item.stashes:
-                if version is not None:
+                if version is not None and id(version) not in done:
+                    done.add(id(version))
                     yield from version.storages
 
     def _activation_storages(self) -> Iterator[StorageKey]:
@@ -447,4 +461,4 @@ class Pipeline:
 
     def _compensator_storages(self) -> Iterator[StorageKey]:
         for compensator in self.compensators:
-            yield from storage_keys(compensator.state_tensors())
+            yield from compensator.state_storages()

@@ -166,6 +166,10 @@ class VersionStore:
         self._row(worker)[stage] = replica
         return replica
 
+    def version_ids(self) -> set[int]:
+        """``id`` of every master and replica (the versions :meth:`held` counts)."""
+        return {id(v) for v in (*self._master, *(v for row in self._replicas if row is not None for v in row))}
+
     def held(self) -> Iterator[StorageKey]:
         """Storages of the masters and replicas (stashes are held by in-flight items)."""
         seen: set[int] = set()

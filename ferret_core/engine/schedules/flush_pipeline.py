@@ -128,6 +128,8 @@ class FlushPipeline(Pipeline):
                 c.staleness_max[j] = max(c.staleness_max[j], *stalenesses)
                 self._record(Kind.U, a, read, written.version, t0, stamps.end())
                 self.scheduler.flushed(j)
+                if self.meter is not None:
+                    self.meter.invalidate()  # the versions changed
                 self._sample()
 
     def _compensated_sum(
@@ -137,13 +139,11 @@ class FlushPipeline(Pipeline):
         unless asked otherwise) and add the rows: the total and the stalenesses (call under the stage's
         lock; ``pending`` is emptied)."""
         master = self.store.master(stage)
-        compensator = self.compensators[stage]
         total: list[Tensor] | None = None
         stalenesses = []
         for grads, version in pending:
-            tau = master.version - version.version
-            stalenesses.append(tau)
-            fixed = compensator.compensate(grads, staleness=tau, theta_then=version.params, theta_now=master.params)
+            stalenesses.append(master.version - version.version)
+            fixed = self._compensate(stage, grads, version)
             total = fixed if total is None else [s + g for s, g in zip(total, fixed, strict=True)]
         if total is None:
             raise ScheduleError(f"stage {stage}: a flush needs at least one pending gradient")
