@@ -116,6 +116,18 @@ class ModelProfile:
         """Σ_i (t̂_i^f + t̂_i^b): one sequential forward and backward of the whole model."""
         return sum(layer.t_fb for layer in self.layers)
 
+    def check_input(self, input_shape: Sequence[int], *, source: str = "the profile") -> None:
+        """Refuse to plan a model from a profile taken at another input shape (its times and activation
+        sizes would price a run the model never does; issue 11)."""
+        want, have = tuple(input_shape), tuple(self.input_shape)
+        flat_alike = (len(want) == 1 or len(have) == 1) and math.prod(want) == math.prod(have)  # an MLP flattens
+        if want != have and not flat_alike:
+            raise ProfileError(
+                f"{source} was taken for input shape {list(self.input_shape)} but the model takes "
+                f"{list(input_shape)}; profile the model at its input size (ferret profile --input-size …) "
+                "or pass the profile made for it"
+            )
+
     def to_dict(self) -> dict[str, Any]:
         layers = []
         for layer in self.layers:

@@ -1,12 +1,21 @@
-"""Turning a :class:`Dataset` into the stream the engine consumes, and the held-out test tensors."""
+"""Turning a :class:`Dataset` into the stream the engine consumes, and the held-out test tensors.
+
+Both take an optional ``input_shape``: the model's per-sample input. When it differs from the dataset's
+(a model built and profiled for 224×224 images on a 32×32 dataset), every image is resized to it with
+bilinear interpolation (``torch.nn.functional.interpolate``, ``align_corners=False``, no antialiasing),
+so the run sees the shapes its plan was priced for (issue 11). Channels must match: a resize never
+invents or drops channels.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ferret_core.data.dataset import Dataset, normalise
 from ferret_core.errors import ConfigError
@@ -30,24 +39,60 @@ def stream_order(ds: Dataset, *, iid: bool = False, seed: int = 0) -> np.ndarray
     return np.arange(n)
 
 
-def iter_stream(ds: Dataset, *, limit: int | None = None, iid: bool = False, seed: int = 0) -> Iterator[StreamItem]:
+RESIZE_METHOD = "bilinear"
+
+
+def needs_resize(ds: Dataset, input_shape: tuple[int, ...] | None) -> bool:
+    """Whether samples of ``ds`` must be resized to ``input_shape`` (raises if no resize can match)."""
+    if input_shape is None or tuple(input_shape) == tuple(ds.input_shape):
+        return False
+    have, want = tuple(ds.input_shape), tuple(input_shape)
+    if len(have) != 3 or len(want) != 3 or have[0] != want[0]:
+        if math.prod(have) == math.prod(want) and len(want) == 1:
+            return False  # a flat model input of the same size: the engine flattens, nothing to resize
+        raise ConfigError(
+            f"dataset {ds.name!r} has samples of shape {list(have)}, the model takes {list(want)}: only images "
+            f"with the same number of channels can be resized; build the model for the dataset's input"
+        )
+    return True
+
+
+def resize_images(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """``(C, H, W)`` or ``(N, C, H, W)`` images resized to ``size`` = (H', W') by bilinear interpolation."""
+    batch = x if x.dim() == 4 else x.unsqueeze(0)
+    out = F.interpolate(batch, size=size, mode=RESIZE_METHOD, align_corners=False, antialias=False)
+    return out if x.dim() == 4 else out[0]
+
+
+def iter_stream(
+    ds: Dataset,
+    *,
+    limit: int | None = None,
+    iid: bool = False,
+    seed: int = 0,
+    input_shape: tuple[int, ...] | None = None,
+) -> Iterator[StreamItem]:
     """The training split as a stream of :class:`StreamItem`, one sample at a time.
 
     The stored order is the stream order (task by task for ``split-*`` datasets); ``iid=True`` shuffles
     it with ``seed`` (tasks stay attached to their samples). ``limit`` stops after that many items.
-    ``x`` is float32 in ``[0, 1]`` (see :func:`ferret_core.data.dataset.normalise`); ``task`` is 0 when
-    the dataset has no task structure.
+    ``x`` is float32 in ``[0, 1]`` (see :func:`ferret_core.data.dataset.normalise`), resized to
+    ``input_shape`` when given and different (see the module docstring); ``task`` is 0 when the dataset
+    has no task structure.
     """
     if limit is not None and limit < 0:
         raise ConfigError(f"limit must be None or >= 0, got {limit}")
+    resize = needs_resize(ds, input_shape)
+    size = (int(input_shape[1]), int(input_shape[2])) if resize and input_shape is not None else (0, 0)
     order = stream_order(ds, iid=iid, seed=seed)
     if limit is not None:
         order = order[:limit]
     tasks = ds.tasks_train
     for index, row in enumerate(order.tolist()):
+        x = normalise(ds.x_train[row])
         yield StreamItem(
             index=index,
-            x=normalise(ds.x_train[row]),
+            x=resize_images(x, size) if resize else x,
             y=int(ds.y_train[row]),
             task=0 if tasks is None else int(tasks[row]),
         )
@@ -58,4 +103,17 @@ def test_split(ds: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
     return normalise(ds.x_test), torch.from_numpy(ds.y_test.copy())
 
 
+def test_batches(
+    ds: Dataset, input_shape: tuple[int, ...] | None = None, *, batch: int = 500
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The held-out split in batches ``(x, y)``, resized like the stream (a resized split may not fit in
+    memory at once: CIFAR-10's test split at 224×224 is 6 GB)."""
+    resize = needs_resize(ds, input_shape)
+    size = (int(input_shape[1]), int(input_shape[2])) if resize and input_shape is not None else (0, 0)
+    for start in range(0, len(ds.y_test), batch):
+        x = normalise(ds.x_test[start : start + batch])
+        yield (resize_images(x, size) if resize else x), torch.from_numpy(ds.y_test[start : start + batch].copy())
+
+
 test_split.__test__ = False  # type: ignore[attr-defined]  # a library function, not a pytest test
+test_batches.__test__ = False  # type: ignore[attr-defined]

@@ -14,15 +14,26 @@ pipeline schedules, which take Ferret's partition L* and worker slots) plan with
 (``--budget``, ``--decay``, ...). Only Ferret applies ``--compensator`` by default (iter-fisher); the
 others apply none unless it is given.
 
+    ferret plan --model mnistnet --profile benchmarks/profiles/mnistnet.json --in-flight schedule \
+        --compensator none --budget 40MiB --json > plan.json
+    ferret simulate --dataset mnist --model mnistnet --method ferret --plan plan.json \
+        --profile benchmarks/profiles/mnistnet.json --compensator iter-fisher      # an ablation on a fixed plan
+
 The stream is the dataset's training split in its stored order; every item is predicted by the master
-at its arrival (online accuracy), test accuracy is measured on the test split at the end. With
-``--profile`` the run is deterministic: the same seed gives the same JSON except ``wall_seconds``.
+at its arrival (online accuracy), test accuracy is measured on the test split at the end. Images are
+resized (bilinear) to the model's input when ``--input-size`` differs from the dataset's, and a profile
+taken at another input shape is refused, so the plan and the run see the same shapes. Torch runs on
+``--threads`` threads (default 1) with denormals flushed, as the trainer does. With ``--profile`` the
+run is deterministic: the same seed gives the same JSON except ``wall_seconds``. The planner counts
+items in flight from a replay of this virtual clock's schedule (``--in-flight schedule``, the default
+here), which is exact for it.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import sys
 from pathlib import Path
@@ -32,7 +43,15 @@ import torch
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from ferret_core.compensation import CompensatorSettings
-from ferret_core.data import DATASET_NAMES, Dataset, iter_stream, load_dataset, test_split
+from ferret_core.data import (
+    DATASET_NAMES,
+    RESIZE_METHOD,
+    Dataset,
+    iter_stream,
+    load_dataset,
+    needs_resize,
+    test_batches,
+)
 from ferret_core.engine import (
     METHOD_NAMES,
     EngineSettings,
@@ -50,7 +69,7 @@ from ferret_core.plan import Plan
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel, build_model
 from services import strict_json
-from services.cli.args import default_data_root, non_negative_int, positive_float, positive_int
+from services.cli.args import default_data_root, existing_file, non_negative_int, positive_float, positive_int
 from services.cli.plan_cmd import (
     PLANNER_COMPENSATOR,
     add_planning_arguments,
@@ -97,6 +116,16 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seed", type=int, default=0, help="model initialisation and dataset seed (default 0)")
     parser.add_argument("--lr", type=positive_float, default=1e-3, help="SGD learning rate (default 1e-3)")
     parser.add_argument(
+        "--plan",
+        type=existing_file,
+        default=None,
+        help="execute this plan (the JSON of `ferret plan --json`) instead of planning: e.g. a plan made with "
+        "--compensator none, run with each compensator (an ablation that fixes the pipeline)",
+    )
+    parser.add_argument(
+        "--threads", type=positive_int, default=1, help="torch threads (default 1; more fight other processes)"
+    )
+    parser.add_argument(
         "--trace", type=Path, default=None, help="write the executed trace as CSV to this file (default: none)"
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -107,24 +136,24 @@ def run(args: argparse.Namespace) -> int:
     model_from_profile(args)
     if args.model is None:
         raise ConfigError("simulate needs --model (a zoo name or package.module:factory) or --profile FILE")
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)  # a repeated sample drove MNISTNet from 3 to 28 ms per step (DESIGN §5)
     root = args.data_root if args.data_root is not None else default_data_root()
     dataset = load_dataset(args.dataset, root, seed=args.seed)
     model = _model(args, dataset)
     args.num_classes = dataset.num_classes
-    if is_factory(args.model) and args.input_shape is None:
-        args.input_shape = dataset.input_shape  # profiling your own model now needs its input
-    profile = load_or_profile(args)
+    profile = _profile(args, model)
     if profile.num_units != model.num_units:
         raise ConfigError(
             f"profile {args.profile} has {profile.num_units} units, {model.name} on {dataset.name} has "
             f"{model.num_units}; profile this model (ferret profile) or omit --profile"
         )
-    arrival = args.arrival_interval.resolve(profile.max_forward_time)
-    plan = planner_from_args(args, profile).plan(args.budget) if method(args.method).needs_plan else None
+    plan = _plan(args, model, profile)
+    arrival = plan.arrival_interval if plan is not None else args.arrival_interval.resolve(profile.max_forward_time)
     result = simulate_dataset(args, model, dataset, profile, arrival, plan)
     if args.trace is not None and result.trace is not None:
         args.trace.write_text(to_csv(result.trace))
-    report = _report(args, result, arrival, plan)
+    report = _report(args, result, arrival, plan, dataset, model)
     if args.json:
         print(strict_json.dumps(report, indent=2))
     else:
@@ -138,6 +167,41 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profile(args: argparse.Namespace, model: ZooModel) -> ModelProfile:
+    """``--profile`` (refused when taken at another input shape), else a profile of the model run here."""
+    if args.profile is not None:
+        return load_or_profile(args, model.input_shape)
+    from ferret_core.profiler import profile_model
+
+    return profile_model(model, device=args.device, dtype=args.dtype)
+
+
+def _plan(args: argparse.Namespace, model: ZooModel, profile: ModelProfile) -> Plan | None:
+    if not method(args.method).needs_plan:
+        if args.plan is not None:
+            raise ConfigError(
+                f"--plan is executed by the methods that run a planner's plan ({', '.join(_planned_methods())}), "
+                f"not {args.method!r}; drop --plan or pick one of those"
+            )
+        return None
+    if args.plan is None:
+        return planner_from_args(args, profile, in_flight="schedule").plan(args.budget)
+    try:
+        plan = Plan.from_dict(json.loads(args.plan.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--plan {str(args.plan)!r} is not the JSON of `ferret plan --json`: {exc}") from None
+    if plan.model != model.name or plan.partition.num_units != model.num_units:
+        raise ConfigError(
+            f"--plan {str(args.plan)!r} is for {plan.model!r} with {plan.partition.num_units} units, this run is "
+            f"{model.name!r} with {model.num_units}; plan this model (ferret plan --model {model.name} --json)"
+        )
+    return plan
+
+
+def _planned_methods() -> list[str]:
+    return [name for name in METHOD_NAMES if method(name).needs_plan]
+
+
 def simulate_dataset(
     args: argparse.Namespace,
     model: ZooModel,
@@ -148,13 +212,12 @@ def simulate_dataset(
 ) -> SimulationResult:
     if args.optimizer == "adam":
         raise ConfigError("the engine implements SGD and SGD with momentum; use --optimizer sgd or momentum")
-    torch.set_flush_denormal(True)
     compensator = run_compensator(args)
     options = MethodOptions(
         wait_slots=args.wait_slots,
         flush_every=args.flush_every,
         memory=MemorySettings(
-            variant="engine", dtype=args.dtype, optimizer=args.optimizer, compensator=compensator
+            variant="engine", in_flight="schedule", dtype=args.dtype, optimizer=args.optimizer, compensator=compensator
         ),
     )
     policy = make_policy(args.method, plan, profile=profile, options=options)
@@ -168,11 +231,15 @@ def simulate_dataset(
     )
     engine = StreamEngine(model.units, setup, settings)
     total = len(dataset.y_train) if args.items is None else min(args.items, len(dataset.y_train))
-    items = iter_stream(dataset, limit=total, seed=args.seed)
+    items = iter_stream(dataset, limit=total, seed=args.seed, input_shape=model.input_shape)
     times = StageTimes.from_profile(profile, setup.plan.partition)
     with tqdm(total=total, desc=f"{args.method} on {dataset.name}", unit="item", file=sys.stderr) as bar:
         result = engine.run_virtual(items, times, arrival, on_arrival=lambda _: bar.update(1))
-    return dataclasses.replace(result, tacc=engine.pipeline.evaluate(*test_split(dataset)))
+    correct = seen = 0.0
+    for x, y in test_batches(dataset, model.input_shape):
+        correct += engine.pipeline.evaluate(x, y) * len(y)
+        seen += len(y)
+    return dataclasses.replace(result, tacc=correct / seen if seen else None)
 
 
 def run_compensator(args: argparse.Namespace) -> str:
@@ -201,7 +268,15 @@ def _model(args: argparse.Namespace, dataset: Dataset) -> ZooModel:
     )
 
 
-def _report(args: argparse.Namespace, result: SimulationResult, arrival: float, plan: Plan | None) -> dict[str, Any]:
+def _report(
+    args: argparse.Namespace,
+    result: SimulationResult,
+    arrival: float,
+    plan: Plan | None,
+    dataset: Dataset,
+    model: ZooModel,
+) -> dict[str, Any]:
+    resized = needs_resize(dataset, model.input_shape)
     out: dict[str, Any] = {
         "dataset": args.dataset,
         "model": args.model,
@@ -211,6 +286,13 @@ def _report(args: argparse.Namespace, result: SimulationResult, arrival: float, 
         "profile": None if args.profile is None else str(args.profile),
         "flush_every": args.flush_every,
         "wait_slots": args.wait_slots,
+        "plan_file": None if args.plan is None else str(args.plan),
+        "threads": torch.get_num_threads(),
+        "input": {
+            "dataset_shape": list(dataset.input_shape),
+            "model_shape": list(model.input_shape),
+            "resize": RESIZE_METHOD if resized else None,
+        },
     }
     out.update(result.to_dict())
     out["plan"] = None if plan is None else plan.to_dict()
@@ -230,6 +312,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['compensator']}, seed {report['seed']})",
         f"  online accuracy  {report['oacc']:.2f} %",
         f"  test accuracy    {'n/a' if report['tacc'] is None else format(report['tacc'], '.2f') + ' %'}",
+        f"  input            {_input_line(report['input'])}",
         f"  trained          {report['trained']} through every stage, {report['trained_any_stage']} through any",
         f"  skipped          {skipped}",
         f"  updates/stage    {report['updates_per_stage']}",
@@ -241,6 +324,13 @@ def format_report(report: dict[str, Any]) -> str:
         f"  wall time        {report['wall_seconds']:.2f} s",
     ]
     return "\n".join(lines)
+
+
+def _input_line(info: dict[str, Any]) -> str:
+    model = "×".join(map(str, info["model_shape"]))
+    if info["resize"] is None:
+        return model
+    return f"{'×'.join(map(str, info['dataset_shape']))} resized to {model} ({info['resize']})"
 
 
 def _bytes(value: int | None) -> str:

@@ -193,6 +193,7 @@ def load_profile(settings: Settings, model: ZooModel) -> ModelProfile:
                 f"profile {str(settings.trainer.profile)!r} has {profile.num_units} units, model "
                 f"{model.name!r} has {model.num_units}; profile the model with `ferret profile`"
             )
+        profile.check_input(model.input_shape, source=f"profile {str(settings.trainer.profile)!r}")
         return profile
     from ferret_core.profiler import profile_model
 
