@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ferret_core.compensation import COMPENSATOR_NAMES
 from ferret_core.errors import ConfigError
-from ferret_core.memory_model import MEMORY_VARIANTS, OPTIMIZER_SLOTS, MemorySettings
+from ferret_core.memory_model import IN_FLIGHT_MODES, MEMORY_VARIANTS, OPTIMIZER_SLOTS, MemorySettings
 from ferret_core.plan import Plan
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import DTYPE_BYTES, ModelProfile
@@ -88,8 +88,16 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--memory-model",
         choices=MEMORY_VARIANTS,
-        default="paper",
-        help="byte model: paper (eq. ferret-svre plus the extras) or engine (default paper)",
+        default="engine",
+        help="byte model: engine (what the engine holds: a budget it keeps; default) or paper (eq. ferret-svre "
+        "plus the extras, the paper's planning model, not a bound on measured memory)",
+    )
+    parser.add_argument(
+        "--in-flight",
+        choices=IN_FLIGHT_MODES,
+        default=None,
+        help="engine model: count items in flight from the 1F1B cap (any clock; default of plan and run) or "
+        "from a replay of the virtual clock's schedule (default of simulate)",
     )
     parser.add_argument(
         "--compensator",
@@ -110,9 +118,10 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to profile on (default cpu)")
 
 
-def load_or_profile(args: argparse.Namespace) -> ModelProfile:
-    """The profile of ``--profile`` (its model must be ``--model`` when both are given), else the model
-    ``--model`` names profiled now (your own model needs ``--input-shape``)."""
+def load_or_profile(args: argparse.Namespace, input_shape: tuple[int, ...] | None = None) -> ModelProfile:
+    """The profile of ``--profile`` (its model must be ``--model`` when both are given; checked against the
+    model's ``input_shape`` when given), else the model ``--model`` names profiled now (your own model needs
+    ``--input-shape``)."""
     if args.profile is not None:
         profile = ModelProfile.load(args.profile)
         if args.model is not None and profile.model != args.model:
@@ -120,6 +129,8 @@ def load_or_profile(args: argparse.Namespace) -> ModelProfile:
                 f"profile {str(args.profile)!r} is for model {profile.model!r} but --model is {args.model!r}; "
                 "pass the matching profile or omit --profile to profile now"
             )
+        if input_shape is not None:
+            profile.check_input(input_shape, source=f"profile {str(args.profile)!r}")
         return profile
     if args.model is None:
         raise ConfigError("give --model (a zoo name or package.module:factory) or --profile FILE")
@@ -141,9 +152,11 @@ def model_from_profile(args: argparse.Namespace) -> None:
         args.model = check_model_spec(ModelProfile.load(args.profile).model)
 
 
-def planner_from_args(args: argparse.Namespace, profile: ModelProfile) -> Planner:
+def planner_from_args(args: argparse.Namespace, profile: ModelProfile, *, in_flight: str = "cap") -> Planner:
+    """The planner the arguments describe; ``in_flight`` is the command's default for ``--in-flight``."""
     memory = MemorySettings(
         variant=args.memory_model,
+        in_flight=args.in_flight or in_flight,
         dtype=args.dtype,
         optimizer=args.optimizer,
         compensator=args.compensator or PLANNER_COMPENSATOR,
@@ -159,6 +172,9 @@ def planner_from_args(args: argparse.Namespace, profile: ModelProfile) -> Planne
 
 def run(args: argparse.Namespace) -> int:
     profile = load_or_profile(args)
+    if args.profile is not None and args.input_size is not None:  # the profile must be for that image size
+        side = args.input_size
+        profile.check_input((*profile.input_shape[:-2], side, side), source=f"profile {str(args.profile)!r}")
     plan = planner_from_args(args, profile).plan(args.budget)
     if args.json:
         print(strict_json.dumps(plan.to_dict(), indent=2))
@@ -173,8 +189,8 @@ def format_plan(plan: Plan, profile: ModelProfile, source: Path | None = None) -
     lines = [
         f"Plan for {plan.model} ({'profile ' + str(source) if source else 'profiled now on ' + profile.device}, "
         f"{profile.dtype})",
-        f"  arrival interval t^d = {plan.arrival_interval * 1e3:.4g} ms, decay c = {plan.decay:.4g} /s, "
-        f"memory model {plan.memory_model}",
+        f"  arrival interval t^d = {plan.arrival_interval * 1e3:.4g} ms, decay c = {plan.decay:.4g} /s",
+        f"  memory model {plan.memory_note or plan.memory_model}",
         f"  budget {'unconstrained (M+)' if plan.budget_bytes is None else format_bytes(plan.budget_bytes)}; "
         f"minimum feasible {format_bytes(plan.min_feasible_bytes)}",
         f"  predicted memory {format_bytes(plan.predicted_bytes)} "
