@@ -97,8 +97,9 @@ def second_order_table(plan: Plan, profile: ModelProfile, items: int) -> list[di
     ds = load_dataset("mnist", ROOT.parent / "shared" / "data", seed=0)
     model = build_model("mnistnet", seed=0)
     settings = EngineSettings(compensator="iter-fisher", keep_trace=False, validate=False, measure_memory=False)
-    engine = StreamEngine(model.units, FerretPolicy(plan).setup("mnistnet", model.num_units, plan.arrival_interval),
-                          settings)
+    engine = StreamEngine(
+        model.units, FerretPolicy(plan).setup("mnistnet", model.num_units, plan.arrival_interval), settings
+    )
     rows: list[dict[str, float]] = []
     paired = []
     for old in engine.pipeline.compensators:
@@ -107,16 +108,24 @@ def second_order_table(plan: Plan, profile: ModelProfile, items: int) -> list[di
         fresh.rows = rows
         paired.append(fresh)
     engine.pipeline.compensators = tuple(paired)
-    engine.run_virtual(iter_stream(ds, limit=items), StageTimes.from_profile(profile, plan.partition),
-                       plan.arrival_interval)
+    engine.run_virtual(
+        iter_stream(ds, limit=items), StageTimes.from_profile(profile, plan.partition), plan.arrival_interval
+    )
     table = []
     for scale in LAMBDA_SCALES:
         picked = [r for r in rows if r["scale"] == scale]
         corr = statistics.median(r["correction"] for r in picked)
         diff = statistics.median(r["difference"] for r in picked)
         ratio = statistics.median(r["difference"] / r["correction"] ** 2 for r in picked if r["correction"] > 0)
-        table.append({"lambda_scale": scale, "calls": len(picked), "median_correction": corr,
-                      "median_difference": diff, "median_difference_over_correction_squared": ratio})
+        table.append(
+            {
+                "lambda_scale": scale,
+                "calls": len(picked),
+                "median_correction": corr,
+                "median_difference": diff,
+                "median_difference_over_correction_squared": ratio,
+            }
+        )
     return table
 
 
@@ -139,8 +148,9 @@ def summary(runs: list[AblationRun]) -> list[dict[str, object]]:
                 "oacc_se": statistics.stdev(oacc) / math.sqrt(len(oacc)) if len(oacc) > 1 else 0.0,
                 "tacc_mean": statistics.fmean(tacc),
                 "tacc_se": statistics.stdev(tacc) / math.sqrt(len(tacc)) if len(tacc) > 1 else 0.0,
-                "relative_correction": [statistics.fmean(r.result.relative_correction[j] for r in mine)
-                                        for j in range(stages)],
+                "relative_correction": [
+                    statistics.fmean(r.result.relative_correction[j] for r in mine) for j in range(stages)
+                ],
                 "lambda": [statistics.fmean((r.result.lambdas[j] or math.nan) for r in mine) for j in range(stages)],
                 "state_bytes": max(r.state_bytes for r in mine),
                 "peak_bytes": max(r.result.peak_bytes or 0 for r in mine),
@@ -154,13 +164,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=3000)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--test-items", type=int, default=10000, help="held-out items for test accuracy")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
     load_before = os.getloadavg()[0]
     profile = ModelProfile.load(PROFILE)
     ds = load_dataset("mnist", ROOT.parent / "shared" / "data", seed=0)
-    test = test_split(ds)
+    x_test, y_test = test_split(ds)
+    test = (x_test[: args.test_items], y_test[: args.test_items])
 
     def make_run(seed: int) -> RunInputs:
         model = build_model("mnistnet", seed=seed)
@@ -172,13 +184,17 @@ def main() -> int:
     for label, plan in plans(profile).items():
         settings = EngineSettings(keep_trace=False, validate=False)
         runs = run_compensators(plan, profile, COMPENSATORS, list(range(args.seeds)), make_run, settings)
+        print(f"{label}: {len(runs)} runs done at {time.perf_counter() - started:.0f} s", file=sys.stderr)
         rows = summary(runs)
         results[label] = {"plan": plan.to_dict(), "summary": rows}
-        lines += [f"**{label}** plan ({describe(plan)}, planned with compensator none, "
-                  f"{plan.predicted_bytes / 2**20:.2f} MiB without compensator state):", "",
-                  "| compensator | oacc % (mean ± s.e.) | tacc % (mean ± s.e.) | relative correction per stage "
-                  "| λ per stage | mean τ per stage | state MiB | measured peak MiB |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"**{label}** plan ({describe(plan)}, planned with compensator none, "
+            f"{plan.predicted_bytes / 2**20:.2f} MiB without compensator state):",
+            "",
+            "| compensator | oacc % (mean ± s.e.) | tacc % (mean ± s.e.) | relative correction per stage "
+            "| λ per stage | mean τ per stage | state MiB | measured peak MiB |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
             fmt = ", ".join
             lines.append(
@@ -192,18 +208,28 @@ def main() -> int:
     unconstrained = plans(profile)["unconstrained"]
     order = second_order_table(unconstrained, profile, min(args.items, 1500))
     results["second_order"] = order
-    lines += ["**One step vs the iteration** on real gradients (Iter-Fisher run, unconstrained plan; every 10th "
-              "call with τ ≥ 2, float64):", "",
-              "| λ × | calls | median ‖g_iter − g‖/‖g‖ | median ‖g_lean − g_iter‖/‖g‖ "
-              "| median difference ÷ correction² |",
-              "|---|---|---|---|---|"]
+    lines += [
+        "**One step vs the iteration** on real gradients (Iter-Fisher run, unconstrained plan; every 10th "
+        "call with τ ≥ 2, float64):",
+        "",
+        "| λ × | calls | median ‖g_iter − g‖/‖g‖ | median ‖g_lean − g_iter‖/‖g‖ | median difference ÷ correction² |",
+        "|---|---|---|---|---|",
+    ]
     for r in order:
-        lines.append(f"| {r['lambda_scale']:g} | {r['calls']:.0f} | {r['median_correction']:.3e} | "
-                     f"{r['median_difference']:.3e} | {r['median_difference_over_correction_squared']:.3g} |")
-    command = f".venv/bin/python benchmarks/engine/compensators.py --items {args.items} --seeds {args.seeds}"
-    header = (f"Compensators on fixed plans, MNISTNet / MNIST, {args.items} items per run (stream shuffled by the "
-              f"seed), {args.seeds} seeds, virtual clock (load average {load_before:.2f} → "
-              f"{os.getloadavg()[0]:.2f}, {time.perf_counter() - started:.0f} s). Command: `{command}`.\n\n")
+        lines.append(
+            f"| {r['lambda_scale']:g} | {r['calls']:.0f} | {r['median_correction']:.3e} | "
+            f"{r['median_difference']:.3e} | {r['median_difference_over_correction_squared']:.3g} |"
+        )
+    command = (
+        f".venv/bin/python benchmarks/engine/compensators.py --items {args.items} --seeds {args.seeds} "
+        f"--test-items {args.test_items}"
+    )
+    header = (
+        f"Compensators on fixed plans, MNISTNet / MNIST, {args.items} items per run (stream shuffled by the "
+        f"seed), {args.seeds} seeds, test accuracy on the first {args.test_items} test items, "
+        f"virtual clock (load average {load_before:.2f} → "
+        f"{os.getloadavg()[0]:.2f}, {time.perf_counter() - started:.0f} s). Command: `{command}`.\n\n"
+    )
     text = header + "\n".join(lines) + "\n"
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)

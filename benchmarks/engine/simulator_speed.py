@@ -47,8 +47,24 @@ LR = 1e-3
 
 def simulate(items: int, threads: int) -> dict[str, Any]:
     out = io.StringIO()
-    argv = ["simulate", "--dataset", "mnist", "--model", "mnistnet", "--method", "oracle", "--items", str(items),
-            "--profile", str(PROFILE), "--data-root", str(DATA), "--threads", str(threads), "--json"]
+    argv = [
+        "simulate",
+        "--dataset",
+        "mnist",
+        "--model",
+        "mnistnet",
+        "--method",
+        "oracle",
+        "--items",
+        str(items),
+        "--profile",
+        str(PROFILE),
+        "--data-root",
+        str(DATA),
+        "--threads",
+        str(threads),
+        "--json",
+    ]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         code = ferret(argv)
     if code != 0:
@@ -113,8 +129,10 @@ def main() -> int:
     load_before = os.getloadavg()
     rows = [condition(args.items, args.repeats, busy) for busy in (False, True)]
     load_after = os.getloadavg()
-    command = (f"/work/tools/timed .venv/bin/python benchmarks/engine/simulator_speed.py --items {args.items} "
-               f"--repeats {args.repeats}")
+    command = (
+        f"/work/tools/timed .venv/bin/python benchmarks/engine/simulator_speed.py --items {args.items} "
+        f"--repeats {args.repeats}"
+    )
     lines = [
         "| condition | simulate items/s (1 thread) | plain loop items/s | **ratio** (median of repeats) "
         "| per-repeat ratios | simulate items/s with 2 threads |",
