@@ -8,9 +8,11 @@ SGD), ``scheduler`` (the one schedule logic), ``pipeline`` (what an action does)
 in-flight items and counters), ``virtual_clock``, ``wall_clock``, ``memory`` (measurement), ``trace``
 (validator, table, staleness), ``policies`` (Oracle, 1-Skip, Ferret), ``schedules`` (DAPPLE, ZB,
 Hanayo, PipeDream, PipeDream-2BW), ``methods`` (the registry of every method by name), ``result``,
-``carry`` (compensator state across a re-plan), ``engine`` (the facade).
+``carry`` (compensator state across a re-plan), ``engine`` (the facade), ``ablation`` (compensators on
+one fixed plan: :func:`run_compensators`).
 """
 
+from ferret_core.engine.ablation import AblationRun, RunInputs, run_compensators
 from ferret_core.engine.actions import Kind, SkipReason, TraceEvent
 from ferret_core.engine.engine import EngineSettings, StreamEngine, simulate
 from ferret_core.engine.methods import METHOD_NAMES, METHODS, MethodOptions, layout_plan, make_policy
@@ -22,6 +24,7 @@ from ferret_core.engine.virtual_clock import StageTimes
 __all__ = [
     "METHODS",
     "METHOD_NAMES",
+    "AblationRun",
     "EngineSettings",
     "EngineStats",
     "FerretPolicy",
@@ -29,6 +32,7 @@ __all__ = [
     "MethodOptions",
     "OneSkip",
     "Oracle",
+    "RunInputs",
     "SimulationResult",
     "SkipReason",
     "StageTimes",
@@ -37,6 +41,7 @@ __all__ = [
     "TraceEvent",
     "layout_plan",
     "make_policy",
+    "run_compensators",
     "simulate",
     "validate_trace",
 ]
