@@ -120,7 +120,7 @@ def register(subparsers: Any) -> None:
         type=existing_file,
         default=None,
         help="execute this plan (the JSON of `ferret plan --json`) instead of planning: e.g. a plan made with "
-        "--compensator none, run with each compensator (an ablation that fixes the pipeline)",
+        "--compensator none, run with each compensator (an ablation that fixes the pipeline; default: plan now)",
     )
     parser.add_argument(
         "--threads", type=positive_int, default=1, help="torch threads (default 1; more fight other processes)"
