@@ -35,10 +35,12 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ferret_core.engine.actions import Action, Kind
-from ferret_core.engine.scheduler import Scheduler
 from ferret_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ferret_core.engine.actions import Action
 
 LABEL_BYTES = 8  # an int64 class index per item (InFlightItem.target)
 WARM_ARRIVALS_PER_STAGE = 8  # the replay's horizon: 8·P items taken to fill and settle the pipeline,
@@ -166,6 +168,10 @@ def replay_worker(
         raise ConfigError(f"replay needs per-stage times and omissions for {p} stages")
     if not (math.isfinite(arrival_period) and arrival_period > 0):
         raise ConfigError(f"arrival period must be a positive number, got {arrival_period}")
+    # imported here: the engine's package imports the schedules, whose memory imports memory_model → this
+    from ferret_core.engine.actions import Kind
+    from ferret_core.engine.scheduler import Scheduler
+
     rules = _OneWorker(p, omission, wait_slots)
     cycle = math.lcm(*rules.periods)
     horizon = min(MAX_HORIZON, WARM_ARRIVALS_PER_STAGE * p + CYCLES * cycle)  # in items taken (busy ones do not count)
