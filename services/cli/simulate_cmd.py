@@ -217,7 +217,7 @@ def simulate_dataset(
         wait_slots=args.wait_slots,
         flush_every=args.flush_every,
         memory=MemorySettings(
-            variant="engine", in_flight="schedule", dtype=args.dtype, optimizer=args.optimizer, compensator=compensator
+            variant="engine", dtype=args.dtype, optimizer=args.optimizer, compensator=compensator
         ),
     )
     policy = make_policy(args.method, plan, profile=profile, options=options)
