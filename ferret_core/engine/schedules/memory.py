@@ -91,13 +91,21 @@ def schedule_memory(
                 parts["gradients"] += (worker.accumulation[j] - 1) * geometry.weights[j]
     unit = settings.unit_bytes
     out = {name: value * unit for name, value in parts.items()}
-    extras = MemoryModel(geometry, profile, settings).breakdown(shape.workers)
-    extras.pop("workers", None)
-    extras.pop("master_copy" if not shape.synchronous else "transient_gradient", None)
+    # the shared extras of the byte model (optimizer and compensator state, prediction path, OCL state,
+    # ring, recompute graph); the schedule counts its own versions, activations and gradients above
+    extras = {
+        name: value
+        for name, value in MemoryModel(geometry, profile, settings).breakdown(shape.workers).items()
+        if name not in _PER_WORKER
+    }
+    extras["transient_gradient"] = 0 if shape.synchronous else max(geometry.weights) * unit  # one stage's, at B
     if shape.synchronous:
-        out["master"] = extras.pop("master_copy", 0)
+        out["master"] = geometry.total_weights * unit
     out.update(extras)
     return out
+
+
+_PER_WORKER = ("workers", "versions", "activations", "accumulation_buffers", "master_copy", "transient_gradient")
 
 
 def _per_item(geometry: StageGeometry, outputs: Sequence[int], worker: WorkerConfig, stage: int, split: bool) -> int:
