@@ -37,6 +37,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.predictions_cmd",
     "services.cli.simulate_cmd",
     "services.cli.demo_cmd",
+    "services.cli.bench_cmd",
 )
 
 

@@ -1,0 +1,232 @@
+"""Run one experiment end to end: check names, resolve budgets and fixed plans, run what the CSV lacks,
+and write ``runs.csv``, ``tables.md`` and the PNG plots under ``OUT/NAME/``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ferret_core.errors import ConfigError
+from services.bench import plots, reports
+from services.bench.budgets import Budgets, CliFn, plan_with_cli, resolve_budgets
+from services.bench.capabilities import Capabilities
+from services.bench.experiments import Preset, describe, experiment
+from services.bench.progress import Progress
+from services.bench.results_csv import RunsCsv
+from services.bench.runner import (
+    REPO,
+    load_budgets,
+    measure_m,
+    row_of,
+    run_pool,
+    run_simulate,
+    save_budgets,
+    simulate_argv,
+)
+from services.bench.specs import PLANNED_LABELS, ExperimentSpec, RunSpec, Setting
+
+REPORTS: dict[str, Callable[..., str]] = {
+    "overall": reports.overall,
+    "algorithms": lambda rows, budgets: reports.algorithms(rows),
+    "pipelines": lambda rows, budgets: (
+        reports.pipelines(rows) + "\n\n" + reports.budgets_table(budgets, reports.settings_of(rows))
+    ),
+    "compensation": lambda rows, budgets: (
+        reports.compensation(rows) + "\n\n" + reports.budgets_table(budgets, reports.settings_of(rows))
+    ),
+}
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    preset: Preset
+    out: Path
+    jobs: int
+    seeds: int | None = None
+    items: int | None = None
+    profile: Path | None = None  # replaces the committed profile of settings with the same model
+    resume: bool = False
+    only_available: bool = False
+    data_root: Path | None = None
+    command: str = "ferret bench"
+
+
+@dataclass(frozen=True)
+class BenchOutcome:
+    folder: Path
+    ran: int
+    skipped: int
+    failed: int
+    seconds: float
+    left_out: tuple[str, ...]
+
+
+def run_experiment(name: str, options: BenchOptions, capabilities: Capabilities, cli: CliFn) -> BenchOutcome:
+    """Run experiment ``name``; ``capabilities`` and ``cli`` (``services.cli.main.main``, for ``ferret
+    plan``) come from the CLI layer."""
+    spec = _with_profile(experiment(name, options.preset, seeds=options.seeds, items=options.items), options.profile)
+    caps = capabilities
+    left_out: list[str] = []
+    if options.only_available:
+        spec, left_out = caps.runnable(spec)
+    else:
+        caps.check(spec)
+    folder = options.out / name
+    table = RunsCsv(folder / "runs.csv", resume=options.resume)
+    start = time.monotonic()
+    runs = spec.expand()
+    done = table.keys()
+    todo = [r for r in runs if r.key not in done]
+    print(describe(options.preset, spec), flush=True)
+    budgets = _budgets(spec, folder, options, cli)
+    plans = _fixed_plans(spec, folder, budgets, cli)
+    progress = Progress(len(todo), label=f"{name} ({options.preset.name})")
+
+    def task(run: RunSpec) -> tuple[str, Callable[[], None]]:
+        def call() -> None:
+            budget = (
+                budgets[_budget_key(run.setting, run.items)].bytes_for(run.arm.budget)
+                if run.arm.budget in (PLANNED_LABELS - {"M+"})
+                else None
+            )
+            plan_file = plans.get((run.setting.id, run.arm.budget)) if run.arm.fixed_plan else None
+            argv = simulate_argv(run, budget, plan_file=plan_file, data_root=options.data_root)
+            table.append(row_of(run, budget, run_simulate(argv)))
+
+        return run.key, call
+
+    failed = run_pool([task(r) for r in todo], jobs=options.jobs, progress=progress, failures=folder / "failures.log")
+    _write_outputs(name, spec, table, budgets, folder, options, left_out)
+    return BenchOutcome(
+        folder, len(todo) - failed, len(runs) - len(todo), failed, time.monotonic() - start, tuple(left_out)
+    )
+
+
+def _with_profile(spec: ExperimentSpec, profile: Path | None) -> ExperimentSpec:
+    if profile is None:
+        return spec
+    model = json.loads(profile.read_text()).get("model")
+    settings = tuple(
+        dataclasses.replace(s, profile=str(profile.resolve())) if s.model == model else s for s in spec.settings
+    )
+    if settings == spec.settings:
+        raise ConfigError(
+            f"--profile {profile} is for model {model!r}; no setting of {spec.name!r} uses it "
+            f"(models: {', '.join(sorted({s.model for s in spec.settings}))})"
+        )
+    return dataclasses.replace(spec, settings=settings)
+
+
+def _budget_key(setting: Setting, items: int) -> str:
+    return f"{setting.id}|{setting.profile}|{items}"
+
+
+def _budgets(spec: ExperimentSpec, folder: Path, options: BenchOptions, cli: CliFn) -> dict[str, Budgets]:
+    """M, M- (and the sweep's points) per setting, measured once and kept in ``budgets.json``."""
+    path = folder / "budgets.json"
+    known = load_budgets(path)
+    if not spec.needs_budgets():
+        return known
+    wanted = [s for s in spec.settings if _budget_key(s, spec.items) not in known]
+    measured: dict[str, int] = {}
+
+    def measure(setting: Setting) -> tuple[str, Callable[[], None]]:
+        def call() -> None:
+            measured[setting.id] = measure_m(setting, spec.items, options.data_root)
+
+        return f"budget M of {setting.id}", call
+
+    if wanted:
+        progress = Progress(len(wanted), label=f"{spec.name}: measuring budget M (PipeDream-2BW)")
+        failed = run_pool(
+            [measure(s) for s in wanted], jobs=options.jobs, progress=progress, failures=folder / "failures.log"
+        )
+        if failed:
+            raise ConfigError(f"measuring budget M failed for {failed} setting(s): see {folder / 'failures.log'}")
+        plan = plan_with_cli(cli)
+        for setting in wanted:
+            known[_budget_key(setting, spec.items)] = resolve_budgets(setting, plan, lambda s: measured[s.id])
+        save_budgets(path, known)
+    return known
+
+
+def _fixed_plans(
+    spec: ExperimentSpec, folder: Path, budgets: dict[str, Budgets], cli: CliFn
+) -> dict[tuple[str, str], Path]:
+    """For the compensator ablation: one plan per (setting, budget), made with compensator ``none``."""
+    wanted = {(s, a.budget) for s in spec.settings for a in spec.arms if a.fixed_plan}
+    if not wanted:
+        return {}
+    plan = plan_with_cli(cli, compensator="none")
+    out: dict[tuple[str, str], Path] = {}
+    for setting, label in sorted(wanted, key=lambda x: (x[0].id, x[1])):
+        budget = budgets[_budget_key(setting, spec.items)].bytes_for(label) if label != "M+" else None
+        made = plan(setting, budget)
+        if made is None:
+            raise ConfigError(f"{setting.id}: no plan at budget {label} = {budget} B with compensator none")
+        path = folder / "plans" / f"{setting.id.replace('/', '_')}_{label}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(made, indent=1, sort_keys=True) + "\n")
+        out[(setting.id, label)] = path
+    return out
+
+
+def _write_outputs(
+    name: str,
+    spec: ExperimentSpec,
+    table: RunsCsv,
+    budgets: dict[str, Budgets],
+    folder: Path,
+    options: BenchOptions,
+    left_out: list[str],
+) -> None:
+    order = {r.key: i for i, r in enumerate(spec.expand())}
+    rows = sorted((r for r in table.rows() if r["key"] in order), key=lambda r: order[r["key"]])
+    relevant = {k: b for k, b in budgets.items() if k.endswith(f"|{spec.items}")}
+    header = [
+        f"# ferret bench {name}",
+        "",
+        f"Command: `{options.command}` (commit {_commit()}).",
+        "",
+        describe(options.preset, spec),
+        "",
+        f"{len(rows)} of {len(order)} runs have results; mean ± standard error over seeds; best **bold**, "
+        "second <u>underlined</u>; rows `paper` are the paper's numbers for the same setting.",
+    ]
+    if left_out:
+        header += ["", "Left out (not on this checkout):", *(f"- {x}" for x in left_out)]
+    (folder / "tables.md").write_text("\n".join(header) + "\n\n" + REPORTS[name](rows, relevant) + "\n")
+    try:
+        import matplotlib  # noqa: F401  # the demo extra (pip install 'ferret-ocl[demo]')
+    except ImportError:
+        print("ferret bench: no plots: matplotlib is not installed (pip install 'ferret-ocl[demo]')", flush=True)
+        return
+    if name == "pipelines":
+        plots.sweep(rows, folder / "sweep_oacc_vs_memory.png")
+        plots.rate_vs_oacc(rows, folder / "oacc_vs_log_rate.png")
+    elif name == "compensation":
+        plots.compensation(rows, folder / "compensation.png")
+    else:
+        plots.oacc_vs_memory(rows, folder / "oacc_vs_memory.png", f"{name}: online accuracy vs measured memory")
+
+
+def _commit() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+uncommitted changes" if dirty else "")

@@ -1,0 +1,182 @@
+"""The paper's four experiments as :class:`~services.bench.specs.ExperimentSpec` data, per preset.
+
+- ``overall``: Oracle, 1-Skip, Random-N, Last-N, Camel, Ferret M-, M, M+ (tab:overall-table, agm vs
+  1-Skip, and tab:add-online-acc, oacc).
+- ``algorithms``: Vanilla, ER, MIR, LwF, MAS under each method (tab:underlying-A / tab:add-underlying-A;
+  the paper runs CORe50, whose data is not here: Split-MNIST stands in). Camel only with Vanilla, as in
+  the paper ("it cannot be integrated").
+- ``pipelines``: DAPPLE, ZB, Hanayo 1/2/3W, PipeDream, PipeDream-2BW, Ferret M, no compensation
+  (tab:pipeline-ablation, agm vs DAPPLE), and each strategy over the five budgets of the sweep
+  (the paper's figure of oacc vs memory, and its oacc vs log R_F figure from Ferret's points).
+- ``compensation``: Step-Aware, Gap-Aware, Fisher, Iter-Fisher, lean Iter-Fisher against none for Ferret
+  M+ and M, each on the one plan made with compensator none (tab:gc-ablation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ferret_core.errors import ConfigError
+from services.bench.specs import SWEEP_LABELS, Arm, ExperimentSpec, Setting
+
+EXPERIMENT_NAMES: tuple[str, ...] = ("overall", "algorithms", "pipelines", "compensation")
+PRESET_NAMES: tuple[str, ...] = ("quick", "standard", "full")
+
+MNIST = Setting("mnist", "mnistnet", "benchmarks/profiles/mnistnet.json")
+FMNIST = Setting("fashion-mnist", "mnistnet", "benchmarks/profiles/mnistnet.json")
+CIFAR10 = Setting("cifar10", "convnet", "benchmarks/profiles/convnet.json")
+SPLIT_MNIST = Setting("split-mnist", "mnistnet", "benchmarks/profiles/mnistnet.json")
+SPLIT_FMNIST = Setting("split-fashion-mnist", "mnistnet", "benchmarks/profiles/mnistnet.json")
+SPLIT_CIFAR10 = Setting("split-cifar10", "convnet", "benchmarks/profiles/convnet.json")
+# Settings whose data is in ../shared/data; the `full` preset adds the paper's others (run when their
+# data root holds them; DataError otherwise).
+HERE: tuple[Setting, ...] = (MNIST, FMNIST, CIFAR10, SPLIT_MNIST, SPLIT_FMNIST, SPLIT_CIFAR10)
+ELSEWHERE: tuple[Setting, ...] = (
+    Setting("emnist", "mnistnet", "benchmarks/profiles/mnistnet.json"),
+    Setting("cifar100", "convnet", "benchmarks/profiles/convnet.json"),
+    Setting("svhn", "convnet", "benchmarks/profiles/convnet.json"),
+    Setting("core50", "convnet", "benchmarks/profiles/convnet.json"),
+    Setting("split-cifar100", "convnet", "benchmarks/profiles/convnet.json"),
+    Setting("split-svhn", "convnet", "benchmarks/profiles/convnet.json"),
+)
+
+METHOD_ARMS: tuple[Arm, ...] = (
+    Arm("oracle", "oracle"),
+    Arm("1-skip", "1-skip"),
+    Arm("random-n", "random-n"),
+    Arm("last-n", "last-n"),
+    Arm("camel", "camel"),
+    Arm("ferret-M-", "ferret", "M-"),
+    Arm("ferret-M", "ferret", "M"),
+    Arm("ferret-M+", "ferret", "M+"),
+)
+ALGORITHMS: tuple[str, ...] = ("vanilla", "er", "mir", "lwf", "mas")
+SCHEDULES: tuple[str, ...] = ("dapple", "zb", "hanayo-1w", "hanayo-2w", "hanayo-3w", "pipedream", "pipedream-2bw")
+SYNCHRONOUS: frozenset[str] = frozenset({"dapple", "zb", "hanayo-1w", "hanayo-2w", "hanayo-3w"})
+COMPENSATORS: tuple[str, ...] = ("none", "step-aware", "gap-aware", "fisher", "iter-fisher", "iter-fisher-lean")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """What a preset runs, stated in every output it makes."""
+
+    name: str
+    items: int
+    seeds: int
+    test_items: int | None  # test accuracy on this many evenly spaced test items (None: all)
+    overall: tuple[Setting, ...]
+    algorithms: tuple[Setting, ...]
+    pipelines: tuple[Setting, ...]
+    compensation: tuple[Setting, ...]
+    sweep_strategies: tuple[str, ...]  # strategies swept over the five budgets
+    algorithm_methods: tuple[str, ...]  # columns of the algorithms experiment
+    note: str
+
+
+PRESETS: dict[str, Preset] = {
+    "quick": Preset(
+        "quick",
+        items=300,
+        seeds=2,
+        test_items=1000,
+        overall=(MNIST, SPLIT_MNIST),
+        algorithms=(SPLIT_MNIST,),
+        pipelines=(MNIST, SPLIT_MNIST),
+        compensation=(MNIST, SPLIT_MNIST),
+        sweep_strategies=("dapple", "pipedream-2bw", "ferret"),
+        algorithm_methods=("oracle", "1-skip", "last-n", "camel", "ferret-M"),
+        note="smoke run of all four experiments: 300 items per stream, test accuracy on 1000 test items, 2 seeds, "
+        "2 MNISTNet settings",
+    ),
+    "standard": Preset(
+        "standard",
+        items=500,
+        seeds=5,
+        test_items=2000,
+        overall=HERE,
+        algorithms=(SPLIT_MNIST,),
+        pipelines=(MNIST, SPLIT_MNIST, CIFAR10),
+        compensation=(MNIST, SPLIT_MNIST, CIFAR10),
+        sweep_strategies=("dapple", "hanayo-3w", "pipedream-2bw", "ferret"),
+        algorithm_methods=tuple(a.column for a in METHOD_ARMS),
+        note="the preset the issue's goals are judged on: 500 items per stream, test accuracy on 2000 test "
+        "items, 5 seeds, every setting with data here for overall, 3 settings for pipelines and compensation, "
+        "Split-MNIST for algorithms",
+    ),
+    "full": Preset(
+        "full",
+        items=10**9,
+        seeds=3,
+        test_items=None,
+        overall=HERE + ELSEWHERE,
+        algorithms=(SPLIT_MNIST, SPLIT_CIFAR10),
+        pipelines=HERE + ELSEWHERE,
+        compensation=HERE + ELSEWHERE,
+        sweep_strategies=(*SCHEDULES, "ferret"),
+        algorithm_methods=tuple(a.column for a in METHOD_ARMS),
+        note="the paper's protocol: whole streams, 3 seeds, every setting (those whose data root is missing "
+        "fail with DataError); for a GPU machine",
+    ),
+}
+
+
+def preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown preset {name!r}: expected one of {', '.join(PRESET_NAMES)}") from None
+
+
+def experiment(name: str, chosen: Preset, *, seeds: int | None = None, items: int | None = None) -> ExperimentSpec:
+    """The spec of experiment ``name`` under ``chosen`` (``seeds``/``items`` override the preset's)."""
+    seed_list = tuple(range(chosen.seeds if seeds is None else seeds))
+    count = chosen.items if items is None else items
+    if name == "overall":
+        return ExperimentSpec(name, chosen.overall, METHOD_ARMS, seed_list, count, chosen.test_items)
+    if name == "algorithms":
+        columns = {a.column: a for a in METHOD_ARMS}
+        arms = tuple(
+            Arm(columns[c].column, columns[c].method, columns[c].budget, algorithm)
+            for algorithm in ALGORITHMS
+            for c in chosen.algorithm_methods
+            if c in columns and (algorithm == "vanilla" or c != "camel")
+        )
+        return ExperimentSpec(name, chosen.algorithms, arms, seed_list, count, chosen.test_items)
+    if name == "pipelines":
+        table = (
+            *(Arm(m, m, "M", compensator="none") for m in SCHEDULES),
+            Arm("ferret-M", "ferret", "M", compensator="none"),
+        )
+        sweep = tuple(
+            Arm(_column(m, budget), m, budget, compensator="none")
+            for m in chosen.sweep_strategies
+            for budget in SWEEP_LABELS
+            if budget != "M"  # the table's arms are the sweep's M point
+        )
+        return ExperimentSpec(name, chosen.pipelines, table + sweep, seed_list, count, chosen.test_items)
+    if name == "compensation":
+        arms = tuple(
+            Arm(f"ferret-{budget}", "ferret", budget, compensator=c, fixed_plan=True)
+            for budget in ("M+", "M")
+            for c in COMPENSATORS
+        )
+        return ExperimentSpec(name, chosen.compensation, arms, seed_list, count, chosen.test_items)
+    raise ConfigError(f"unknown experiment {name!r}: expected one of {', '.join(EXPERIMENT_NAMES)}")
+
+
+def _column(method: str, budget: str) -> str:
+    base = "ferret" if method == "ferret" else method
+    return f"{base}@{budget}"
+
+
+def describe(chosen: Preset, spec: ExperimentSpec) -> str:
+    """One paragraph naming what runs: the preset's note, settings, arms, seeds and items."""
+    items = "whole streams" if spec.items >= 10**9 else f"{spec.items} items per stream"
+    tests = "the whole test split" if spec.test_items is None else f"{spec.test_items} evenly spaced test items"
+    return (
+        f"Preset `{chosen.name}` ({chosen.note}). Experiment `{spec.name}`: settings "
+        f"{', '.join(s.id for s in spec.settings)}; {len(spec.arms)} arms "
+        f"({', '.join(dict.fromkeys(a.column for a in spec.arms))}); seeds {list(spec.seeds)}; {items}; "
+        f"tacc on {tests}; "
+        f"{len(spec.expand())} runs."
+    )

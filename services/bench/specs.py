@@ -1,0 +1,117 @@
+"""Declarative experiment specs: settings × arms × seeds, expanded into independent runs.
+
+A :class:`Setting` is a data stream and a model (the paper's "MNIST/MNISTNet"); an :class:`Arm` is one
+column of a table: a registered method at a budget (``M+``: no budget; ``M``: the measured bytes of
+PipeDream-2BW on the same partition; ``M-``: the smallest budget at which the planner keeps M's
+partition; ``sweep2``/``sweep4``: the points between them of the five-budget sweep of the pipelines
+experiment, DESIGN §3.2), with an OCL
+algorithm and a compensator. A :class:`RunSpec` is one process: an arm on a setting for one seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BUDGET_LABELS: tuple[str, ...] = ("none", "M+", "M", "M-", "sweep2", "sweep4")
+# the five budgets of the pipelines sweep, smallest first: M-, halfway to M, M, halfway to the planner's
+# M+ bytes, M+
+SWEEP_LABELS: tuple[str, ...] = ("M-", "sweep2", "M", "sweep4", "M+")
+PLANNED_LABELS: frozenset[str] = frozenset(BUDGET_LABELS) - {"none"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A stream and a model: ``dataset`` and ``model`` as ``ferret simulate`` names them, the committed
+    ``profile`` whose stage times drive the virtual clock (a path relative to the repository)."""
+
+    dataset: str
+    model: str
+    profile: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.dataset}/{self.model}"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One column: ``method`` (a registry name) at ``budget`` (one of :data:`BUDGET_LABELS`; ``none`` for
+    methods that do not plan), with ``algorithm`` and ``compensator`` (``None``: the method's default).
+    ``fixed_plan``: run on the plan made with compensator ``none`` at that budget (the compensator
+    ablation of issue 11: every compensator on the same pipeline)."""
+
+    column: str
+    method: str
+    budget: str = "none"
+    algorithm: str = "vanilla"
+    compensator: str | None = None
+    fixed_plan: bool = False
+
+    def __post_init__(self) -> None:
+        if self.budget not in BUDGET_LABELS:
+            raise ValueError(f"budget {self.budget!r}: expected one of {', '.join(BUDGET_LABELS)}")
+
+    @property
+    def label(self) -> str:
+        """The column with its algorithm and compensator, unique within an experiment."""
+        parts = [self.column]
+        if self.algorithm != "vanilla":
+            parts.append(self.algorithm)
+        if self.compensator is not None:
+            parts.append(self.compensator)
+        return "|".join(parts)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One independent run: ``arm`` on ``setting`` for ``seed`` over ``items`` stream items; test
+    accuracy on ``test_items`` evenly spaced test items (``None``: the whole test split)."""
+
+    experiment: str
+    setting: Setting
+    arm: Arm
+    seed: int
+    items: int
+    test_items: int | None = None
+
+    @property
+    def key(self) -> str:
+        """What identifies the run in the CSV (``--resume`` skips keys it finds there)."""
+        tests = "all" if self.test_items is None else self.test_items
+        return (
+            f"{self.experiment}|{self.setting.id}|{self.arm.label}|{self.arm.budget}|{self.items}|{tests}|{self.seed}"
+        )
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """An experiment as data: every arm on every setting for every seed."""
+
+    name: str
+    settings: tuple[Setting, ...]
+    arms: tuple[Arm, ...]
+    seeds: tuple[int, ...]
+    items: int
+    test_items: int | None = None
+
+    def __post_init__(self) -> None:
+        labels = [(a.label, a.budget) for a in self.arms]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"experiment {self.name!r}: two arms share a column, algorithm and compensator")
+        if not self.settings or not self.arms or not self.seeds or self.items <= 0:
+            raise ValueError(f"experiment {self.name!r}: needs settings, arms, seeds and items > 0")
+
+    def expand(self) -> tuple[RunSpec, ...]:
+        """Every run, settings outermost, seeds innermost (the order tables list them in)."""
+        return tuple(
+            RunSpec(self.name, setting, arm, seed, self.items, self.test_items)
+            for setting in self.settings
+            for arm in self.arms
+            for seed in self.seeds
+        )
+
+    def methods(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(a.method for a in self.arms))
+
+    def needs_budgets(self) -> bool:
+        return any(a.budget in PLANNED_LABELS - {"M+"} for a in self.arms)

@@ -1,0 +1,216 @@
+"""ferret bench: spec expansion, CSV resume, table formatting, the clear error for a missing method,
+budgets by bisection, and the same command twice giving identical tables (a tiny real case)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from ferret_core.errors import ConfigError, FerretError
+from services.bench.budgets import Budgets, resolve_budgets
+from services.bench.capabilities import Capabilities, NotAvailableError
+from services.bench.driver import BenchOptions, run_experiment
+from services.bench.experiments import MNIST, PRESETS, experiment, preset
+from services.bench.results_csv import COLUMNS, RunsCsv
+from services.bench.specs import Arm, ExperimentSpec, Setting
+from services.bench.tables import Cell, Row, markdown, ranks, spearman
+from services.cli.main import main
+
+MAIN_ONLY = Capabilities(
+    methods=("oracle", "1-skip", "ferret"),
+    algorithms=("vanilla",),
+    compensators=("none", "step-aware", "gap-aware", "fisher", "iter-fisher", "iter-fisher-cf"),
+    fixed_plan=False,
+)
+
+
+def test_spec_expands_settings_arms_seeds_with_unique_keys() -> None:
+    spec = experiment("overall", preset("quick"), seeds=3, items=7)
+    runs = spec.expand()
+    assert len(runs) == len(spec.settings) * len(spec.arms) * 3
+    assert len({r.key for r in runs}) == len(runs)
+    assert [r.seed for r in runs[:3]] == [0, 1, 2]  # seeds innermost
+    assert {r.items for r in runs} == {7}
+
+
+@pytest.mark.parametrize("name", ["overall", "algorithms", "pipelines", "compensation"])
+@pytest.mark.parametrize("chosen", sorted(PRESETS))
+def test_every_experiment_expands_under_every_preset(name: str, chosen: str) -> None:
+    spec = experiment(name, preset(chosen))
+    assert spec.expand()
+
+
+def test_algorithms_leave_camel_to_vanilla_and_compensation_fixes_the_plan() -> None:
+    algorithms = experiment("algorithms", preset("standard"))
+    assert {a.algorithm for a in algorithms.arms if a.method == "camel"} == {"vanilla"}
+    compensation = experiment("compensation", preset("quick"))
+    assert all(a.fixed_plan and a.method == "ferret" for a in compensation.arms)
+    assert {a.budget for a in compensation.arms} == {"M+", "M"}
+
+
+def test_bad_specs_are_refused() -> None:
+    with pytest.raises(ValueError, match="budget"):
+        Arm("x", "ferret", "M++")
+    setting = Setting("mnist", "mnistnet", "p.json")
+    with pytest.raises(ValueError, match="share"):
+        ExperimentSpec("e", (setting,), (Arm("a", "oracle"), Arm("a", "oracle")), (0,), 10)
+
+
+def _row(key: str, **values: object) -> dict[str, object]:
+    row: dict[str, object] = dict.fromkeys(COLUMNS)
+    row.update(key=key, **values)
+    return row
+
+
+def test_csv_resume_keeps_rows_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    path = tmp_path / "runs.csv"
+    table = RunsCsv(path, resume=False)
+    table.append(_row("a", oacc=12.5, seed=0, peak_bytes=100))
+    with pytest.raises(ConfigError, match="--resume"):
+        RunsCsv(path, resume=False)
+    resumed = RunsCsv(path, resume=True)
+    assert resumed.keys() == {"a"}
+    (row,) = resumed.rows()
+    assert row["oacc"] == 12.5 and row["seed"] == 0 and row["peak_bytes"] == 100 and row["tacc"] is None
+    path.write_text("other,columns\n")
+    with pytest.raises(ConfigError, match="columns"):
+        RunsCsv(path, resume=True)
+
+
+def test_cell_is_mean_and_standard_error() -> None:
+    cell = Cell.of([1.0, 2.0, 3.0, 6.0])
+    assert cell.mean == pytest.approx(3.0)
+    assert cell.se == pytest.approx(math.sqrt(14 / 3) / 2)
+    assert Cell.of([4.0]).se == 0.0
+    assert Cell.of([]).empty and Cell.of([]).text() == "—"
+    assert Cell(-0.001, 0.0, 1).text() == "0.00 ± 0.00"  # no "-0.00"
+    assert Cell(1.5, math.nan, 1).text() == "1.50"  # a published number without its error
+
+
+def test_markdown_marks_best_bold_second_underlined_and_skips_excluded() -> None:
+    cells = {"a": Cell(1.0, 0.1, 2), "b": Cell(3.0, 0.2, 2), "c": Cell(2.0, 0.3, 2), "ref": Cell(9.0, 0.0, 2)}
+    table = markdown(["ref", "a", "b", "c"], [Row("s", cells)], excluded_from_ranking=("ref",))
+    lines = table.splitlines()
+    assert lines[0] == "| Setting | ref | a | b | c |"
+    assert lines[2] == "| s | 9.00 ± 0.00 | 1.00 ± 0.10 | **3.00** ± 0.20 | <u>2.00</u> ± 0.30 |"
+    assert ranks(cells, higher_is_better=False) == {"a": 1, "c": 2}
+    ties = {"a": Cell(1.001, 0, 1), "b": Cell(0.999, 0, 1), "c": Cell(0.5, 0, 1)}
+    assert ranks(ties) == {"a": 1, "b": 1, "c": 2}  # equal as printed
+
+
+def test_spearman() -> None:
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert math.isnan(spearman([1, 2], [1, 2]))
+
+
+def test_missing_method_stops_the_bench_naming_it_and_its_issue() -> None:
+    spec = experiment("overall", preset("quick"))
+    with pytest.raises(NotAvailableError) as caught:
+        MAIN_ONLY.check(spec)
+    message = str(caught.value)
+    assert isinstance(caught.value, FerretError) and isinstance(caught.value, LookupError)
+    for expected in ("'random-n'", "'camel'", "issue 8b", "pipedream-2bw", "issue 8a", "--only-available"):
+        assert expected in message
+    kept, dropped = MAIN_ONLY.runnable(spec)
+    assert [a.column for a in kept.arms] == ["oracle", "1-skip", "ferret-M+"]
+    assert len(dropped) == 5
+
+
+def test_compensation_needs_fixed_plans_and_the_lean_compensator() -> None:
+    message = "; ".join(MAIN_ONLY.missing(experiment("compensation", preset("quick"))))
+    assert "--plan" in message and "issue 11" in message and "'iter-fisher-lean'" in message
+
+
+def test_this_checkout_capabilities_come_from_simulate() -> None:
+    from services.cli.main import build_parser
+
+    caps = Capabilities.from_parser(build_parser())
+    assert {"oracle", "1-skip", "ferret"} <= set(caps.methods)
+    assert "none" in caps.compensators
+
+
+def test_m_minus_is_the_smallest_budget_keeping_ms_partition() -> None:
+    setting = Setting("mnist", "mnistnet", "p.json")
+    threshold = 600_000  # below it the planner picks another partition
+
+    def plan(_: Setting, budget: int | None) -> dict[str, object] | None:
+        if budget is not None and budget < 200_000:
+            return None
+        partition = [0, 2, 4] if budget is not None and budget < threshold else [0, 4]
+        return {"partition": partition, "min_feasible_bytes": 200_000, "predicted_bytes": 2_000_000}
+
+    budgets = resolve_budgets(setting, plan, lambda _: 1_000_000)
+    assert budgets.m == 1_000_000 and budgets.absolute_min == 200_000
+    assert threshold <= budgets.m_minus <= threshold + 1_000
+    assert budgets.bytes_for("M+") is None and budgets.bytes_for("M") == 1_000_000
+    assert budgets.bytes_for("sweep2") == (budgets.m_minus + 1_000_000) // 2
+    assert budgets.bytes_for("sweep4") == 1_500_000
+    assert Budgets.from_dict(budgets.to_dict()) == budgets
+
+
+def test_same_command_twice_gives_identical_tables(tmp_path: Path) -> None:
+    tiny = dataclasses.replace(preset("quick"), items=4, seeds=1, test_items=5, overall=(MNIST,))
+    caps = dataclasses.replace(MAIN_ONLY, methods=("oracle", "1-skip"))
+    tables = []
+    for out in (tmp_path / "one", tmp_path / "two"):
+        options = BenchOptions(preset=tiny, out=out, jobs=2, only_available=True, command="ferret bench overall")
+        outcome = run_experiment("overall", options, caps, main)
+        assert outcome.failed == 0 and outcome.ran == 2
+        tables.append((out / "overall" / "tables.md").read_text())
+        assert (out / "overall" / "oacc_vs_memory.png").stat().st_size > 0
+    assert tables[0] == tables[1]
+    assert "| mnist/mnistnet |" in tables[0] and "|   paper |" in tables[0]
+    again = run_experiment("overall", dataclasses.replace(options, resume=True), caps, main)
+    assert again.ran == 0 and again.skipped == 2
+
+
+def test_simulate_test_items_are_evenly_spaced_over_the_test_split() -> None:
+    import numpy as np
+
+    from ferret_core.data.dataset import Dataset
+    from services.cli.simulate_cmd import fewer_test_items
+
+    x = np.zeros((10, 1), dtype=np.float32)
+    y = np.arange(10, dtype=np.int64)
+    dataset = Dataset("d", x, y, x.copy(), y.copy(), 10, (1,), tasks_train=y // 2, tasks_test=y // 2)
+    assert fewer_test_items(dataset, None) is dataset and fewer_test_items(dataset, 50) is dataset
+    five = fewer_test_items(dataset, 5)
+    assert five.y_test.tolist() == [0, 2, 4, 6, 8] and five.tasks_test is not None
+    assert five.tasks_test.tolist() == [0, 1, 2, 3, 4] and five.x_test.shape == (5, 1)
+    assert fewer_test_items(dataset, 3).y_test.tolist() == [0, 4, 8]
+    assert five.y_train.tolist() == list(range(10))  # the stream is untouched
+
+
+@pytest.mark.parametrize("name", ["overall", "algorithms", "pipelines", "compensation"])
+def test_every_report_and_plot_renders_from_rows(name: str, tmp_path: Path) -> None:
+    from services.bench import plots, reports
+    from services.bench.driver import REPORTS
+
+    spec = experiment(name, preset("quick"))
+    rows = []
+    for i, run in enumerate(spec.expand()):
+        arm = run.arm
+        rows.append({
+            "key": run.key, "setting": run.setting.id, "column": arm.column, "method": arm.method,
+            "budget": arm.budget, "algorithm": arm.algorithm, "seed": run.seed,
+            "compensator": arm.compensator or ("iter-fisher" if arm.method == "ferret" else "none"),
+            "oacc": 10.0 + (i * 7919) % 50, "tacc": 5.0 + (i * 104729) % 40,
+            "peak_bytes": 2**20 * (1 + (i * 31) % 9), "adaptation_rate": 1.0 + i % 5,
+        })  # fmt: skip
+    budgets = {"mnist/mnistnet|p|300": Budgets("mnist/mnistnet", 3_000_000, 2_000_000, 1_000_000, 9_000_000)}
+    text = REPORTS[name](rows, budgets)
+    assert "**" in text and "<u>" in text and "—" not in text.split("### Goals")[0].split("paper")[0]
+    if name == "pipelines":
+        assert "Spearman" in text and "best other ÷ Ferret" in text and "asynchronous above" in text
+        assert plots.sweep(rows, tmp_path / "s.png") and plots.rate_vs_oacc(rows, tmp_path / "r.png")
+    if name == "compensation":
+        assert "Goals at M+" in text
+        assert plots.compensation(rows, tmp_path / "c.png")
+    if name == "overall":
+        assert "Ferret M above Random-N, Last-N and Camel on" in text and "paper's ratio" in text
+        assert plots.oacc_vs_memory(rows, tmp_path / "o.png", "t")
+    assert reports.settings_of(rows) == [s.id for s in spec.settings]
