@@ -12,6 +12,9 @@
 - **Labels** (``labels``): ``with-sample`` puts the label in the Sample; ``delayed`` sends a
   ``ferret.v1.Label`` to ``<prefix>.labels`` ``label_delay_s`` after its sample (still-pending labels are
   sent at once when the run stops); ``none`` sends no label at all.
+- **Declared rate**: with a ``rate``, every sample record carries the headers ``ferret.rate`` and
+  ``ferret.partitions`` (:mod:`services.stream_rate`), so a trainer plans for this stream before it has
+  measured it.
 - **Pacing**: a token bucket (``rate`` items/s, ``burst`` items back to back) on the monotonic clock; the
   next send time is reserved before waiting, so late wake-ups are caught up (within ``burst``) rather
   than drifting. Waits are deadline waits on the stop event that keep serving delivery reports.
@@ -42,6 +45,7 @@ from services.codec import SampleEncoder, now_ms
 from services.config import KafkaSettings, ProducerSettings
 from services.kafka.admin import ensure_topics
 from services.proto_gen.ferret.v1.messages_pb2 import Label, Sample
+from services.stream_rate import HeaderValue, rate_headers
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +169,7 @@ class SampleProducer:
         self._lock = threading.Lock()
         self._seen_errors: set[int] = set()
         self._ran = False
+        self._sample_headers: list[tuple[str, HeaderValue]] = list(SAMPLE_HEADERS)
 
     @property
     def total(self) -> int | None:
@@ -193,6 +198,8 @@ class SampleProducer:
         began = time.monotonic()
         client = Producer({**self.kafka.producer_config(), "error_cb": self._on_client_error})
         try:
+            if self.options.rate is not None:
+                self._sample_headers = [*SAMPLE_HEADERS, *rate_headers(self.options.rate, self._partitions(client))]
             self._produce_all(client)
         finally:
             self._finish(client)
@@ -275,10 +282,10 @@ class SampleProducer:
         stopped while waiting."""
         topic = self.topics.samples if is_sample else self.topics.labels
         on_delivery = self._on_sample if is_sample else self._on_label
-        headers = SAMPLE_HEADERS if is_sample else LABEL_HEADERS
+        headers = self._sample_headers if is_sample else LABEL_HEADERS
         while True:
             try:
-                client.produce(topic, value=value, key=key.encode(), headers=headers, on_delivery=on_delivery)
+                client.produce(topic, value=value, key=key.encode(), on_delivery=on_delivery, headers=headers)
             except BufferError:
                 if self._stop.is_set():
                     return False
@@ -307,6 +314,15 @@ class SampleProducer:
                 report.first_error = report.first_error or (
                     f"{undelivered} records still undelivered after the {timeout:g} s flush timeout"
                 )
+
+    def _partitions(self, client: Producer) -> int:
+        """Partitions of the samples topic (for the declared rate's headers; 1 when metadata fails)."""
+        try:
+            topic = client.list_topics(self.topics.samples, timeout=10).topics.get(self.topics.samples)
+        except KafkaException as exc:
+            log.warning("reading %s's partitions failed (%s): declaring the rate for 1", self.topics.samples, exc)
+            return 1
+        return max(1, len(topic.partitions)) if topic is not None and topic.partitions else 1
 
     def _ensure_topics(self) -> None:
         counts = ensure_topics(

@@ -144,6 +144,17 @@ class StageCompensator(ABC):
                 self._add_correction(self._correction(out, grads, staleness))
         return out
 
+    def follow_staleness(self, limit: int) -> None:
+        """Where the compensator keeps deltas for the staleness bound: let that store grow, up to ``limit``
+        deltas, to the staleness reached (the wall clock, which does not enforce the schedule's bound).
+        A no-op for compensators that keep none."""
+        return None
+
+    @property
+    def truncated(self) -> int:
+        """Calls cut short: the gradient was staler than the deltas kept."""
+        return self._truncated
+
     # ------------------------------------------------------------------------------ subclass hooks
     def _observe(self, delta: Sequence[Tensor]) -> None:
         """Record one master update θ_new − θ_old (only compensators with ``needs_deltas`` use it)."""

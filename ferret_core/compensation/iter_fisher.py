@@ -7,7 +7,10 @@ For a gradient g computed on the stage's version t−1 and applied τ master upd
 
 with Δ_k = θ^{t+k−1} − θ^{t+k−2} the stage's own master deltas since the gradient's version, oldest first,
 kept in a :class:`~ferret_core.compensation.ring.DeltaRing`. When τ exceeds the ring, the most recent
-deltas it still holds are used and the call is counted as ``truncated``.
+deltas it still holds are used and the call is counted as ``truncated`` (cut short). The ring is sized
+to the schedule's staleness bound; where the caller lets it follow the staleness really reached
+(:meth:`IterFisherCompensator.follow_staleness`, the wall clock), a cut-short call also grows the ring
+to τ (up to a limit), so the next gradient as stale is compensated in full.
 
 λ is tuned per stage by gradient descent on eq. lambda-objective-v1 with the EMAs of Alg. 1 lines 3–7:
 
@@ -77,6 +80,10 @@ class IterFisherCompensator(StageCompensator):
         """The stage's delta ring (read-only use)."""
         return self._ring
 
+    def follow_staleness(self, limit: int) -> None:
+        """Let the ring grow, up to ``limit`` deltas, to the staleness a cut-short call had."""
+        self._ring.limit = max(self._ring.capacity, limit)
+
     def _uses_ema(self) -> bool:
         """Whether λ is tuned from v_r, v_a (and so whether they are allocated)."""
         return self.settings.eta_lambda > 0
@@ -97,6 +104,7 @@ class IterFisherCompensator(StageCompensator):
         deltas = self._ring.recent(staleness)  # Δ_1..Δ_τ, oldest first (or the most recent it holds)
         if len(deltas) < staleness:
             self._truncated += 1
+            self._ring.grow(min(staleness, self._ring.limit))
         if self._tuned:
             self._tune(grads, deltas[0] if deltas else None)
         if not deltas:

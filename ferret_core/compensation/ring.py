@@ -30,6 +30,7 @@ class DeltaRing:
                 f"delta ring capacity must be an int >= 0 (the schedule's staleness bound), got {capacity!r}"
             )
         self.capacity = capacity
+        self.limit = capacity  # how far :meth:`grow` may go when asked by a caller that allows growth
         self._slots: list[list[Tensor]] = []
         self._head = 0  # slot the next push writes once the ring is full (= the oldest delta)
         self.pushed = 0  # deltas pushed since construction (the stage's master version, if started at 0)
@@ -49,6 +50,18 @@ class DeltaRing:
             return
         torch._foreach_copy_(self._slots[self._head], list(delta))
         self._head = (self._head + 1) % self.capacity
+
+    def _growth_allowed(self, capacity: int) -> bool:
+        return capacity <= self.limit
+
+    def grow(self, capacity: int) -> None:
+        """Hold up to ``capacity`` deltas from now on (never shrinks): the held ones keep their order and
+        the next pushes fill the new slots before the oldest is overwritten again."""
+        if capacity <= self.capacity:
+            return
+        self._slots = self._slots[self._head :] + self._slots[: self._head]  # oldest first
+        self._head = 0
+        self.capacity = capacity
 
     def recent(self, count: int) -> list[list[Tensor]]:
         """The most recent ``min(count, len(self))`` deltas, OLDEST FIRST.
@@ -90,6 +103,8 @@ class DeltaRing:
     ) -> None:
         """Restore a snapshot; deltas move to ``device`` and the stage's parameter ``dtypes``."""
         capacity = int(state["capacity"])
+        if capacity > self.capacity and self._growth_allowed(capacity):
+            self.grow(capacity)  # a ring that grew on the wall clock (``grow``) restores as large
         if capacity != self.capacity:
             raise ConfigError(
                 f"delta ring snapshot has capacity {capacity}, this ring {self.capacity}; build the "

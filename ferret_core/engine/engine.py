@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ferret_core.compensation import CompensatorSettings, make_compensator
+from ferret_core.engine.admission import AdmissionSettings
 from ferret_core.engine.carry import carry_compensator_states
 from ferret_core.engine.memory import MemoryMeter
 from ferret_core.engine.optim import SGD, Optimizer
@@ -97,6 +98,8 @@ class StreamEngine:
             keep_trace=s.keep_trace,
             score_online=s.score_online,
         )
+        if meter is not None:
+            meter.sample()  # what an idle engine holds (weights, optimizer, compensators): never 0 bytes
 
     def run_virtual(
         self,
@@ -124,10 +127,11 @@ class StreamEngine:
         if self.settings.validate and p.trace is not None:
             validate_trace(p.trace, self.setup.plan, check_staleness=False, semantics=p.trace_semantics)
 
-    def wall_clock(self) -> WallClock:
+    def wall_clock(self, *, admission: AdmissionSettings | None = None) -> WallClock:
         """Real executors over this engine's pipeline (not started): ``submit`` arrivals, ``drain``,
-        ``close`` — for the trainer service."""
-        return WallClock(self.pipeline, top_k=self.settings.top_k)
+        ``close`` — for the trainer service. ``admission``: admit arrivals submitted with an event time
+        by event time (:mod:`ferret_core.engine.admission`)."""
+        return WallClock(self.pipeline, top_k=self.settings.top_k, admission=admission)
 
     def run_wall(
         self,
@@ -164,6 +168,8 @@ class StreamEngine:
                 peak_bytes=None if p.meter is None else p.meter.peak_bytes,
                 mean_staleness=p.mean_staleness(),
                 max_staleness=tuple(c.staleness_max),
+                staleness_bound=plan_bounds(self.setup.plan),
+                compensations_truncated=tuple(comp.truncated for comp in p.compensators),
             )
 
     def compensator_state(self) -> list[dict[str, Any]]:

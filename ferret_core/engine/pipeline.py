@@ -160,16 +160,25 @@ class Pipeline:
         n = min(k, probs.numel())
         return tuple(zip(classes[:n].tolist(), values[:n].tolist(), strict=True))
 
-    def dispatch(self, index: int, x: Tensor, y: int | None, prediction: int) -> SkipReason | None:
+    def dispatch(
+        self,
+        index: int,
+        x: Tensor,
+        y: int | None,
+        prediction: int,
+        admit: Callable[[int], bool] | None = None,
+    ) -> SkipReason | None:
         """Count the prediction of item ``index`` and admit it to its worker, or say why not.
 
-        Call under :attr:`lock`, in arrival order.
+        ``admit(worker)``: whether the worker takes the item, in place of the scheduler's slot rule (the
+        wall clock's admission by event time, :mod:`ferret_core.engine.admission`); refusing makes the
+        item ``busy``. Call under :attr:`lock`, in arrival order.
         """
         c = self.counters
         c.items += 1
         if y is not None and self.score_online:
             self.online.update(prediction, y)
-        reason = self._admit(index, x, y)
+        reason = self._admit(index, x, y, admit)
         if reason is not None:
             c.skipped[reason.value] += 1
         return reason
@@ -179,7 +188,9 @@ class Pipeline:
         :meth:`dispatch` admitted it."""
         return self._items[index].worker
 
-    def _admit(self, index: int, x: Tensor, y: int | None) -> SkipReason | None:
+    def _admit(
+        self, index: int, x: Tensor, y: int | None, admit: Callable[[int], bool] | None = None
+    ) -> SkipReason | None:
         if y is None:
             return SkipReason.NO_LABEL
         if index in self._items:
@@ -192,7 +203,7 @@ class Pipeline:
         if lowest is None:
             self.counters.admitted[n] += 1
             return SkipReason.OMITTED
-        if not self.scheduler.can_admit(n):
+        if not (self.scheduler.can_admit(n) if admit is None else admit(n)):
             return SkipReason.BUSY
         self.counters.admitted[n] += 1
         p = self.num_stages

@@ -18,7 +18,8 @@ class EngineStats:
     ``items`` dispatched so far (each predicted), ``trained`` / ``trained_any_stage`` back-propagated through
     every / at least one stage, ``skipped`` by reason, master ``updates`` summed over stages (the model
     version) and per stage, items ``in_flight``, the measured ``peak_bytes`` (``None`` when memory is not
-    measured), and per stage the mean and max staleness of applied gradients."""
+    measured), and per stage the mean and max staleness of applied gradients, the schedule's staleness
+    bound and the compensations cut short (the gradient was staler than the deltas the compensator kept)."""
 
     items: int
     trained: int
@@ -30,6 +31,8 @@ class EngineStats:
     peak_bytes: int | None
     mean_staleness: tuple[float, ...]
     max_staleness: tuple[int, ...]
+    staleness_bound: tuple[int, ...] = ()
+    compensations_truncated: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -107,8 +107,9 @@ class Scheduler:
         self._lowest: dict[int, int] = {}
 
     # ------------------------------------------------------------------------------------ admission
-    def can_admit(self, worker: int) -> bool:
-        """Whether worker ``worker`` can take a new item now (see the module docstring)."""
+    def can_admit(self, worker: int, slots: int | None = None) -> bool:
+        """Whether worker ``worker`` can take a new item now (see the module docstring), with ``slots``
+        waiting items instead of the rules' ``wait_slots`` when given (the wall clock's admission queue)."""
         ex = self._ex[worker][0]
         waiting = len(ex.ready_f)
         starts_now = (
@@ -117,7 +118,7 @@ class Scheduler:
             and not ex.ready_b
             and ex.in_flight < self.rules.in_flight_cap(worker, 0)
         )
-        return waiting + (0 if starts_now else 1) <= self.rules.wait_slots
+        return waiting + (0 if starts_now else 1) <= (self.rules.wait_slots if slots is None else slots)
 
     def admit(self, worker: int, item: int, lowest: int) -> None:
         if not 0 <= lowest < self.num_stages:

@@ -6,8 +6,21 @@ Predictions run on an executor of their own: :meth:`WallClock.submit` queues an 
 thread predicts it with the master and dispatches it, in submission order, so the caller (the Kafka
 trainer, or :meth:`WallClock.run_stream`) pushes arrivals as they come.
 
+Admission. With ``admission`` settings, an arrival submitted with its ``event_time`` is admitted by event
+time (:mod:`ferret_core.engine.admission`): its worker takes it iff its queue holds fewer than
+``queue_slots`` waiting items and it would have started the item within ``max_wait_s`` of its event time,
+given the worker's service time measured here (every action's wall time,
+:class:`~ferret_core.engine.admission.ServiceTimes`). Without an event time, or without settings, the
+policy's own slot rule decides (:mod:`ferret_core.engine.scheduler`).
+
 The first exception raised in any thread stops every thread and is re-raised in the caller by the next
 :meth:`submit`, :meth:`drain` or :meth:`close` (torchgpipe's worker lesson).
+
+Staleness. The wall clock does not enforce the schedule's staleness bound (DESIGN §3.13): executors run
+when their inputs are ready, so a worker slowed by the machine can apply a gradient staler than the
+bound. The bound and the ring follow what the wall clock does instead: a compensator's delta ring grows
+to the staleness a gradient had (up to :data:`RING_GROWTH` × the bound; the bytes are measured), and the
+compensation that found too few deltas is cut short and counted (``EngineStats.compensations_truncated``).
 
 Devices. On CPU the threads share the cores (with one torch thread each, Python's GIL serialises the
 Python parts; kernels release it). When stages live on CUDA devices, each executor thread issues its
@@ -32,10 +45,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ferret_core.engine.actions import Action, SkipReason
+from ferret_core.engine.actions import Action, Kind, SkipReason
+from ferret_core.engine.admission import AdmissionSettings, EventTimeAdmission, ServiceTimes
 from ferret_core.engine.pipeline import Pipeline
 from ferret_core.engine.virtual_clock import Sample
 from ferret_core.errors import ConfigError, FerretError
+from ferret_core.staleness import staleness_bound
+
+# How far a compensator's delta ring may grow past the schedule's staleness bound on the wall clock
+# (which runs stages as fast as their executors do, so a gradient may be staler than the bound).
+RING_GROWTH = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +71,9 @@ class Arrival:
     confidence: float = float("nan")
     worker: int | None = None
     top_k: tuple[tuple[int, float], ...] = ()
+
+
+_Entry = tuple[int, Tensor, int | None, float | None, Future[Arrival]]
 
 
 class _WallStamps:
@@ -78,7 +100,9 @@ class WallClock:
     """Threads for every live (worker, stage) executor and for predictions, over one pipeline.
     ``top_k``: how many of the most probable classes each :class:`Arrival` reports (>= 1)."""
 
-    def __init__(self, pipeline: Pipeline, *, top_k: int = 1) -> None:
+    def __init__(
+        self, pipeline: Pipeline, *, top_k: int = 1, admission: AdmissionSettings | None = None
+    ) -> None:
         if top_k < 1:
             raise ConfigError(f"top_k must be >= 1, got {top_k}")
         self.pipeline = pipeline
@@ -87,9 +111,16 @@ class WallClock:
         if any(d.type == "cuda" for d in pipeline.devices):
             pipeline.end_of_action = cuda_action_barrier
         self._cv = threading.Condition(pipeline.lock)
-        self._queue: queue.SimpleQueue[tuple[int, Tensor, int | None, Future[Arrival]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[_Entry | None] = queue.SimpleQueue()
+        plan = pipeline.plan
+        initial = plan.stage_forward_time + plan.stage_backward_time
+        if admission is not None:
+            initial = max(initial, admission.initial_service_s)
+        self.service_times = ServiceTimes(plan.num_workers, plan.num_stages, initial)
+        self.admission = admission
+        self._event_rule = None if admission is None else EventTimeAdmission(plan.num_workers, admission.max_wait_s)
+        for stage, compensator in enumerate(pipeline.compensators):
+            compensator.follow_staleness(RING_GROWTH * max(1, staleness_bound(plan, stage)))
         self._counter = itertools.count()
         self._submitted = 0
         self._dispatched = 0
@@ -133,19 +164,23 @@ class WallClock:
         self.close(reraise=exc_type is None)
 
     # ------------------------------------------------------------------------------------- arrivals
-    def submit(self, x: Tensor, y: int | None, *, index: int | None = None) -> Future[Arrival]:
+    def submit(
+        self, x: Tensor, y: int | None, *, index: int | None = None, event_time: float | None = None
+    ) -> Future[Arrival]:
         """Queue one arrival (a sample without batch dimension); the future gives its prediction.
 
         ``index`` is the item's number in the stream (the dispatch index i: worker i mod N); by default
         the clock numbers arrivals itself from 0. A trainer that restarts or re-plans passes its own
-        counter so dispatch stays i ≡ c_n^d (mod N) across pipelines (DESIGN §4)."""
+        counter so dispatch stays i ≡ c_n^d (mod N) across pipelines (DESIGN §4). ``event_time``: when the
+        item entered the stream, in seconds on any axis the stream's items share; with ``admission``
+        settings it is admitted by event time (module docstring)."""
         with self._cv:
             self._raise_if_failed()
             if self._stopping or not self._threads:
                 raise ClockStopped("the wall clock is not running: start() it (or it was closed)")
             self._submitted += 1
         future: Future[Arrival] = Future()
-        self._queue.put((next(self._counter) if index is None else index, x, y, future))
+        self._queue.put((next(self._counter) if index is None else index, x, y, event_time, future))
         return future
 
     def drain(self, timeout: float | None = None) -> None:
@@ -207,9 +242,12 @@ class WallClock:
                         self._cv.wait()
                     if action is None:
                         return
+                began = time.perf_counter()
                 p.execute(action, stamps)
+                took = time.perf_counter() - began
                 with self._cv:
                     scheduler.finish(action)
+                    self.service_times.record(worker, stage, took, forward=action.kind is Kind.F)
                     self._cv.notify_all()
 
     def _prediction_loop(self) -> None:
@@ -219,12 +257,12 @@ class WallClock:
                 entry = self._queue.get()
                 if entry is None:
                     return
-                index, x, y, future = entry
+                index, x, y, event_time, future = entry
                 try:
                     top_k = p.predict_top_k(x, self.top_k)
                     prediction, confidence = top_k[0]
                     with self._cv:
-                        skipped = p.dispatch(index, x, y, prediction)
+                        skipped = p.dispatch(index, x, y, prediction, self._admit_rule(event_time))
                         worker = p.worker_of(index) if skipped is None else None
                         self._dispatched += 1
                         self._cv.notify_all()
@@ -232,6 +270,20 @@ class WallClock:
                     future.set_exception(exc)
                     raise
                 future.set_result(Arrival(index, prediction, skipped, confidence, worker, top_k))
+
+    def _admit_rule(self, event_time: float | None) -> Callable[[int], bool] | None:
+        """Admission by event time for one arrival (None: the policy's slot rule decides)."""
+        settings, rule = self.admission, self._event_rule
+        if settings is None or rule is None or event_time is None:
+            return None
+        scheduler, service = self.pipeline.scheduler, self.service_times
+
+        def admit(worker: int) -> bool:
+            if not scheduler.can_admit(worker, settings.queue_slots):
+                return False
+            return rule.admit(worker, event_time, service.service_time(worker))
+
+        return admit
 
     def _stream_for(self, stage: int) -> torch.cuda.StreamContext | _NoStream:
         device = self._devices[stage]

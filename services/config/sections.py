@@ -78,6 +78,7 @@ MANAGED_KAFKA_PROPERTIES = frozenset(
 _BUDGET = "bytes as an integer or with a suffix (e.g. 2429288, 512MiB, 2GB), or null (unconstrained)"
 _ARRIVAL = "'auto' (= max_i t̂_i^f), 'Kx' (e.g. 2x), a positive number of seconds, or 'measured'"
 _RATE = "a positive number of items per second, or 'max'"
+_STREAM_RATE = "a positive number of items per second this trainer receives, or null (not declared)"
 _MODEL = f"one of {', '.join(MODEL_NAMES)}, or package.module:factory (docs/your-model.md)"
 _SHAPE = "a per-sample input shape such as 1,28,28 or [1, 28, 28] (no batch dimension), or null (the dataset's)"
 
@@ -302,8 +303,12 @@ class TrainerSettings(Section):
     budget_bytes: int | None = field(
         default=None, metadata=meta(parse=parse_budget, expected=_BUDGET, check=between(1, None, "bytes"))
     )
+    # The stream's own rate by default: declared (stream_rate, a record's ferret.rate header), then measured.
     arrival_interval: ArrivalInterval | Measured = field(
-        default=ArrivalInterval(multiple=1.0), metadata=meta(parse=parse_arrival, expected=_ARRIVAL)
+        default="measured", metadata=meta(parse=parse_arrival, expected=_ARRIVAL)
+    )
+    stream_rate: float | None = field(
+        default=None, metadata=meta(parse=parse_rate, expected=_STREAM_RATE, check=_check_rate)
     )
     arrival_drift_ratio: float = field(default=1.5, metadata=meta(check=between(1.0, None, "a ratio")))
     decay: float | None = field(default=None, metadata=meta(check=between(0, None, "a decay constant")))

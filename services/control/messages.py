@@ -75,11 +75,13 @@ def plan_from_reply(reply: pb.PlanReply) -> Plan:
 
 def status_reply(status: TrainerStatus, *, state: TrainerState, time_ms: int, uptime_s: float) -> pb.StatusReply:
     """``state`` overrides the trainer's (the control plane knows about re-plans and shutdown);
-    dead letters by reason go to ``counters`` as ``dead_lettered.<reason>``. The one translation of the
+    dead letters by reason go to ``counters`` as ``dead_lettered.<reason>``, and so does
+    ``compensations_truncated``. The one translation of the
     status's names to the published proto's: ``skipped`` → ``items_skipped``, ``planned_bytes`` →
     ``predicted_bytes``, the sum of ``dead_lettered`` → ``items_dead_lettered``."""
     counters = dict(status.counters)
     counters.update({f"dead_lettered.{reason}": n for reason, n in status.dead_lettered.items()})
+    counters["compensations_truncated"] = status.compensations_truncated
     reply = pb.StatusReply(
         instance_id=status.instance_id,
         state=STATE_TO_PB[state],  # type: ignore[arg-type]

@@ -83,6 +83,7 @@ class TrainerStatus:
     replans: int = 0
     pauses: int = 0
     last_snapshot_version: int = 0
+    compensations_truncated: int = 0  # compensations cut short: the gradient was staler than the deltas kept
     counters: Mapping[str, int] = field(default_factory=dict)
 
     @property

@@ -1,10 +1,18 @@
-"""The ``measured`` arrival interval (DESIGN §4): an EWMA of the stream's observed inter-arrival time,
-and re-planning when it drifts beyond a ratio of the interval the plan was made for.
+"""The live planner's arrival interval (DESIGN §4): the stream's own rate, declared then measured, and
+re-planning when it drifts beyond a ratio of the interval the plan was made for.
 
-The estimate comes from the producers' event times, not from when the trainer reads the records (Kafka
-delivers them in batches): every ``window`` items, the interval is (newest − oldest event time) /
-(window − 1), folded into an EWMA. The loop thread only records; a separate thread re-plans, through the
-control plane's re-planner, so re-plans stay serialised and versioned like budget changes.
+* **Declared**: ``ferret produce --rate R`` stamps every sample record with the stream's rate
+  (:mod:`services.stream_rate`); a trainer that owns a of the topic's partitions expects R·a/partitions
+  items/s. ``trainer.stream_rate`` in the config declares this trainer's own rate before any record
+  arrives (the start-up plan, ``services.trainer.runner.startup_interval``).
+* **Measured** (:class:`ArrivalRate`): from the producers' event times, not from when the trainer reads
+  the records (Kafka delivers them in batches): every ``window`` items of a partition, its rate is
+  (window − 1) / (newest − oldest event time); the stream's interval is 1 / Σ_p rate_p, folded into an
+  EWMA.
+
+The loop thread only records; a separate thread re-plans, through the control plane's re-planner, so
+re-plans stay serialised and versioned like budget changes. A declared rate that differs from the plan's
+re-plans at once; measured estimates re-plan at most once per cooldown.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from dataclasses import replace
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
 from ferret_core.planner import Planner
+from services.stream_rate import Headers, declared_interval
 
 log = logging.getLogger("ferret.trainer")
 
@@ -100,7 +109,8 @@ class DriftReplanner:
         self.ratio = ratio
         self.cooldown_s = cooldown_s
         self.replans = 0
-        self._estimates: queue.SimpleQueue[float | None] = queue.SimpleQueue()
+        self.declared: float | None = None  # the last declared interval seen (for this trainer's share)
+        self._estimates: queue.SimpleQueue[tuple[float, bool] | None] = queue.SimpleQueue()
         self._last = -float("inf")
         self._thread = threading.Thread(target=self._loop, name="ferret-arrivals", daemon=True)
 
@@ -114,15 +124,21 @@ class DriftReplanner:
         """From the loop thread: the sample partitions assigned to this trainer."""
         self.rate.assign(partitions)
 
-    def observe(self, event_time_ms: int, partition: int) -> None:
-        """From the loop thread, per valid arrival: feed the rate; offer a new estimate (never blocks)."""
+    def observe(self, event_time_ms: int, partition: int, headers: Headers | None = None) -> None:
+        """From the loop thread, per valid arrival: a declared rate in the record's headers (offered when it
+        changes), then the measured rate; offers never block."""
+        if headers:
+            declared = declared_interval(headers, len(self.rate.partitions))
+            if declared is not None and declared != self.declared:
+                self.declared = declared
+                self.offer(declared, declared=True)
         estimate = self.rate.observe(event_time_ms, partition)
         if estimate is not None:
             self.offer(estimate)
 
-    def offer(self, estimate: float) -> None:
-        """From the loop thread: never blocks."""
-        self._estimates.put(estimate)
+    def offer(self, estimate: float, *, declared: bool = False) -> None:
+        """From the loop thread: never blocks. A ``declared`` interval re-plans without the cooldown."""
+        self._estimates.put((estimate, declared))
 
     def close(self) -> None:
         if self._thread.is_alive():
@@ -134,8 +150,10 @@ class DriftReplanner:
         return not planned / self.ratio <= estimate <= planned * self.ratio
 
     def _loop(self) -> None:
-        while (estimate := self._estimates.get()) is not None:
-            if not self.drifted(estimate) or time.monotonic() - self._last < self.cooldown_s:
+        while (offered := self._estimates.get()) is not None:
+            estimate, declared = offered
+            cooling = time.monotonic() - self._last < self.cooldown_s
+            if not self.drifted(estimate) or (cooling and not declared):
                 continue
             self._last = time.monotonic()
             try:
@@ -144,6 +162,7 @@ class DriftReplanner:
                 log.error("re-planning for the measured arrival interval %.4g s failed: %s", estimate, exc)
 
     def replan(self, estimate: float) -> None:
+        """Rebuild the planner for ``estimate`` seconds between arrivals and re-plan (same budget)."""
         old = self.planners.current
         settings = replace(old.settings, arrival_interval=estimate)
         planner = Planner(old.profile, settings)

@@ -2,8 +2,9 @@
 of the core's registry, read live as :mod:`services.trainer.methods` says) over the planner's plan.
 
 Arrivals go through :meth:`WallClock.submit` (its prediction executor predicts with the master and
-dispatches the item); the record path waits only for that (milliseconds), never for training, and gets
-the engine's own answer back: the skip reason or the worker it dispatched to. Online accuracy is scored
+dispatches the item, admitting it by its event time: :func:`services.trainer.methods.live_admission`);
+the record path waits only for that (milliseconds), never for training, and gets the engine's own answer
+back: the skip reason or the worker it dispatched to. Online accuracy is scored
 by the trainer's counters, once (the engine runs with ``score_online`` off). A re-plan drains, copies the
 master weights into the model's units and rebuilds the pipeline for the new plan: weights carry over,
 and the compensators keep what the new plan can use (:mod:`ferret_core.engine.carry`: λ per stage when the
@@ -54,10 +55,11 @@ class EngineLearner:
         self._peak_before = 0
         self._updates_before = 0
         self._backprops_before = 0
+        self._truncated_before = 0  # compensations cut short under earlier plans, not carried over
         self._start(plan)
 
     def _start(self, plan: Plan) -> None:
-        setup = live_setup(
+        setup, admission = live_setup(
             self.method,
             plan,
             self.model.name,
@@ -65,8 +67,9 @@ class EngineLearner:
             profile=self.profile,
             compensator=self.engine_settings.compensator,
         )
+        self.admission = admission
         self.engine = StreamEngine(self.model.units, setup, self.engine_settings, devices=self._stage_devices(plan))
-        self.clock: WallClock = self.engine.wall_clock().start()
+        self.clock: WallClock = self.engine.wall_clock(admission=admission).start()
 
     def _stage_devices(self, plan: Plan) -> list[torch.device] | None:
         """CPU: None (where the units are). CUDA: ``cuda:N`` for every stage, or, for plain ``cuda`` with
@@ -83,8 +86,9 @@ class EngineLearner:
         return self.engine.setup.plan
 
     # -- the record path's call ------------------------------------------------------------------------
-    def arrive(self, item: int, x: torch.Tensor, y: int | None) -> ArrivalOutcome:
-        arrival = self.clock.submit(x, y, index=item).result(PREDICTION_TIMEOUT_S)
+    def arrive(self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None) -> ArrivalOutcome:
+        event_time = None if event_time_ms is None else event_time_ms / 1000.0
+        arrival = self.clock.submit(x, y, index=item, event_time=event_time).result(PREDICTION_TIMEOUT_S)
         return ArrivalOutcome(
             predicted_class=arrival.prediction,
             confidence=arrival.confidence,
@@ -113,9 +117,11 @@ class EngineLearner:
         self._peak_before = max(self._peak_before, stats.peak_bytes or 0)
         self._updates_before += stats.updates
         self._backprops_before += stats.trained_any_stage
+        truncated = sum(stats.compensations_truncated)
         self.clock.close()
         self._start(plan)
         self.engine.carry_compensator_state(compensators, same_partition=same_partition)
+        self._truncated_before += truncated - self._truncated_now()  # what the carry did not keep
 
     # -- state -----------------------------------------------------------------------------------------
     def _copy_master_into_units(self) -> None:
@@ -169,6 +175,7 @@ class EngineLearner:
     def load_compensator_state(self, states: Sequence[Mapping[str, Any]]) -> None:
         self.clock.drain()
         self.engine.load_compensator_state(states)
+        self._truncated_before = 0  # the restored compensators carry their own count
 
     def stats(self) -> LearnerStats:
         stats = self.engine.stats()
@@ -182,7 +189,13 @@ class EngineLearner:
             peak_bytes=max(self._peak_before, measured),
             mean_staleness=sum(staleness) / len(staleness) if staleness else None,
             planned_bytes=None if planned is None else planned.predicted_bytes,
+            max_staleness=stats.max_staleness,
+            staleness_bound=stats.staleness_bound,
+            compensations_truncated=self._truncated_before + sum(stats.compensations_truncated),
         )
+
+    def _truncated_now(self) -> int:
+        return sum(self.engine.stats().compensations_truncated)
 
     def _model_version(self) -> int:
         return self._updates_before + self.engine.stats().updates

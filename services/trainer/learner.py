@@ -48,6 +48,9 @@ class LearnerStats:
     peak_bytes: int  # measured peak since the start, across plans
     mean_staleness: float | None = None  # of applied gradients, over the stages; None when unknown
     planned_bytes: int | None = None  # the method's own planned bytes (a schedule's); None: the plan's
+    max_staleness: tuple[int, ...] = ()  # per stage, under the plan in force
+    staleness_bound: tuple[int, ...] = ()  # per stage, the schedule's bound of the plan in force
+    compensations_truncated: int = 0  # compensations cut short (staler than the deltas kept), since start
 
 
 class Learner(Protocol):
@@ -58,9 +61,10 @@ class Learner(Protocol):
         """The plan the learner executes (for methods that do not plan: their fixed plan)."""
         ...
 
-    def arrive(self, item: int, x: torch.Tensor, y: int | None) -> ArrivalOutcome:
+    def arrive(self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None) -> ArrivalOutcome:
         """Predict item i (the trainer's counter of valid arrivals) with the master, then dispatch it or
-        skip it; return as soon as that is decided (training goes on in the background)."""
+        skip it; return as soon as that is decided (training goes on in the background). ``event_time_ms``
+        (the producer's stamp): admission judges the item by it, not by when Kafka delivered it."""
         ...
 
     def drain(self, timeout: float | None = None) -> None:

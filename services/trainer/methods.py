@@ -17,7 +17,14 @@ The live reading of a policy's :class:`~ferret_core.engine.policies.PolicySetup`
   stream the queue of admitted items (their inputs) grows without bound, and so do a drain's duration
   and prediction-to-training delay. Use it to measure what training every item costs, not to serve.
 * ``1-skip`` keeps its rule on the wall clock: an item is trained only if the trainer is free when it
-  arrives (no waiting slot), else it is skipped as ``busy``.
+  arrives, else it is skipped as ``busy``.
+
+**Admission by event time** (:mod:`ferret_core.engine.admission`, ``docs/service.md`` "Admission"): every
+method that is not instant judges an arrival by its event time, not by when Kafka delivered it: its
+worker takes it iff it would have started it within W of its event time (W = ln 2 / c, the time the
+item's data value halves under the plan's decay c; 1-Skip: W = 0, "free when it arrives"), and admitted
+items wait in a bounded queue per worker of K = ⌈(W + D) / (N·t^d)⌉ inputs (D = :data:`DELIVERY_SPREAD_S`,
+what one Kafka delivery may bring late). :func:`live_admission` gives W and K for a method and plan.
 """
 
 from __future__ import annotations
@@ -26,12 +33,18 @@ import dataclasses
 import sys
 
 from ferret_core.engine import METHOD_NAMES, METHODS, MethodOptions, make_policy
+from ferret_core.engine.admission import AdmissionSettings, max_wait, queue_slots
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.scheduler import ScheduleRules
 from ferret_core.memory_model import MemorySettings
 from ferret_core.plan import Plan
 from ferret_core.profile import ModelProfile
 from services.control.errors import BudgetNotPlanned
+
+# D: the longest an item's delivery may lag its event time without the trainer being behind: the
+# consumer's fetch wait (10 ms) and one batch of the loop, plus the local broker's hop (p99 ≈ 20–60 ms,
+# benchmarks/service/results/latency.md). Items delivered together within D are not a burst.
+DELIVERY_SPREAD_S = 0.1
 
 
 class QueueEveryItem:
@@ -59,6 +72,22 @@ class QueueEveryItem:
         return self.rules.in_flight_cap(worker, stage)
 
 
+def live_admission(
+    setup: PolicySetup, planned: Plan, delivery_s: float = DELIVERY_SPREAD_S
+) -> AdmissionSettings | None:
+    """W and K for a policy's setup (module docstring); ``None`` for instant methods, which queue every
+    item. A method that lets no item wait (``wait_slots == 0``, 1-Skip) has W = 0; the others W = ln 2 / c
+    of the planner's plan ``planned``. Until the wall clock has measured a worker, it assumes one item
+    takes the whole model's time by the profile (``planned``'s stages × (t^f + t^b))."""
+    if setup.instant:
+        return None
+    plan = setup.plan
+    wait = 0.0 if setup.rules.wait_slots == 0 else max_wait(planned.decay)
+    slots = queue_slots(wait, delivery_s, planned.arrival_interval, plan.num_workers)
+    whole_model = planned.num_stages * (planned.stage_forward_time + planned.stage_backward_time)
+    return AdmissionSettings(wait, slots, initial_service_s=whole_model / plan.num_stages)
+
+
 def live_setup(
     method: str,
     plan: Plan,
@@ -67,15 +96,17 @@ def live_setup(
     *,
     profile: ModelProfile | None = None,
     compensator: str = "none",
-) -> PolicySetup:
-    """The setup the wall clock runs for ``method`` given the planner's ``plan`` (module docstring); with
-    the model's ``profile`` the schedules and the sequential methods report their planned bytes (counting
-    the state of ``compensator``)."""
+    delivery_s: float = DELIVERY_SPREAD_S,
+) -> tuple[PolicySetup, AdmissionSettings | None]:
+    """The setup the wall clock runs for ``method`` given the planner's ``plan`` (module docstring), and
+    how it admits arrivals by event time; with the model's ``profile`` the schedules and the sequential
+    methods report their planned bytes (counting the state of ``compensator``)."""
     options = MethodOptions(memory=MemorySettings(variant="engine", compensator=compensator))
     setup = make_policy(method, plan, profile=profile, options=options).setup(model, num_units, plan.arrival_interval)
+    admission = live_admission(setup, plan, delivery_s)
     if setup.instant:
         setup = dataclasses.replace(setup, rules=QueueEveryItem(setup.rules))
-    return setup
+    return setup, admission
 
 
 def plans_for_budget(method: str) -> bool:

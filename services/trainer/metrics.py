@@ -37,6 +37,7 @@ COUNTERS = {
     "correct_predictions": "Predictions that were correct (online accuracy's numerator)",
     "replans": "Plans applied after start-up",
     "pauses": "Consumption pauses (re-planning, snapshots, restores)",
+    "compensations_truncated": "Compensations cut short: the gradient was staler than the deltas kept",
 }
 BY_REASON = {
     "skipped": "Items predicted but not trained, by reason (busy, worker_removed, no_label, omitted)",

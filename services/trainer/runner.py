@@ -49,7 +49,6 @@ from services.trainer.service import Trainer
 from services.trainer.state import Lifecycle, PlanInForce
 from services.trainer.status import StatusView
 from services.trainer.stream import RecordStream, StreamHooks
-from services.units import ArrivalInterval
 
 log = logging.getLogger("ferret.trainer")
 
@@ -201,15 +200,26 @@ def load_profile(settings: Settings, model: ZooModel) -> ModelProfile:
     return profile_model(model, device=settings.trainer.device)
 
 
-def make_planner(settings: Settings, profile: ModelProfile) -> Planner:
-    """The start-up planner. With ``arrival_interval: measured`` it starts at the paper's rate
-    (max_i t̂_i^f) and :class:`DriftReplanner` re-plans once the stream's measured rate is known."""
+def startup_interval(settings: Settings, profile: ModelProfile) -> float:
+    """t^d of the start-up plan. ``measured`` (the default: the stream's own rate): 1 / ``trainer.stream_rate``
+    when the config declares it, else one worker's pace Σ_i (t̂_i^f + t̂_i^b) (one worker, every item
+    trained, the smallest plan) until a record's declared rate or the measured rate re-plans
+    (:mod:`services.trainer.arrivals`). A configured interval (``auto``, ``Kx``, seconds) is fixed."""
     t = settings.trainer
-    arrival = ArrivalInterval(multiple=1.0) if t.arrival_interval == "measured" else t.arrival_interval
+    if t.arrival_interval != "measured":
+        return t.arrival_interval.resolve(profile.max_forward_time)
+    if t.stream_rate is not None:
+        return 1.0 / t.stream_rate
+    return profile.sequential_time
+
+
+def make_planner(settings: Settings, profile: ModelProfile) -> Planner:
+    """The start-up planner, for :func:`startup_interval`."""
+    t = settings.trainer
     max_workers = t.max_workers if t.max_workers is not None else max(1, os.cpu_count() or 1)
     memory = MemorySettings(compensator=t.compensator)
     planner_settings = PlannerSettings(
-        arrival_interval=arrival.resolve(profile.max_forward_time),
+        arrival_interval=startup_interval(settings, profile),
         decay=t.decay,
         memory=memory,
         max_workers=max_workers,

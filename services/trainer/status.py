@@ -82,4 +82,14 @@ class StatusView:
                 replans=c.replans,
                 pauses=c.pauses,
                 last_snapshot_version=self.checkpoints.last_version,
+                compensations_truncated=stats.compensations_truncated,
+                counters=staleness_counters(stats),
             )
+
+
+def staleness_counters(stats: LearnerStats) -> dict[str, int]:
+    """Per stage j of the plan in force, the largest staleness applied (``staleness_max.<j>``) beside the
+    schedule's bound (``staleness_bound.<j>``): the wall clock does not enforce the bound (docs/service.md)."""
+    out = {f"staleness_max.{j}": int(v) for j, v in enumerate(stats.max_staleness)}
+    out.update({f"staleness_bound.{j}": int(v) for j, v in enumerate(stats.staleness_bound)})
+    return out

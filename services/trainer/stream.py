@@ -29,6 +29,7 @@ from services.codec import Rejection, RejectReason, SampleDecoder, ValidSample, 
 from services.config import KafkaSettings
 from services.control.trainer_port import TrainerState
 from services.proto_gen.ferret.v1 import messages_pb2
+from services.stream_rate import Headers
 from services.trainer.checkpoints import Checkpoints
 from services.trainer.counters import StreamCounters
 from services.trainer.failures import Decision, ErrorPolicy, RecordFailure, RecordPathStopped, Step
@@ -58,11 +59,12 @@ def _ignore(*_: object) -> None:
 @dataclass(frozen=True)
 class StreamHooks:
     """What others learn from the record path, passed in at construction: the sample partitions once
-    assigned (readiness, the measured arrival rate), each valid arrival's (event time ms, partition), and
-    each delivered prediction's latency in ms (the metrics histogram)."""
+    assigned (readiness, the measured arrival rate), each valid arrival's (event time ms, partition, the
+    record's headers: a declared rate), and each delivered prediction's latency in ms (the metrics
+    histogram)."""
 
     on_assigned: Callable[[frozenset[int]], None] = _ignore
-    on_arrival: Callable[[int, int], None] = _ignore
+    on_arrival: Callable[[int, int, Headers | None], None] = _ignore
     on_latency: Callable[[float], None] = _ignore
 
 
@@ -129,7 +131,7 @@ class RecordStream:
         try:
             while not stop.is_set():
                 self.calls.serve(self.paused)  # re-plans, snapshots, restores asked by the control plane
-                for message in consumer.consume(num_messages=BATCH, timeout=POLL_S):
+                for message in self._next_batch(consumer):
                     self.process(message)
                 producer.poll(0)  # delivery callbacks: they finish offsets
                 if time.monotonic() - stored >= OFFSET_STORE_INTERVAL_S:
@@ -146,6 +148,13 @@ class RecordStream:
                 self.calls.close()
                 consumer.close()
                 self.learner.close()
+
+    @staticmethod
+    def _next_batch(consumer: Consumer) -> list[Message]:
+        """What the client holds now (up to :data:`BATCH`), else the first record within :data:`POLL_S`:
+        a record is processed as soon as it is there (``consume(n, timeout)`` alone waits for n records
+        or the whole timeout, adding up to 50 ms to every item of a slow stream)."""
+        return consumer.consume(num_messages=BATCH, timeout=0) or consumer.consume(num_messages=1, timeout=POLL_S)
 
     def connect(self, consumer: Consumer | None = None, producer: Producer | None = None) -> tuple[Consumer, Producer]:
         """Create the Kafka clients (lazily, on the loop thread; tests may pass their own)."""
@@ -184,9 +193,9 @@ class RecordStream:
 
     def _arrive(self, record: Record, sample: ValidSample) -> tuple[int, ArrivalOutcome] | None:
         item = self.counters.next_item(sample.event_time_ms)
-        self.hooks.on_arrival(sample.event_time_ms, record.partition)
+        self.hooks.on_arrival(sample.event_time_ms, record.partition, record.message.headers())
         try:
-            return item, self.learner.arrive(item, sample.x, sample.label)
+            return item, self.learner.arrive(item, sample.x, sample.label, sample.event_time_ms)
         except Exception as exc:
             self._fail(RecordFailure(Step.ARRIVE, *_where(record), type(exc).__name__, str(exc), exc), record)
             return None

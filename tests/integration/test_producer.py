@@ -20,6 +20,7 @@ from services.config import KafkaSettings, ProducerSettings
 from services.kafka import TopicNames, count_distinct
 from services.producer import SampleProducer
 from services.proto_gen.ferret.v1.messages_pb2 import Label, Sample
+from services.stream_rate import declared_interval
 
 pytestmark = pytest.mark.integration
 
@@ -92,6 +93,20 @@ def test_rate_pacing_holds_items_back(bootstrap_servers: str, topic_prefix: str)
     report = producer.run()
     assert report.delivered == 200
     assert time.monotonic() - began >= 0.45  # 199 intervals of 2.5 ms; only the lower bound is behaviour
+
+
+def test_a_paced_stream_declares_its_rate_in_every_sample_record(bootstrap_servers: str, topic_prefix: str) -> None:
+    settings = kafka(bootstrap_servers, topic_prefix, 2)
+    SampleProducer(digits(), settings, ProducerSettings(items=30, rate=500.0)).run()
+    declared: list[float | None] = []
+
+    def interval(message: Message) -> str:
+        declared.append(declared_interval(message.headers(), owned=1))
+        return sample_id_of(message)
+
+    count = count_distinct(bootstrap_servers, TopicNames(topic_prefix).samples, id_of=interval, idle_timeout=1.0)
+    assert count.distinct == 30
+    assert declared == [pytest.approx(2 / 500.0)] * 30  # a trainer owning 1 of the 2 partitions gets half
 
 
 def _cli(*args: str, **kwargs: object) -> list[str]:

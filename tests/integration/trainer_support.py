@@ -34,7 +34,7 @@ class LinearLearner:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
-    def arrive(self, item: int, x: torch.Tensor, y: int | None) -> ArrivalOutcome:
+    def arrive(self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None) -> ArrivalOutcome:
         with self._lock:
             logits = self.weight @ x.reshape(-1) + self.bias
             version = self.updates

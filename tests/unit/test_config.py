@@ -39,7 +39,8 @@ def test_defaults() -> None:
     assert settings.trainer.method == "ferret"
     assert settings.trainer.compensator == "iter-fisher"
     assert settings.trainer.budget_bytes is None
-    assert settings.trainer.arrival_interval == ArrivalInterval(multiple=1.0)
+    assert settings.trainer.arrival_interval == "measured"  # the stream's own rate (DESIGN §4)
+    assert settings.trainer.stream_rate is None
     assert (settings.trainer.lr, settings.trainer.threads) == (1e-3, 1)
     assert settings.producer.rate is None and settings.producer.labels == "with-sample"
     assert settings.control.token is None and settings.metrics.port == 9100

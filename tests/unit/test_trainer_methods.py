@@ -4,6 +4,8 @@ budget (FAILED_PRECONDITION) while ferret re-plans."""
 
 from __future__ import annotations
 
+import math
+
 import grpc
 import pytest
 import torch
@@ -46,22 +48,30 @@ def test_the_registry_decides_which_methods_plan_for_a_budget() -> None:
 
 def test_live_setups() -> None:
     plan = make_plan(2, 2, num_units=4)
-    oracle = live_setup("oracle", plan, "tiny", 4)
+    oracle, oracle_admission = live_setup("oracle", plan, "tiny", 4)
     assert isinstance(oracle.rules, QueueEveryItem) and oracle.plan.num_workers == oracle.plan.num_stages == 1
-    assert live_setup("1-skip", plan, "tiny", 4).rules.wait_slots == 0
-    ferret = live_setup("ferret", plan, "tiny", 4)
-    assert ferret.plan == plan and ferret.rules.wait_slots == 1
+    assert oracle_admission is None  # every item waits its turn
+    one_skip, one_skip_admission = live_setup("1-skip", plan, "tiny", 4)
+    assert one_skip.rules.wait_slots == 0 and one_skip_admission is not None
+    assert one_skip_admission.max_wait_s == 0.0  # trained only if free at its event time
+    ferret, ferret_admission = live_setup("ferret", plan, "tiny", 4, delivery_s=0.1)
+    assert ferret.plan == plan and ferret.rules.wait_slots == 1  # without an event time: the paper's slot
+    assert ferret_admission is not None
+    assert ferret_admission.max_wait_s == pytest.approx(math.log(2) / plan.decay)
+    # K = ⌈(W + D) / (N·t^d)⌉: what reaches one worker while an item waits W, plus one delivery
+    expected = math.ceil((ferret_admission.max_wait_s + 0.1) / (plan.num_workers * plan.arrival_interval) - 1e-9)
+    assert ferret_admission.queue_slots == max(1, min(expected, 4096))
 
 
 def test_live_setups_report_the_methods_own_planned_bytes_given_the_profile() -> None:
     plan = make_plan(3, 2, num_units=3)
-    assert live_setup("dapple", plan, "tiny", 3).planned is None  # no profile: no planned bytes to report
+    assert live_setup("dapple", plan, "tiny", 3)[0].planned is None  # no profile: no planned bytes to report
     for method in ("dapple", "zb", "hanayo-2w", "pipedream", "pipedream-2bw", "oracle", "1-skip"):
-        planned = live_setup(method, plan, "tiny", 3, profile=tiny_profile()).planned
+        planned = live_setup(method, plan, "tiny", 3, profile=tiny_profile())[0].planned
         assert planned is not None and planned.memory_model == f"schedule:{method}", method
         assert planned.predicted_bytes == sum(planned.memory_breakdown.values()) > 0, method
-    none = live_setup("pipedream", plan, "tiny", 3, profile=tiny_profile()).planned
-    asked = live_setup("pipedream", plan, "tiny", 3, profile=tiny_profile(), compensator="iter-fisher").planned
+    none = live_setup("pipedream", plan, "tiny", 3, profile=tiny_profile())[0].planned
+    asked = live_setup("pipedream", plan, "tiny", 3, profile=tiny_profile(), compensator="iter-fisher")[0].planned
     assert none is not None and asked is not None and asked.predicted_bytes > none.predicted_bytes  # its state
 
 

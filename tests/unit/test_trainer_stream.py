@@ -114,7 +114,7 @@ class ScriptedLearner:
         self.drain_timeout: float | None = None
         self.slow_drain = False
 
-    def arrive(self, item: int, x: torch.Tensor, y: int | None) -> ArrivalOutcome:
+    def arrive(self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None) -> ArrivalOutcome:
         if self.error is not None:
             raise self.error
         self.arrived.append(item)

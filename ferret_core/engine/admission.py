@@ -1,0 +1,151 @@
+"""Admission by event time on the wall clock (DESIGN §4 "Admission"; ``docs/service.md`` "Admission").
+
+On the virtual clock item i arrives at i·t^d and its worker admits it iff at most ``wait_slots`` items
+would wait for the first stage (:mod:`ferret_core.engine.scheduler`). On the wall clock items reach the
+trainer when Kafka delivers them, and a delivery carries every record produced since the last one: read
+by *poll time* such a batch is a burst, and every item after the first finds its worker busy. Read by
+*event time* (when the producer stamped each item) it is the stream it was. So the wall clock judges
+an arrival by its event time:
+
+**Rule.** Worker n keeps ``ready_n``, the event time at which it would be free to start another item
+had every item it admitted arrived at its event time and taken ``service_n`` seconds (its measured busy
+time per item at its bottleneck stage, :class:`ServiceTimes`). An item with event time e is admitted iff
+it would wait at most W there:
+
+    wait = max(0, ready_n − e) ≤ W;   if admitted: ready_n ← max(ready_n, e) + service_n
+
+**W** (:func:`max_wait`) = ln 2 / c: the time the item's data value e^{−c·t} (the decay of eq.
+ferret-svre's R_F) takes to halve, so no item waits longer than it takes to lose half its value
+(infinite when c = 0). 1-Skip's W is 0: trained only if its worker is free at its arrival.
+
+**The queue.** Admitted items wait for the first stage in a bounded FIFO queue per worker that holds
+their inputs only. Its size (:func:`queue_slots`) is what reaches a worker while one item may wait W plus
+what one delivery may carry late: K = ⌈(W + D) / (N·t^d)⌉ (D: the consumer's delivery spread, the
+longest time between an item's event time and its delivery that is not backlog). The plan's bytes count
+K inputs per live worker (:func:`queue_bytes`). A full queue makes an item ``busy`` whatever the rule
+says (it guards memory when the measured service time lags a slowdown).
+
+Everything here is bookkeeping on numbers: the wall clock calls it under its lock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ferret_core.errors import ConfigError
+
+MAX_QUEUE_SLOTS = 4096  # a finite bound even when W is infinite (c = 0)
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    """How the wall clock admits arrivals that carry an event time: the longest wait W (seconds), the
+    queue's size K (waiting items per worker), and the service time assumed until one is measured (the
+    wall clock takes the larger of it and the plan's t^f + t^b)."""
+
+    max_wait_s: float
+    queue_slots: int
+    initial_service_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.max_wait_s) or self.max_wait_s < 0 or self.queue_slots < 1 or self.initial_service_s < 0:
+            raise ConfigError(
+                f"need max_wait_s >= 0, queue_slots >= 1 and initial_service_s >= 0, got {self.max_wait_s}, "
+                f"{self.queue_slots}, {self.initial_service_s}"
+            )
+
+
+def max_wait(decay: float) -> float:
+    """W = ln 2 / c seconds: an item's data value e^{−c·t} halves after W (``inf`` for c = 0)."""
+    if not (math.isfinite(decay) and decay >= 0):
+        raise ConfigError(f"decay constant c must be finite and >= 0, got {decay}")
+    return math.inf if decay == 0 else math.log(2.0) / decay
+
+
+def queue_slots(max_wait_s: float, delivery_s: float, arrival_interval: float, num_workers: int) -> int:
+    """K = ⌈(W + D) / (N·t^d)⌉, at least 1 and at most :data:`MAX_QUEUE_SLOTS`: the items that reach one
+    worker (every N-th item, one every N·t^d seconds) while an item waits W, plus one delivery's spread D."""
+    if max_wait_s < 0 or delivery_s < 0 or not arrival_interval > 0 or num_workers < 1:
+        raise ConfigError(
+            f"need W >= 0, D >= 0, t^d > 0 and N >= 1, got W={max_wait_s}, D={delivery_s}, "
+            f"t^d={arrival_interval}, N={num_workers}"
+        )
+    span = max_wait_s + delivery_s
+    if not math.isfinite(span):
+        return MAX_QUEUE_SLOTS
+    return max(1, min(MAX_QUEUE_SLOTS, math.ceil(span / (num_workers * arrival_interval) - 1e-9)))
+
+
+def queue_bytes(slots: int, live_workers: int, input_elements: int, dtype_bytes: int) -> int:
+    """Bytes of the admission queues: K inputs per live worker (the added term of the plan's byte model)."""
+    return slots * live_workers * input_elements * dtype_bytes
+
+
+class EventTimeAdmission:
+    """The rule of the module docstring for ``num_workers`` workers and a maximum wait ``max_wait_s``."""
+
+    def __init__(self, num_workers: int, max_wait_s: float) -> None:
+        if num_workers < 1 or max_wait_s < 0 or math.isnan(max_wait_s):
+            raise ConfigError(f"need num_workers >= 1 and max_wait_s >= 0, got {num_workers} and {max_wait_s}")
+        self.max_wait_s = max_wait_s
+        self._ready = [-math.inf] * num_workers
+
+    def admit(self, worker: int, event_time: float, service_time: float) -> bool:
+        """Whether ``worker`` takes an item stamped ``event_time`` (seconds, any origin shared by the
+        stream's items) when each item keeps it ``service_time`` seconds; reserves its turn if so."""
+        ready = self._ready[worker]
+        if ready - event_time > self.max_wait_s:
+            return False
+        self._ready[worker] = max(ready, event_time) + max(0.0, service_time)
+        return True
+
+    def wait(self, worker: int, event_time: float) -> float:
+        """How long an item stamped ``event_time`` would wait for ``worker`` now (0 when it is free)."""
+        return max(0.0, self._ready[worker] - event_time)
+
+
+class ServiceTimes:
+    """Per worker, the measured busy seconds per item at its bottleneck stage: the service time of the
+    admission rule.
+
+    Every action's wall time is added to its (worker, stage); every ``window`` forwards at a stage (one
+    per item passing it), the busy seconds since the last fold divided by those forwards is folded into
+    an EWMA (weight ``alpha`` on the old value). A worker's service time is the largest over its stages
+    (a pipeline takes items no faster than its slowest stage), ``initial`` until a stage has folded once.
+    """
+
+    def __init__(
+        self, num_workers: int, num_stages: int, initial: float, *, window: int = 4, alpha: float = 0.7
+    ) -> None:
+        if num_workers < 1 or num_stages < 1 or initial < 0 or window < 1 or not 0.0 <= alpha < 1.0:
+            raise ConfigError(
+                f"need workers, stages, window >= 1, initial >= 0 and alpha in [0, 1), got {num_workers}, "
+                f"{num_stages}, {window}, {initial}, {alpha}"
+            )
+        self.initial = initial
+        self.window = window
+        self.alpha = alpha
+        self._busy = [[0.0] * num_stages for _ in range(num_workers)]
+        self._forwards = [[0] * num_stages for _ in range(num_workers)]
+        self._per_item: list[list[float | None]] = [[None] * num_stages for _ in range(num_workers)]
+
+    def record(self, worker: int, stage: int, seconds: float, *, forward: bool) -> None:
+        """One action of (``worker``, ``stage``) took ``seconds``; ``forward``: it was an item's F there."""
+        self._busy[worker][stage] += seconds
+        if not forward:
+            return
+        self._forwards[worker][stage] += 1
+        count = self._forwards[worker][stage]
+        if count < self.window:
+            return
+        sample = self._busy[worker][stage] / count
+        old = self._per_item[worker][stage]
+        self._per_item[worker][stage] = sample if old is None else self.alpha * old + (1 - self.alpha) * sample
+        self._busy[worker][stage] = 0.0
+        self._forwards[worker][stage] = 0
+
+    def service_time(self, worker: int) -> float:
+        """Busy seconds per item at the worker's slowest stage (``initial`` before any measurement)."""
+        measured = [t for t in self._per_item[worker] if t is not None]
+        return max(measured) if measured else self.initial
