@@ -1,0 +1,190 @@
+"""The plain reference consumer: the loop a user would write instead of Ferret (issue 7 "Must show" (a)).
+
+Poll the samples topic, predict every item with the model, publish the prediction, and take **one SGD step
+per item with the same model, lr and optimizer as the trainer** (``build_zoo_model`` with the trainer's
+settings, ``torch.optim.SGD(lr=trainer.lr)``, no momentum: DESIGN §3.11's plain SGD), **skipping while
+busy**: one thread, items in order; every item is predicted and published, and trained on only if the
+loop reached it within ``MAX_AGE_MS`` of its event time (older: it waited behind the loop's earlier work,
+a backlog, so training it would only let the backlog grow). At a rate the loop keeps up with, every item
+is trained; above it the loop trains what it can and stays within ``MAX_AGE_MS`` of the stream.
+
+Run as a separate process (as ``ferret run`` is, so neither shares a GIL with the benchmark's producer):
+
+    python benchmarks/live/plain_loop.py --bootstrap HOST:PORT --prefix P --items N [--model mnistnet]
+
+It prints one JSON line: items, trained, correct, latencies (prediction handed to the Kafka client − the
+sample's event time, as a Prediction's ``latency_ms``), CPU seconds. ``--saturation K`` instead measures,
+without Kafka, how many items/s the loop's predict + SGD step sustains over K items (its saturation rate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from confluent_kafka import Consumer, Producer  # noqa: E402
+
+from ferret_core.data import normalise  # noqa: E402
+from services.codec import SampleDecoder, now_ms  # noqa: E402
+from services.config import Settings, load_settings  # noqa: E402
+from services.proto_gen.ferret.v1 import messages_pb2  # noqa: E402
+from services.trainer.runner import build_zoo_model  # noqa: E402
+from services.trainer.stream import CONSUMER_DEFAULTS  # noqa: E402
+
+
+def trainer_settings(dataset: str, model: str, bootstrap: str = "localhost:9092", prefix: str = "ferret") -> Settings:
+    return load_settings(
+        None,
+        env={
+            "FERRET_TRAINER_DATASET": dataset,
+            "FERRET_TRAINER_MODEL": model,
+            "FERRET_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "FERRET_KAFKA_TOPIC_PREFIX": prefix,
+        },
+    )
+
+
+# Skip while busy: an item the loop reaches later than this after its event time arrived while the loop was
+# busy with earlier ones (a backlog), so it is predicted but not trained. Generous to the plain loop: it is
+# ten times the Kafka hop's measured p99 (~20 ms, benchmarks/service), so jitter alone skips nothing.
+MAX_AGE_MS = 200.0
+
+
+class PlainLoop:
+    """The model and its optimizer, as a user would hold them."""
+
+    def __init__(self, settings: Settings) -> None:
+        torch.set_num_threads(settings.trainer.threads)  # the trainer's own torch settings
+        torch.set_flush_denormal(True)
+        self.model = build_zoo_model(settings).as_sequential()
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=settings.trainer.lr)
+
+    def predict(self, x: torch.Tensor) -> int:
+        with torch.no_grad():
+            return int(self.model(x.unsqueeze(0)).argmax(1).item())
+
+    def train(self, x: torch.Tensor, y: int) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(self.model(x.unsqueeze(0)), torch.tensor([y])).backward()
+        self.optimizer.step()
+
+
+def saturation(settings: Settings, items: int) -> dict[str, float]:
+    """Items/s of predict + one SGD step, without Kafka (the first 20 items warm up and are not counted)."""
+    from ferret_core.data import load_dataset
+    from services.cli.produce_cmd import default_data_root
+
+    data = load_dataset(settings.trainer.dataset, default_data_root())
+    loop = PlainLoop(settings)
+    xs = [normalise(np.ascontiguousarray(data.x_train[i])) for i in range(items + 20)]
+    ys = [int(data.y_train[i]) for i in range(items + 20)]
+    for i in range(20):
+        loop.predict(xs[i])
+        loop.train(xs[i], ys[i])
+    began = time.perf_counter()
+    for i in range(20, items + 20):
+        loop.predict(xs[i])
+        loop.train(xs[i], ys[i])
+    seconds = time.perf_counter() - began
+    return {"items": items, "seconds": seconds, "items_per_s": items / seconds, "ms_per_item": 1000 * seconds / items}
+
+
+def consume(settings: Settings, items: int, timeout_s: float, max_age_ms: float) -> dict[str, object]:
+    kafka = settings.kafka
+    topics = kafka.topics
+    spec_shape = build_zoo_model(settings).input_shape
+    decoder = SampleDecoder(spec_shape, build_zoo_model(settings).num_classes)
+    loop = PlainLoop(settings)
+    consumer = Consumer(
+        {
+            **kafka.client_config(),
+            **CONSUMER_DEFAULTS,
+            "group.id": f"plain-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    producer = Producer({**kafka.client_config(), "linger.ms": 5})
+    consumer.subscribe([topics.samples])
+    while not consumer.assignment():  # joined: the driver may start producing (it waits for READY)
+        consumer.consume(1, 0.1)
+    print("READY", flush=True)
+    latencies: list[float] = []
+    seen = trained = correct = labelled = 0
+    cpu0 = time.process_time()
+    deadline = time.monotonic() + timeout_s
+    first_at = last_at = None
+    try:
+        while seen < items and time.monotonic() < deadline:
+            for message in consumer.consume(500, 0.1):
+                if message.error():
+                    continue
+                sample = decoder.decode(message.value())
+                if not hasattr(sample, "x"):
+                    continue
+                prediction = loop.predict(sample.x)
+                published = now_ms()
+                out = messages_pb2.Prediction(
+                    sample_id=sample.sample_id, sequence=sample.sequence, predicted_class=prediction,
+                    latency_ms=published - sample.event_time_ms, stream=sample.stream,
+                )  # fmt: skip
+                producer.produce(topics.predictions, value=out.SerializeToString(), key=sample.sample_id.encode())
+                producer.poll(0)
+                seen += 1
+                if sample.label is None:  # the unlabelled warm-up stream: predicted, not counted
+                    continue
+                latencies.append(float(published - sample.event_time_ms))
+                labelled += 1
+                first_at = first_at if first_at is not None else time.monotonic()
+                last_at = time.monotonic()
+                correct += int(prediction == sample.label)
+                if published - sample.event_time_ms <= max_age_ms:  # not behind: one SGD step on it
+                    loop.train(sample.x, sample.label)
+                    trained += 1
+    finally:
+        producer.flush(10)
+        consumer.close()
+    return {
+        "items": seen,
+        "labelled": labelled,
+        "trained": trained,
+        "correct": correct,
+        "latencies_ms": latencies,
+        "cpu_s": time.process_time() - cpu0,
+        "span_s": (last_at - first_at) if first_at is not None and last_at is not None else 0.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--model", default="mnistnet")
+    parser.add_argument("--bootstrap", default="localhost:9092")
+    parser.add_argument("--prefix", default="ferret")
+    parser.add_argument("--items", type=int, default=1000)
+    parser.add_argument("--timeout-s", type=float, default=300.0)
+    parser.add_argument("--max-age-ms", type=float, default=MAX_AGE_MS, help="train only items younger than this")
+    parser.add_argument("--saturation", type=int, default=0, help="measure the saturation rate over K items")
+    args = parser.parse_args(argv)
+    settings = trainer_settings(args.dataset, args.model, args.bootstrap, args.prefix)
+    if args.saturation:
+        result = saturation(settings, args.saturation)
+    else:
+        result = consume(settings, args.items, args.timeout_s, args.max_age_ms)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,365 @@
+"""The side-by-side users care about (issue 7 "Must show"): the same items at 0.25×…4× of the plain loop's
+measured saturation rate, each through (a) the plain reference consumer (``plain_loop.py``), (b) ``ferret
+run --method 1-skip``, (c) ``ferret run`` (Ferret, unconstrained), (d) Ferret at 60 % of (c)'s planned bytes
+at that rate. One local broker serves every run (its own topics each); every run is a fresh process (so a
+fresh model). See README.md.
+
+    .venv/bin/python benchmarks/live/side_by_side.py                       # MNIST/MNISTNet → results/
+    .venv/bin/python benchmarks/live/side_by_side.py --items 1200 --multipliers 0.25 0.5 1 2 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks" / "service"))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import harness as h  # noqa: E402
+from confluent_kafka import Consumer  # noqa: E402
+
+from ferret_core.data import Dataset, load_dataset  # noqa: E402
+from services.cli.produce_cmd import default_data_root  # noqa: E402
+from services.config import ProducerSettings, load_settings  # noqa: E402
+from services.kafka.admin import ensure_topics  # noqa: E402
+from services.localstack import LocalStack  # noqa: E402
+from services.producer import SampleProducer  # noqa: E402
+from services.proto_gen.ferret.v1 import messages_pb2  # noqa: E402
+
+RESULTS = HERE / "results"
+CONFIGS = ("plain", "1-skip", "ferret", "ferret-60%")
+DISPATCHED = messages_pb2.TRAINING_DECISION_DISPATCHED
+WARMUP_ITEMS = 100  # per run, unlabelled, before the measured stream (warm_up)
+SETTLE_S = 1.0  # after the warm-up stream's predictions are back (a re-plan's pause is over by then)
+
+
+class SharedStack:
+    """One local stack for every run (each run has its own topic prefix and group): ``start``/``stop`` as
+    :class:`LocalStack` has them, so :class:`harness.Service` uses it instead of starting its own."""
+
+    def __init__(self, stack: LocalStack) -> None:
+        self._stack = stack
+
+    def start(self) -> SharedStack:
+        return self
+
+    def stop(self) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stack, name)
+
+
+class LiveService(h.Service):
+    """``ferret run`` as a separate process for one (dataset, model, method, budget)."""
+
+    def __init__(self, dataset: str, model: str, method: str, budget_bytes: int | None) -> None:
+        super().__init__(model, budget_bytes=budget_bytes)
+        self.dataset, self.method = dataset, method
+
+    def trainer_env(self) -> dict[str, str]:
+        env = super().trainer_env()
+        env["FERRET_TRAINER_DATASET"] = self.dataset
+        env["FERRET_TRAINER_METHOD"] = self.method
+        if self.dataset != "mnist":  # the committed profiles are MNIST's: profile at start-up instead
+            env.pop("FERRET_TRAINER_PROFILE")
+        return env
+
+
+def read_predictions(bootstrap: str, topic: str, stream: str, expected: int, timeout: float) -> list[Any]:
+    """Every distinct prediction of ``stream`` on ``topic``, read from the beginning by a fresh group."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"live-reader-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    seen: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(seen) < expected and time.monotonic() < deadline:
+            for message in consumer.consume(500, 0.2):
+                if message.error():
+                    continue
+                p = messages_pb2.Prediction.FromString(message.value())
+                if p.stream == stream:
+                    seen.setdefault(p.sequence, p)
+    finally:
+        consumer.close()
+    return [seen[k] for k in sorted(seen)]
+
+
+def warm_up(dataset: Dataset, kafka: Any, rate: float) -> str:
+    """``WARMUP_ITEMS`` unlabelled items at ``rate`` (predicted, never trained: the model stays fresh); they
+    declare the rate (Ferret re-plans for it) and warm up torch and the clients. Returns the stream's name."""
+    stream = f"warmup-{uuid.uuid4().hex[:6]}"
+    options = ProducerSettings(rate=rate, items=WARMUP_ITEMS, stream=stream, labels="none")
+    report = SampleProducer(dataset, kafka, options, create_topics=False).run()
+    if not report.ok:
+        raise RuntimeError(f"warm-up at {rate:.0f}/s: {report.failure_reason()}")
+    return stream
+
+
+def _row(config: str, rate: float, items: int, **values: Any) -> dict[str, Any]:
+    return {"config": config, "rate": rate, "items": items, **values}
+
+
+def run_ferret(
+    dataset: Dataset, dataset_name: str, model: str, method: str, budget: int | None, rate: float, items: int
+) -> dict[str, Any]:
+    config = "ferret" if method == "ferret" and budget is None else ("ferret-60%" if method == "ferret" else method)
+    stream = f"s{uuid.uuid4().hex[:6]}"
+    with LiveService(dataset_name, model, method, budget) as service:
+        assert service.client is not None
+        sampler = h.Sampler(service.client, service.pids, interval=0.5)
+        try:
+            kafka = service.settings.kafka
+            warm = warm_up(dataset, kafka, rate)
+            if (
+                len(read_predictions(kafka.bootstrap_servers, kafka.topics.predictions, warm, WARMUP_ITEMS, 60))
+                < WARMUP_ITEMS
+            ):
+                raise RuntimeError(f"{config} at {rate:.0f}/s: the warm-up stream was not predicted within 60 s")
+            time.sleep(SETTLE_S)
+            began = time.monotonic()
+            report = SampleProducer(
+                dataset, service.settings.kafka, ProducerSettings(rate=rate, items=items, stream=stream),
+                create_topics=False,
+            ).run()  # fmt: skip
+            if not report.ok:
+                raise RuntimeError(f"{config} at {rate:.0f}/s: {report.failure_reason()}")
+            preds = read_predictions(kafka.bootstrap_servers, kafka.topics.predictions, stream, report.produced, 180)
+            ended = time.monotonic()
+            status = service.client.get_status()
+            plan = json.loads(service.client.get_plan().plan_json)
+            window = sampler.between(began, ended)
+        finally:
+            sampler.close()
+    labelled = [p for p in preds if p.has_label]
+    latencies = [p.latency_ms for p in preds]
+    peak = max([s.status["measured_bytes"] for s in window] + [status.measured_bytes])
+    return _row(
+        config, rate, report.produced,
+        predicted=len(preds),
+        online_accuracy=100 * sum(p.correct for p in labelled) / len(labelled) if labelled else math.nan,
+        trained_pct=100 * sum(p.decision == DISPATCHED for p in preds) / max(1, report.produced),
+        p50_ms=h.quantile(latencies, 0.5), p99_ms=h.quantile(latencies, 0.99),
+        peak_bytes=peak, planned_bytes=status.predicted_bytes,
+        budget_bytes=status.budget_bytes if status.HasField("budget_bytes") else None,
+        broker_cores=h.cpu_shares(window).get("broker", math.nan),
+        trainer_cores=h.cpu_shares(window).get("trainer", math.nan),
+        replans=status.replans, skipped=dict(status.items_skipped),
+        compensations_truncated=status.counters.get("compensations_truncated", 0),
+        plan=f"{plan['num_stages']}×{plan['live_workers']}", arrival_interval_ms=1000 * plan["arrival_interval"],
+        min_feasible_bytes=plan["min_feasible_bytes"],
+        load_average=h.load_average(),
+    )  # fmt: skip
+
+
+def run_plain(
+    stack: SharedStack, dataset: Dataset, dataset_name: str, model: str, rate: float, items: int
+) -> dict[str, Any]:
+    stream = f"s{uuid.uuid4().hex[:6]}"
+    prefix = f"plain-{uuid.uuid4().hex[:6]}"
+    ensure_topics(stack.bootstrap_servers, prefix)
+    settings = load_settings(
+        None, env={"FERRET_KAFKA_BOOTSTRAP_SERVERS": stack.bootstrap_servers, "FERRET_KAFKA_TOPIC_PREFIX": prefix}
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "plain_loop.py"), "--dataset", dataset_name, "--model", model,
+         "--bootstrap", stack.bootstrap_servers, "--prefix", prefix, "--items", str(items + WARMUP_ITEMS)],
+        stdout=subprocess.PIPE, cwd=ROOT, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "READY":
+        raise RuntimeError("the plain loop did not start")
+    warm_up(dataset, settings.kafka, rate)
+    time.sleep(SETTLE_S)
+    broker = stack.broker.pid if stack.broker else None
+    cpu0, t0 = h.cpu_seconds(broker), time.monotonic()
+    report = SampleProducer(
+        dataset, settings.kafka, ProducerSettings(rate=rate, items=items, stream=stream), create_topics=False
+    ).run()
+    out, _ = proc.communicate(timeout=300)
+    span = time.monotonic() - t0
+    broker_cores = (h.cpu_seconds(broker) - cpu0) / span
+    result = json.loads(out.strip().splitlines()[-1])
+    latencies = result["latencies_ms"]
+    return _row(
+        "plain", rate, report.produced,
+        predicted=result["labelled"],
+        online_accuracy=100 * result["correct"] / max(1, result["labelled"]),
+        trained_pct=100 * result["trained"] / max(1, report.produced),
+        p50_ms=h.quantile(latencies, 0.5), p99_ms=h.quantile(latencies, 0.99),
+        peak_bytes=None, planned_bytes=None, budget_bytes=None,
+        broker_cores=broker_cores, trainer_cores=result["cpu_s"] / span, plan="1 loop",
+        load_average=h.load_average(),
+    )  # fmt: skip
+
+
+def saturation_rate(dataset_name: str, model: str, items: int) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, str(HERE / "plain_loop.py"), "--dataset", dataset_name, "--model", model,
+         "--saturation", str(items)],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    ).stdout  # fmt: skip
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def mib(value: float | None) -> str:
+    return "—" if value is None else f"{value / 2**20:.1f}"
+
+
+def goals(rows: list[dict[str, Any]], multipliers: list[float]) -> list[str]:
+    """Each goal per rate: met or missed, by how much (points of online accuracy)."""
+    by = {(r["config"], r["multiplier"]): r for r in rows}
+    lines = []
+    for m in multipliers:
+        plain, ferret, lean = by.get(("plain", m)), by.get(("ferret", m)), by.get(("ferret-60%", m))
+        if plain is None or ferret is None:
+            continue
+        keeps_up = plain["trained_pct"] >= 99.0
+        gap = ferret["online_accuracy"] - plain["online_accuracy"]
+        if keeps_up:
+            verdict = "met" if gap >= -0.5 else f"**missed by {-0.5 - gap:.1f} points**"
+            lines.append(f"- {m}×: plain keeps up ({plain['trained_pct']:.0f} % trained): Ferret − plain = "
+                         f"{gap:+.1f} points (goal ≥ −0.5): {verdict}")  # fmt: skip
+            if lean is not None:
+                d = lean["online_accuracy"] - ferret["online_accuracy"]
+                lines.append(f"  - 60 % budget − unconstrained = {d:+.1f} points (goal ≥ −2): "
+                             f"{'met' if d >= -2 else f'**missed by {-2 - d:.1f} points**'}")  # fmt: skip
+        if m >= 2:
+            lines.append(f"- {m}×: Ferret − plain = {gap:+.1f} points (goal > 0): "
+                         f"{'met' if gap > 0 else f'**missed by {-gap:.1f} points**'}")  # fmt: skip
+    return lines
+
+
+def render(payload: dict[str, Any]) -> str:
+    rows, multipliers = payload["rows"], payload["multipliers"]
+    out = [
+        f"# Live side-by-side: {payload['dataset']}/{payload['model']}, {payload['items']} items per run",
+        "",
+        f"Command: `{payload['command']}` at {payload['commit']} — {payload['machine']['cpus']} CPUs, "
+        f"torch {payload['machine']['torch']}. "
+        f"Load average (1/5/15 min) {payload['load_before']} before, {payload['load_after']} after "
+        f"(each run's own is in the JSON). Total {payload['seconds']:.0f} s.",
+        "",
+        f"Plain loop's measured saturation (predict + one SGD step, no Kafka, {payload['saturation']['items']} "
+        f"items): **{payload['saturation']['items_per_s']:.0f} items/s** "
+        f"({payload['saturation']['ms_per_item']:.2f} ms/item); rates below are multiples of it.",
+        "",
+    ]
+    for m in multipliers:
+        rate = m * payload["saturation"]["items_per_s"]
+        out += [
+            f"## {m}× ({rate:.0f} items/s)",
+            "",
+            "| run | plan | online acc. % | trained % | p50 ms | p99 ms | peak MiB | budget MiB | broker cores "
+            "| trainer cores |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in (r for r in rows if r["multiplier"] == m):
+            out.append(
+                f"| {r['config']} | {r['plan']} | {r['online_accuracy']:.1f} | {r['trained_pct']:.1f} | "
+                f"{h.fmt(r['p50_ms'])} | {h.fmt(r['p99_ms'])} | {mib(r['peak_bytes'])} | {mib(r['budget_bytes'])} | "
+                f"{r['broker_cores']:.2f} | {r['trainer_cores']:.2f} |"
+            )
+        out.append("")
+    out += ["## Goals", "", *goals(rows, multipliers), ""]
+    return "\n".join(out)
+
+
+def plot(payload: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for config in CONFIGS:
+        pts = sorted((r["multiplier"], r["online_accuracy"]) for r in payload["rows"] if r["config"] == config)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=config)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rate (× the plain loop's measured saturation)")
+    ax.set_ylabel("online accuracy (%)")
+    ax.set_title(f"{payload['dataset']}/{payload['model']}, {payload['items']} items")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def run_all(
+    stack: SharedStack, dataset: Dataset, args: argparse.Namespace, sat: dict[str, float]
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for m in args.multipliers:
+        rate = m * sat["items_per_s"]
+        runs = [
+            run_plain(stack, dataset, args.dataset, args.model, rate, args.items),
+            run_ferret(dataset, args.dataset, args.model, "1-skip", None, rate, args.items),
+            run_ferret(dataset, args.dataset, args.model, "ferret", None, rate, args.items),
+        ]
+        # 60 % of (c)'s planned bytes, but never below what any plan needs (the planner refuses that)
+        budget = max(round(0.6 * runs[-1]["planned_bytes"]), runs[-1]["min_feasible_bytes"])
+        runs.append(run_ferret(dataset, args.dataset, args.model, "ferret", budget, rate, args.items))
+        for r in runs:
+            r["multiplier"] = m
+            print(json.dumps({k: v for k, v in r.items() if k != "load_average"}), flush=True)
+        rows += runs
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="mnist")
+    parser.add_argument("--model", default="mnistnet")
+    parser.add_argument("--items", type=int, default=1200)
+    parser.add_argument("--multipliers", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0, 4.0])
+    parser.add_argument("--saturation-items", type=int, default=300)
+    parser.add_argument("--render-only", action="store_true", help="rewrite the .md and .png from the JSON")
+    args = parser.parse_args(argv)
+    name = f"side_by_side-{args.dataset}-{args.model}"
+    if args.render_only:
+        payload = json.loads((RESULTS / f"{name}.json").read_text())
+    else:
+        began, load_before = time.monotonic(), h.load_average()
+        dataset = load_dataset(args.dataset, default_data_root())
+        sat = saturation_rate(args.dataset, args.model, args.saturation_items)
+        stack = SharedStack(LocalStack().start())
+        h.LocalStack = lambda: stack  # type: ignore[assignment,misc]  # the services use the shared stack
+        try:
+            rows = run_all(stack, dataset, args, sat)
+        finally:
+            stack._stack.stop()
+        payload = {
+            "dataset": args.dataset, "model": args.model, "items": args.items, "multipliers": args.multipliers,
+            "command": "python benchmarks/live/side_by_side.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "commit": h.git_head(), "machine": h.machine(), "saturation": sat, "rows": rows,
+            "load_before": load_before, "load_after": h.load_average(), "seconds": time.monotonic() - began,
+        }  # fmt: skip
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    (RESULTS / f"{name}.md").write_text(render(payload))
+    plot(payload, RESULTS / f"{name}.png")
+    print(render(payload))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
