@@ -22,6 +22,7 @@ where they are, and ``stack.json`` in the out dir records it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -142,7 +143,15 @@ class DemoRun:
             if failed:  # the run's own error is the one to report; a report that fails too is secondary
                 with contextlib.suppress(Exception):
                     write_report(self.out_dir, record, outcome)
-        summary = write_report(self.out_dir, record, outcome)
+        baseline = None
+        if outcome is not None and outcome.predictions:
+            from services.demo.baseline import demo_baseline  # torch: only when there is something to replay
+
+            try:
+                baseline = demo_baseline(outcome.predictions, o.dataset, o.model, o.data_root)
+            except Exception as exc:  # the baseline is context for the reader, never the run's failure
+                logging.getLogger(__name__).warning("the plain-loop baseline could not be replayed: %s", exc)
+        summary = write_report(self.out_dir, record, outcome, baseline)
         if record.error is not None:
             raise DemoError(record.error, self.out_dir / TRAINER_LOG)
         return summary

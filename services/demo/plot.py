@@ -11,6 +11,7 @@ matplotlib.use("Agg")  # files only; never a display
 
 import matplotlib.pyplot as plt
 
+from services.demo.baseline import BaselineResult
 from services.demo.record import RunRecord
 from services.demo.report import AccuracyCurve
 from services.units import format_bytes
@@ -18,8 +19,15 @@ from services.units import format_bytes
 MIB = 2**20
 
 
-def write_plot(path: Path, curve: AccuracyCurve, record: RunRecord, origin_ms: int | None) -> None:
-    """Draw ``curve`` and the memory timeline; x = seconds after the first prediction (``origin_ms``)."""
+def write_plot(
+    path: Path,
+    curve: AccuracyCurve,
+    record: RunRecord,
+    origin_ms: int | None,
+    baseline: BaselineResult | None = None,
+) -> None:
+    """Draw ``curve`` (and the replayed plain loop's, ``baseline``) and the memory timeline; x = seconds
+    after the first prediction (``origin_ms``)."""
     origin = origin_ms if origin_ms is not None else record.started_time_ms
     fig, (acc_ax, mem_ax) = plt.subplots(
         2, 1, figsize=(9, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]}, constrained_layout=True
@@ -33,6 +41,16 @@ def write_plot(path: Path, curve: AccuracyCurve, record: RunRecord, origin_ms: i
         alpha=0.45,
         label=f"accuracy over the last {curve.window} items",
     )
+    if baseline is not None and baseline.seconds:
+        shift = baseline.origin_s - origin / 1000
+        acc_ax.plot(
+            [shift + t for t in baseline.seconds],
+            baseline.running,
+            color="tab:gray",
+            lw=1.5,
+            ls="--",
+            label="plain loop, same items and arrival times (replayed)",
+        )
     acc_ax.set_ylabel("online accuracy (%)")
     acc_ax.set_ylim(0, 100)
     acc_ax.grid(alpha=0.3)

@@ -12,13 +12,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ferret_core.metrics import LatencyQuantiles
 from services import strict_json
 from services.demo.collect import Outcome, PredictionRecord
 from services.demo.record import RunRecord
 from services.units import format_bytes
+
+if TYPE_CHECKING:
+    from services.demo.baseline import BaselineResult
 
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
@@ -142,8 +145,11 @@ def accuracy_curve(records: Sequence[PredictionRecord], window: int = 100) -> Ac
     return AccuracyCurve(seconds, running, windowed, window)
 
 
-def build_summary(record: RunRecord, outcome: Outcome | None, files: dict[str, str]) -> dict[str, Any]:
-    """The ``summary.json`` document (keys are stable; absent knowledge is ``null``)."""
+def build_summary(
+    record: RunRecord, outcome: Outcome | None, files: dict[str, str], baseline: BaselineResult | None = None
+) -> dict[str, Any]:
+    """The ``summary.json`` document (keys are stable; absent knowledge is ``null``). ``baseline``: the plain
+    loop replayed on the same items at their measured arrival times (:mod:`services.demo.baseline`)."""
     stats = prediction_stats(outcome.predictions) if outcome is not None else PredictionStats()
     status = record.last_status
     before, after = record.plan_before, record.plan_after or record.plan_before
@@ -205,6 +211,16 @@ def build_summary(record: RunRecord, outcome: Outcome | None, files: dict[str, s
         "latency_ms_p99_steady": stats.latency_ms_p99_steady,
         "trainer_exit_code": record.trainer_exit_code,
         "producer_exit_code": record.producer_exit_code,
+        "plain_loop": None
+        if baseline is None
+        else {
+            "online_accuracy": baseline.accuracy,
+            "items": baseline.items,
+            "trained": baseline.trained,
+            "predict_ms": baseline.predict_ms,
+            "train_ms": baseline.train_ms,
+            "how": "replayed on a virtual clock: the same items at their measured event times, measured compute",
+        },
         "files": files,
     }
 
@@ -238,6 +254,17 @@ def table_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
             "online accuracy (trainer / read back)",
             f"{_num(s['online_accuracy'], pct)} / {_num(s['online_accuracy_from_topic'], pct)}",
         ),
+    ]
+    plain = s.get("plain_loop")
+    if plain is not None:
+        rows.append(
+            (
+                "plain loop, same items and arrival times (replayed)",
+                f"online accuracy {_num(plain['online_accuracy'], pct)}, trained {plain['trained']:,} of "
+                f"{plain['items']:,} (predict {plain['predict_ms']:.2f} ms, SGD step {plain['train_ms']:.2f} ms)",
+            )
+        )
+    rows += [
         ("budget", f"{_bytes(s['budget_bytes_before'])} → {_bytes(s['budget_bytes'])}"),
         ("planned bytes", f"{_bytes(s['planned_bytes_before'])} → {_bytes(s['planned_bytes'])}"),
         ("min feasible bytes", _bytes(s["min_feasible_bytes"])),
@@ -296,8 +323,11 @@ def render_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_report(out_dir: Path, record: RunRecord, outcome: Outcome | None) -> dict[str, Any]:
-    """Write summary.json, report.md, timeline.json and (with predictions) the plot; return the summary."""
+def write_report(
+    out_dir: Path, record: RunRecord, outcome: Outcome | None, baseline: BaselineResult | None = None
+) -> dict[str, Any]:
+    """Write summary.json, report.md, timeline.json and (with predictions) the plot; return the summary.
+    ``baseline``: the plain loop replayed on the same items (drawn beside Ferret's curve)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {
         "summary": str(out_dir / SUMMARY_FILE),
@@ -311,9 +341,9 @@ def write_report(out_dir: Path, record: RunRecord, outcome: Outcome | None) -> d
 
         curve = accuracy_curve(outcome.predictions)
         origin = prediction_stats(outcome.predictions).first_time_ms
-        write_plot(out_dir / PLOT_FILE, curve, record, origin)
+        write_plot(out_dir / PLOT_FILE, curve, record, origin, baseline)
         files["plot"] = str(out_dir / PLOT_FILE)
-    summary = build_summary(record, outcome, files)
+    summary = build_summary(record, outcome, files, baseline)
     (out_dir / SUMMARY_FILE).write_text(strict_json.dumps(summary, indent=2) + "\n")
     (out_dir / REPORT_FILE).write_text(render_markdown(summary))
     timeline = [point.__dict__ for point in record.timeline]
