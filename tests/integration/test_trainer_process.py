@@ -189,3 +189,36 @@ def test_measured_arrival_interval_replans_when_the_stream_rate_drifts(
         assert trainer.stop() == 0
     assert before["arrival_interval"] < 0.001  # the paper's rate, max_i t̂_i^f, until measured
     assert after["arrival_interval"] == pytest.approx(0.005, rel=0.05)
+
+
+def test_a_declared_slow_stream_gets_one_worker_that_trains_every_item(
+    trainer_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`ferret produce --rate` stamps the rate in every sample record; the trainer (default: the stream's own
+    rate) re-plans for it at once, and at 25 items/s one worker keeps up, so N = 1 and every item is trained
+    (issue 7 item 1: N never exceeds what the stream needs)."""
+    from ferret_core.data import load_dataset
+    from services.config import ProducerSettings, load_settings
+    from services.producer import SampleProducer
+    from services.proto_gen.ferret.v1 import messages_pb2
+
+    bootstrap, prefix = trainer_env["FERRET_KAFKA_BOOTSTRAP_SERVERS"], trainer_env["FERRET_KAFKA_TOPIC_PREFIX"]
+    trainer = TrainerProcess(trainer_env, tmp_path / "trainer.log")
+    client = ControlClient(trainer.target)
+    kafka = load_settings(None, env=trainer_env).kafka
+    try:
+        options = ProducerSettings(dataset="digits", rate=25.0, items=60, stream="declared")
+        report = SampleProducer(load_dataset("digits", None), kafka, options, create_topics=False).run()
+        assert report.ok and report.produced == 60
+        predictions = read_predictions(bootstrap, TopicNames(prefix).predictions, 60, timeout_s=60)
+        plan = json.loads(client.get_plan().plan_json)
+        status = client.get_status()
+    finally:
+        client.close()
+        assert trainer.stop() == 0
+    assert plan["arrival_interval"] == pytest.approx(1 / 25.0, rel=1e-6)  # declared, both partitions owned
+    assert plan["live_workers"] == 1
+    assert status.replans >= 1
+    assert len({p.sequence for p in predictions}) == 60
+    decisions = Counter(p.decision for p in predictions)
+    assert decisions == {messages_pb2.TRAINING_DECISION_DISPATCHED: 60}, decisions  # every item trained
