@@ -127,31 +127,31 @@ def consume(settings: Settings, items: int, timeout_s: float, max_age_ms: float)
     first_at = last_at = None
     try:
         while seen < items and time.monotonic() < deadline:
-            for message in consumer.consume(500, 0.1):
-                if message.error():
-                    continue
-                sample = decoder.decode(message.value())
-                if not hasattr(sample, "x"):
-                    continue
-                prediction = loop.predict(sample.x)
-                published = now_ms()
-                out = messages_pb2.Prediction(
-                    sample_id=sample.sample_id, sequence=sample.sequence, predicted_class=prediction,
-                    latency_ms=published - sample.event_time_ms, stream=sample.stream,
-                )  # fmt: skip
-                producer.produce(topics.predictions, value=out.SerializeToString(), key=sample.sample_id.encode())
-                producer.poll(0)
-                seen += 1
-                if sample.label is None:  # the unlabelled warm-up stream: predicted, not counted
-                    continue
-                latencies.append(float(published - sample.event_time_ms))
-                labelled += 1
-                first_at = first_at if first_at is not None else time.monotonic()
-                last_at = time.monotonic()
-                correct += int(prediction == sample.label)
-                if published - sample.event_time_ms <= max_age_ms:  # not behind: one SGD step on it
-                    loop.train(sample.x, sample.label)
-                    trained += 1
+            message = consumer.poll(0.1)  # one record at a time, as soon as it is there
+            if message is None or message.error():
+                continue
+            sample = decoder.decode(message.value())
+            if not hasattr(sample, "x"):
+                continue
+            prediction = loop.predict(sample.x)
+            published = now_ms()
+            out = messages_pb2.Prediction(
+                sample_id=sample.sample_id, sequence=sample.sequence, predicted_class=prediction,
+                latency_ms=published - sample.event_time_ms, stream=sample.stream,
+            )  # fmt: skip
+            producer.produce(topics.predictions, value=out.SerializeToString(), key=sample.sample_id.encode())
+            producer.poll(0)
+            seen += 1
+            if sample.label is None:  # the unlabelled warm-up stream: predicted, not counted
+                continue
+            latencies.append(float(published - sample.event_time_ms))
+            labelled += 1
+            first_at = first_at if first_at is not None else time.monotonic()
+            last_at = time.monotonic()
+            correct += int(prediction == sample.label)
+            if published - sample.event_time_ms <= max_age_ms:  # not behind: one SGD step on it
+                loop.train(sample.x, sample.label)
+                trained += 1
     finally:
         producer.flush(10)
         consumer.close()

@@ -258,6 +258,15 @@ def render(payload: dict[str, Any]) -> str:
         f"Load average (1/5/15 min) {payload['load_before']} before, {payload['load_after']} after "
         f"(each run's own is in the JSON). Total {payload['seconds']:.0f} s.",
         "",
+        *(
+            [
+                f"Plain-loop rows rerun (same rates) with `{payload['plain_rerun']['command']}` at "
+                f"{payload['plain_rerun']['commit']}, load average {payload['plain_rerun']['load_average']} after.",
+                "",
+            ]
+            if payload.get("plain_rerun")
+            else []
+        ),
         f"Plain loop's measured saturation (predict + one SGD step, no Kafka, {payload['saturation']['items']} "
         f"items): **{payload['saturation']['items_per_s']:.0f} items/s** "
         f"({payload['saturation']['ms_per_item']:.2f} ms/item); rates below are multiples of it.",
@@ -333,10 +342,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--multipliers", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0, 4.0])
     parser.add_argument("--saturation-items", type=int, default=300)
     parser.add_argument("--render-only", action="store_true", help="rewrite the .md and .png from the JSON")
+    parser.add_argument(
+        "--rerun-plain", action="store_true", help="rerun only the plain loop's rows of the JSON (same rates)"
+    )
     args = parser.parse_args(argv)
     name = f"side_by_side-{args.dataset}-{args.model}"
     if args.render_only:
         payload = json.loads((RESULTS / f"{name}.json").read_text())
+    elif args.rerun_plain:
+        payload = json.loads((RESULTS / f"{name}.json").read_text())
+        dataset = load_dataset(args.dataset, default_data_root())
+        stack = SharedStack(LocalStack().start())
+        try:
+            for i, row in enumerate(payload["rows"]):
+                if row["config"] == "plain":
+                    fresh = run_plain(stack, dataset, args.dataset, args.model, row["rate"], payload["items"])
+                    fresh["multiplier"] = row["multiplier"]
+                    print(json.dumps({k: v for k, v in fresh.items() if k != "load_average"}), flush=True)
+                    payload["rows"][i] = fresh
+        finally:
+            stack._stack.stop()
+        payload["plain_rerun"] = {
+            "command": "python benchmarks/live/side_by_side.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "commit": h.git_head(),
+            "load_average": h.load_average(),
+        }
+        (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
     else:
         began, load_before = time.monotonic(), h.load_average()
         dataset = load_dataset(args.dataset, default_data_root())
