@@ -289,6 +289,9 @@ def render(payload: dict[str, Any]) -> str:
             )
         out.append("")
     out += ["## Goals", "", *goals(rows, multipliers), ""]
+    notes = payload.get("notes", [])
+    if notes:
+        out += ["## Notes on this run", "", *(f"- {note}" for note in notes), ""]
     return "\n".join(out)
 
 
