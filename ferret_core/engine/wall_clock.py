@@ -100,9 +100,7 @@ class WallClock:
     """Threads for every live (worker, stage) executor and for predictions, over one pipeline.
     ``top_k``: how many of the most probable classes each :class:`Arrival` reports (>= 1)."""
 
-    def __init__(
-        self, pipeline: Pipeline, *, top_k: int = 1, admission: AdmissionSettings | None = None
-    ) -> None:
+    def __init__(self, pipeline: Pipeline, *, top_k: int = 1, admission: AdmissionSettings | None = None) -> None:
         if top_k < 1:
             raise ConfigError(f"top_k must be >= 1, got {top_k}")
         self.pipeline = pipeline
@@ -188,8 +186,7 @@ class WallClock:
         scheduler = self.pipeline.scheduler
         with self._cv:
             done = self._cv.wait_for(
-                lambda: self._error is not None
-                or (self._dispatched == self._submitted and scheduler.idle()),
+                lambda: self._error is not None or (self._dispatched == self._submitted and scheduler.idle()),
                 timeout,
             )
             self._raise_if_failed()

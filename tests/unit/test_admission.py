@@ -134,4 +134,3 @@ def test_without_an_event_time_the_policys_slot_rule_decides() -> None:
     admission = AdmissionSettings(max_wait_s=0.0, queue_slots=64, initial_service_s=0.5)
     outcomes = _clock_outcomes(None, admission)
     assert outcomes[0] is None and SkipReason.BUSY in outcomes  # one waiting slot (Ferret's)
-

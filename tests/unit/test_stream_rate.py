@@ -24,8 +24,16 @@ def test_a_trainer_expects_its_share_of_the_declared_rate() -> None:
 
 @pytest.mark.parametrize(
     "headers",
-    [None, [], [("other", b"1")], [(RATE_HEADER, b"fast")], [(RATE_HEADER, b"-3")], [(RATE_HEADER, b"nan")],
-     [(RATE_HEADER, b"10"), (PARTITIONS_HEADER, b"zero")], [(RATE_HEADER, None)]],
+    [
+        None,
+        [],
+        [("other", b"1")],
+        [(RATE_HEADER, b"fast")],
+        [(RATE_HEADER, b"-3")],
+        [(RATE_HEADER, b"nan")],
+        [(RATE_HEADER, b"10"), (PARTITIONS_HEADER, b"zero")],
+        [(RATE_HEADER, None)],
+    ],
 )
 def test_headers_that_do_not_declare_a_rate_are_ignored(headers: object) -> None:
     assert declared_interval(headers, owned=1) is None  # type: ignore[arg-type]

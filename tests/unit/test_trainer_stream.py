@@ -150,7 +150,9 @@ def sample(seq: int, label: int | None = 3) -> bytes:
     return encode_sample(x, stream="digits", sequence=seq, label=label, event_time_ms=1000 + seq).SerializeToString()
 
 
-def parts_for(learner: ScriptedLearner, producer: FakeProducer | None = None, **kw: object) -> tuple[TrainerParts, FakeProducer, FakeConsumer]:  # noqa: E501
+def parts_for(
+    learner: ScriptedLearner, producer: FakeProducer | None = None, **kw: object
+) -> tuple[TrainerParts, FakeProducer, FakeConsumer]:
     parts = assemble(SETTINGS, learner, SampleDecoder((1, 8, 8), 10), None, **kw)  # type: ignore[arg-type]
     producer = producer or FakeProducer()
     consumer = FakeConsumer()

@@ -69,7 +69,5 @@ def test_cut_short_compensations_and_staleness_reach_status_and_metrics() -> Non
     assert reply.counters["compensations_truncated"] == 4 and reply.counters["staleness_max.0"] == 7
     metrics = TrainerMetrics()
     metrics.register(lambda: status, lambda: None)
-    names = {
-        (sample.name, sample.value) for family in metrics.registry.collect() for sample in family.samples
-    }
+    names = {(sample.name, sample.value) for family in metrics.registry.collect() for sample in family.samples}
     assert ("ferret_compensations_truncated_total", 4.0) in names
