@@ -142,11 +142,12 @@ def run_ferret(
             ).run()  # fmt: skip
             if not report.ok:
                 raise RuntimeError(f"{config} at {rate:.0f}/s: {report.failure_reason()}")
+            produced = time.monotonic()  # CPU shares over the stream (+1 s), not the read-back's group join
             preds = read_predictions(kafka.bootstrap_servers, kafka.topics.predictions, stream, report.produced, 180)
             ended = time.monotonic()
             status = service.client.get_status()
             plan = json.loads(service.client.get_plan().plan_json)
-            window = sampler.between(began, ended)
+            window = sampler.between(began, min(ended, produced + 1.0))
         finally:
             sampler.close()
     labelled = [p for p in preds if p.has_label]
