@@ -86,6 +86,8 @@ def trainer_env(options: DemoOptions, base: Mapping[str, str] | None = None) -> 
             "FERRET_KAFKA_INSTANCE_ID": instance_id,
             "FERRET_REDIS_SNAPSHOT_INTERVAL_S": f"{options.snapshot_interval_s:g}",
             "FERRET_REDIS_NAMESPACE": SNAPSHOT_NAMESPACE,
+            # the demo knows its stream's rate: plan for it from the start (no re-plan at the first record)
+            "FERRET_TRAINER_STREAM_RATE": f"{options.rate:g}",
         }
     )
     return env
