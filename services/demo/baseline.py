@@ -133,7 +133,6 @@ def demo_baseline(
     import numpy as np
 
     from ferret_core.data import load_dataset, normalise
-    from services.cli.args import default_data_root
     from services.config import load_settings
     from services.trainer.runner import build_zoo_model
 
@@ -141,7 +140,7 @@ def demo_baseline(
     if not labelled:
         return None
     settings = load_settings(None, env={"FERRET_TRAINER_DATASET": dataset, "FERRET_TRAINER_MODEL": model})
-    data = load_dataset(dataset, data_root if data_root is not None else default_data_root())
+    data = load_dataset(dataset, data_root)
     n = len(data.y_train)
     items = [
         BaselineItem(
