@@ -107,6 +107,10 @@ class Scheduler:
         self._lowest: dict[int, int] = {}
 
     # ------------------------------------------------------------------------------------ admission
+    def waiting(self, worker: int) -> int:
+        """Items admitted to ``worker`` that wait for its first stage."""
+        return len(self._ex[worker][0].ready_f)
+
     def can_admit(self, worker: int, slots: int | None = None) -> bool:
         """Whether worker ``worker`` can take a new item now (see the module docstring), with ``slots``
         waiting items instead of the rules' ``wait_slots`` when given (the wall clock's admission queue)."""

@@ -35,6 +35,7 @@ Updates never write a master in place here: a prediction may be reading it concu
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -51,6 +52,8 @@ from ferret_core.engine.pipeline import Pipeline
 from ferret_core.engine.virtual_clock import Sample
 from ferret_core.errors import ConfigError, FerretError
 from ferret_core.staleness import staleness_bound
+
+log = logging.getLogger("ferret.admission")
 
 # How far a compensator's delta ring may grow past the schedule's staleness bound on the wall clock
 # (which runs stages as fast as their executors do, so a gradient may be staler than the bound).
@@ -276,11 +279,29 @@ class WallClock:
         scheduler, service = self.pipeline.scheduler, self.service_times
 
         def admit(worker: int) -> bool:
+            service_s = service.service_time(worker)
             if not scheduler.can_admit(worker, settings.queue_slots):
+                self._log_busy("queue full", worker, event_time, service_s)
                 return False
-            return rule.admit(worker, event_time, service.service_time(worker))
+            if not rule.admit(worker, event_time, service_s):
+                self._log_busy("would wait > W", worker, event_time, service_s)
+                return False
+            return True
 
         return admit
+
+    def _log_busy(self, why: str, worker: int, event_time: float, service_s: float) -> None:
+        """At DEBUG (logger ``ferret.admission``), why an item was skipped ``busy``: how the diagnosis of
+        issue 7's busy skips was made."""
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        settings, rule = self.admission, self._event_rule
+        assert settings is not None and rule is not None
+        log.debug(
+            "busy (%s): worker %d, event time %.3f s, wait %.4f s vs W %.4f s, queue %d vs K %d, service %.5f s",
+            why, worker, event_time, rule.wait(worker, event_time), settings.max_wait_s,
+            self.pipeline.scheduler.waiting(worker), settings.queue_slots, service_s,
+        )  # fmt: skip
 
     def _stream_for(self, stage: int) -> torch.cuda.StreamContext | _NoStream:
         device = self._devices[stage]

@@ -23,8 +23,9 @@ The live reading of a policy's :class:`~ferret_core.engine.policies.PolicySetup`
 method that is not instant judges an arrival by its event time, not by when Kafka delivered it: its
 worker takes it iff it would have started it within W of its event time (W = ln 2 / c, the time the
 item's data value halves under the plan's decay c; 1-Skip: W = 0, "free when it arrives"), and admitted
-items wait in a bounded queue per worker of K = ⌈(W + D) / (N·t^d)⌉ inputs (D = :data:`DELIVERY_SPREAD_S`,
-what one Kafka delivery may bring late). :func:`live_admission` gives W and K for a method and plan.
+items wait in a bounded queue per worker of K = max(⌈(W + D) / (N·t^d)⌉, ⌈B / N⌉) inputs
+(D = :data:`DELIVERY_SPREAD_S`, what one Kafka delivery may bring late; B = :data:`DELIVERY_ITEMS`, the most
+records one delivery hands over). :func:`live_admission` gives W and K for a method and plan.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ from services.control.errors import BudgetNotPlanned
 # consumer's fetch wait (10 ms) and one batch of the loop, plus the local broker's hop (p99 ≈ 20–60 ms,
 # benchmarks/service/results/latency.md). Items delivered together within D are not a burst.
 DELIVERY_SPREAD_S = 0.1
+# B: the most records one delivery hands the trainer (the record loop's consume() batch). The admission
+# queue holds at least one worker's share of it, so a backlog after a pause (start-up, a re-plan's drain,
+# a snapshot) is trained when the worker keeps up instead of overflowing a queue sized for the steady rate.
+DELIVERY_ITEMS = 256
 
 
 class QueueEveryItem:
@@ -73,7 +78,7 @@ class QueueEveryItem:
 
 
 def live_admission(
-    setup: PolicySetup, planned: Plan, delivery_s: float = DELIVERY_SPREAD_S
+    setup: PolicySetup, planned: Plan, delivery_s: float = DELIVERY_SPREAD_S, delivery_items: int = DELIVERY_ITEMS
 ) -> AdmissionSettings | None:
     """W and K for a policy's setup (module docstring); ``None`` for instant methods, which queue every
     item. A method that lets no item wait (``wait_slots == 0``, 1-Skip) has W = 0; the others W = ln 2 / c
@@ -83,7 +88,7 @@ def live_admission(
         return None
     plan = setup.plan
     wait = 0.0 if setup.rules.wait_slots == 0 else max_wait(planned.decay)
-    slots = queue_slots(wait, delivery_s, planned.arrival_interval, plan.num_workers)
+    slots = queue_slots(wait, delivery_s, planned.arrival_interval, plan.num_workers, delivery_items)
     whole_model = planned.num_stages * (planned.stage_forward_time + planned.stage_backward_time)
     return AdmissionSettings(wait, slots, initial_service_s=whole_model / plan.num_stages)
 

@@ -102,13 +102,16 @@ def trainer_env(bootstrap_servers: str, redis_url: str, topic_prefix: str, tmp_p
 
 
 def test_budget_change_mid_stream_from_another_process(trainer_env: dict[str, str], tmp_path: Path) -> None:
+    """A stream of 200 items/s, declared as such (``trainer.stream_rate``): the trainer plans for it from
+    the start and the measured rate agrees, so the budget change is the only re-plan (v1 -> v2)."""
     bootstrap, prefix = trainer_env["FERRET_KAFKA_BOOTSTRAP_SERVERS"], trainer_env["FERRET_KAFKA_TOPIC_PREFIX"]
     topics = TopicNames(prefix)
-    trainer = TrainerProcess(trainer_env, tmp_path / "trainer.log")
+    trainer = TrainerProcess({**trainer_env, "FERRET_TRAINER_STREAM_RATE": "200"}, tmp_path / "trainer.log")
     client = ControlClient(trainer.target)
     try:
         before = json.loads(client.get_plan().plan_json)
-        ids = produce_digits(bootstrap, topics.samples, 150)
+        assert before["arrival_interval"] == pytest.approx(0.005)
+        ids = produce_digits(bootstrap, topics.samples, 150, spacing_ms=5)
         wait_status(client, "predictions_published", 100)
 
         tight = (before["min_feasible_bytes"] + before["predicted_bytes"]) // 2
@@ -124,10 +127,11 @@ def test_budget_change_mid_stream_from_another_process(trainer_env: dict[str, st
         assert negative.returncode == 2
         assert json.loads(client.get_plan().plan_json) == after  # unchanged by the failed requests
 
-        ids += produce_digits(bootstrap, topics.samples, 150, start=150)
+        ids += produce_digits(bootstrap, topics.samples, 150, start=150, spacing_ms=5)
         wait_status(client, "predictions_published", 300)
         status = client.get_status()
         assert status.measured_bytes > 0
+        assert client.get_plan().plan_version == 2  # the measured rate matched the declared one
     finally:
         client.close()
         assert trainer.stop() == 0

@@ -3,13 +3,15 @@ measured service time, and the wall clock admitting a Kafka batch by its items' 
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ferret_core.engine import EngineSettings, FerretPolicy, SkipReason, StreamEngine
+from ferret_core.engine import EngineSettings, FerretPolicy, SkipReason, StreamEngine, admission
 from ferret_core.engine.admission import (
     MAX_QUEUE_SLOTS,
     AdmissionSettings,
@@ -37,6 +39,12 @@ def test_queue_slots() -> None:
     assert queue_slots(0.025, 0.1, 0.01, 2) == 7  # every other item reaches a worker
     assert queue_slots(0.0, 0.0, 0.01, 1) == 1  # at least one
     assert queue_slots(math.inf, 0.1, 0.01, 1) == MAX_QUEUE_SLOTS
+    # a slow stream (25/s): W + D bring 3 items, but one delivery of 256 records must fit (one per worker)
+    assert queue_slots(0.0004, 0.1, 0.04, 1) == 3
+    assert queue_slots(0.0004, 0.1, 0.04, 1, delivery_items=256) == 256
+    assert queue_slots(0.0004, 0.1, 0.04, 3, delivery_items=256) == 86
+    with pytest.raises(ConfigError):
+        queue_slots(0.0, 0.0, 0.01, 1, delivery_items=0)
     assert queue_bytes(13, 2, 784, 4) == 13 * 2 * 784 * 4
     with pytest.raises(ConfigError):
         queue_slots(0.0, 0.0, 0.0, 1)
@@ -79,8 +87,93 @@ def test_no_admitted_item_waits_longer_than_w(gaps: list[float], service: float,
             free = start + service
 
 
+def _in_order_reference(event_times: list[float], service: float, wait: float) -> list[bool]:
+    """The rule as the module docstring states it for items delivered in event-time order."""
+    ready, taken = -math.inf, []
+    for event in event_times:
+        taken.append(ready - event <= wait)
+        if taken[-1]:
+            ready = max(ready, event) + service
+    return taken
+
+
+@given(
+    gaps=st.lists(st.floats(0.0, 0.05), min_size=1, max_size=60),
+    service=st.floats(0.0, 0.05),
+    wait=st.floats(0.0, 0.05),
+)
+def test_in_event_time_order_the_rule_is_the_plain_recursion(gaps: list[float], service: float, wait: float) -> None:
+    rule = EventTimeAdmission(1, max_wait_s=wait)
+    events = list(itertools.accumulate(gaps))
+    assert [rule.admit(0, e, service) for e in events] == _in_order_reference(events, service, wait)
+
+
+def _partition_order(event_times: list[float], partition_of: list[int], chunk: int) -> list[float]:
+    """The order a consumer delivers items in: each partition's items in order, the partitions in turns,
+    ``chunk`` records of one partition per turn (Kafka's fetch, one partition's batch after another's)."""
+    queues = [[e for e, p in zip(event_times, partition_of, strict=True) if p == q] for q in sorted(set(partition_of))]
+    delivered: list[float] = []
+    while any(queues):
+        for q in queues:
+            delivered += q[:chunk]
+            del q[:chunk]
+    return delivered
+
+
+@given(
+    gaps=st.lists(st.floats(0.0, 0.1), min_size=1, max_size=80),
+    slack=st.floats(0.0, 1.0),
+    partitions=st.integers(1, 4),
+    chunk=st.integers(1, 40),
+    seed=st.integers(0, 2**16),
+)
+def test_a_worker_that_keeps_up_takes_every_item_in_any_partition_order(
+    gaps: list[float], slack: float, partitions: int, chunk: int, seed: int
+) -> None:
+    """The measured root cause of issue 7's `busy` skips at a slow rate: with two partitions the consumer
+    hands over one partition's items, then the other's, stamped earlier. Items at least one service time
+    apart are all admitted, whatever the delivery order (W = 0: the strictest rule, 1-Skip's)."""
+    service = min(gaps) * slack
+    events = list(itertools.accumulate(gaps))
+    partition_of = [random.Random(seed + i).randrange(partitions) for i in range(len(events))]
+    rule = EventTimeAdmission(1, max_wait_s=0.0)
+    assert all(rule.admit(0, e, service) for e in _partition_order(events, partition_of, chunk))
+
+
+def test_the_measured_delivery_is_admitted() -> None:
+    """The first delivery of tests/integration/...::test_a_declared_slow_stream_gets_one_worker_that_trains_
+    every_item as the trainer logged it (25 items/s, W = 0.4 ms, assumed service 3.57 ms): ten items of one
+    partition, then three of the other stamped earlier. The high-water-mark rule skipped those three."""
+    delivered = [54.944, 54.984, 55.064, 55.104, 55.144, 55.184, 55.224, 55.264, 55.304, 55.344, 54.864, 54.904, 55.024]
+    rule = EventTimeAdmission(1, max_wait_s=0.0004)
+    assert all(rule.admit(0, e, 0.00357) for e in delivered)
+    assert rule.wait(0, 55.384) == 0.0  # and the next item finds the worker free
+
+
+def test_overload_is_overload_in_any_delivery_order() -> None:
+    """An item every 10 ms, 19 ms each: half are trained whether delivered in order or evens then odds
+    (an odd item placed by its event time waits 9 ms for the even one before it)."""
+    events = [0.010 * i for i in range(20)]
+    in_order = EventTimeAdmission(1, max_wait_s=0.001)
+    by_partition = EventTimeAdmission(1, max_wait_s=0.001)
+    taken_in_order = [in_order.admit(0, e, 0.019) for e in events]
+    taken = {e: by_partition.admit(0, e, 0.019) for e in events[0::2] + events[1::2]}
+    assert sum(taken_in_order) == sum(taken.values()) == 10
+    assert all(taken[e] for e in events[0::2]) and not any(taken[e] for e in events[1::2])
+
+
+def test_an_item_older_than_every_remembered_one_waits_behind_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admission, "RETAINED_ITEMS", 4)
+    rule = EventTimeAdmission(1, max_wait_s=0.0)
+    # items stamped 1..10 s, 0.5 s each; past 4 remembered the oldest are folded away (1-3, then 4-6)
+    assert all(rule.admit(0, 1.0 + i, 0.5) for i in range(10))
+    assert rule.wait(0, 0.5) == pytest.approx(6.5 - 0.5)  # behind the folded items (the last ends at 6.5)
+    assert not rule.admit(0, 0.5, 0.5)
+    assert rule.admit(0, 10.5, 0.5)  # a recent one is still placed among the remembered items
+
+
 def test_service_times_fold_busy_time_per_item() -> None:
-    times = ServiceTimes(1, 2, initial=0.5, window=2, alpha=0.0)
+    times = ServiceTimes(1, 2, initial=0.5, window=2, samples=1)
     assert times.service_time(0) == 0.5
     for _ in range(2):  # two items: stage 0 busy 1 + 2 ms each, stage 1 busy 3 + 4 ms each
         times.record(0, 0, 0.001, forward=True)
@@ -89,6 +182,32 @@ def test_service_times_fold_busy_time_per_item() -> None:
         times.record(0, 1, 0.004, forward=False)
     # folding happens at the window's forwards: stage 1's second item had its F (3 ms) but not yet its B
     assert times.service_time(0) == pytest.approx((0.003 + 0.004 + 0.003) / 2)
+
+
+def _fold(times: ServiceTimes, per_item: float) -> None:
+    for _ in range(times.window):
+        times.record(0, 0, per_item, forward=True)
+
+
+def test_one_slow_window_does_not_move_the_service_time() -> None:
+    """The measured benchmarks/live case: a fresh pipeline's first window took 124 ms per item, then 5 ms;
+    the estimate must not say the worker is busier than the 13.9 ms arrival interval meanwhile."""
+    times = ServiceTimes(1, 1, initial=0.0007)
+    _fold(times, 0.124)
+    assert times.service_time(0) == pytest.approx(0.0007)
+    for _ in range(2):
+        _fold(times, 0.005)
+        assert times.service_time(0) < 0.0139
+    assert times.service_time(0) == pytest.approx(0.005)
+
+
+def test_a_lasting_slowdown_is_followed_within_three_windows() -> None:
+    times = ServiceTimes(1, 1, initial=0.005)
+    for _ in range(2):
+        _fold(times, 0.020)
+    assert times.service_time(0) == pytest.approx(0.005)
+    _fold(times, 0.020)
+    assert times.service_time(0) == pytest.approx(0.020)
 
 
 def test_settings_are_checked() -> None:
@@ -123,6 +242,14 @@ def test_the_wall_clock_admits_a_kafka_batch_by_event_time() -> None:
     assert burst[0] is None and burst[1:] == [SkipReason.BUSY] * 11
 
 
+def test_the_wall_clock_admits_two_partitions_delivered_in_turns() -> None:
+    """Items 5 s apart on two partitions, delivered as one partition's batch then the other's (the
+    order a Kafka consumer hands them over): every one is trained."""
+    admission = AdmissionSettings(max_wait_s=0.0, queue_slots=64, initial_service_s=0.5)
+    events = [5.0 * i for i in range(12)]
+    assert _clock_outcomes(events[0::2] + events[1::2], admission) == [None] * 12
+
+
 def test_a_full_queue_makes_an_item_busy_whatever_its_event_time() -> None:
     admission = AdmissionSettings(max_wait_s=math.inf, queue_slots=1, initial_service_s=0.5)
     outcomes = _clock_outcomes([float(i) for i in range(12)], admission)
@@ -134,3 +261,10 @@ def test_without_an_event_time_the_policys_slot_rule_decides() -> None:
     admission = AdmissionSettings(max_wait_s=0.0, queue_slots=64, initial_service_s=0.5)
     outcomes = _clock_outcomes(None, admission)
     assert outcomes[0] is None and SkipReason.BUSY in outcomes  # one waiting slot (Ferret's)
+
+
+def test_a_busy_skip_says_why_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    admission = AdmissionSettings(max_wait_s=0.0, queue_slots=64, initial_service_s=0.5)
+    with caplog.at_level("DEBUG", logger="ferret.admission"):
+        _clock_outcomes([5.0] * 3, admission)
+    assert "busy (would wait > W): worker 0" in caplog.text and "vs W 0.0000 s" in caplog.text
