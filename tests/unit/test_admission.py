@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ferret_core.engine import EngineSettings, FerretPolicy, SkipReason, StreamEngine, admission
+from ferret_core.engine import EngineSettings, FerretPolicy, SkipReason, StreamEngine, admission, make_policy
 from ferret_core.engine.admission import (
     MAX_QUEUE_SLOTS,
     AdmissionSettings,
@@ -268,3 +268,16 @@ def test_a_busy_skip_says_why_at_debug(caplog: pytest.LogCaptureFixture) -> None
     with caplog.at_level("DEBUG", logger="ferret.admission"):
         _clock_outcomes([5.0] * 3, admission)
     assert "busy (would wait > W): worker 0" in caplog.text and "vs W 0.0000 s" in caplog.text
+
+
+def test_a_pipeline_schedule_admits_by_event_time_on_the_wall_clock() -> None:
+    """The schedules' own scheduler (DAPPLE's flush groups) takes the admission queue's K too."""
+    plan = make_plan(2, 2, num_units=2)
+    setup = make_policy("dapple", plan).setup("tiny", 2, 1.0)
+    engine = StreamEngine(tiny_units(num_units=2), setup, EngineSettings(keep_trace=False, validate=False))
+    admission = AdmissionSettings(max_wait_s=math.inf, queue_slots=64, initial_service_s=0.0)
+    with engine.wall_clock(admission=admission) as clock:
+        futures = [clock.submit(item.x, item.y, event_time=5.0 * i) for i, item in enumerate(stream(8))]
+        outcomes = [f.result(60).skipped for f in futures]
+        clock.drain(60)
+    assert len(outcomes) == 8 and outcomes[0] is None

@@ -15,7 +15,7 @@ from services.config import load_settings
 from services.control.errors import BudgetNotPlanned
 from services.control.servicer import status_for
 from services.trainer.engine_learner import EngineLearner
-from services.trainer.methods import FixedPlan, QueueEveryItem, live_setup, plans_for_budget
+from services.trainer.methods import DELIVERY_ITEMS, FixedPlan, QueueEveryItem, live_setup, plans_for_budget
 from services.trainer.runner import build_zoo_model, load_profile
 from tests.unit.test_engine_policies import tiny_profile
 from tests.unit.test_engine_support import make_plan
@@ -58,9 +58,11 @@ def test_live_setups() -> None:
     assert ferret.plan == plan and ferret.rules.wait_slots == 1  # without an event time: the paper's slot
     assert ferret_admission is not None
     assert ferret_admission.max_wait_s == pytest.approx(math.log(2) / plan.decay)
-    # K = ⌈(W + D) / (N·t^d)⌉: what reaches one worker while an item waits W, plus one delivery
-    expected = math.ceil((ferret_admission.max_wait_s + 0.1) / (plan.num_workers * plan.arrival_interval) - 1e-9)
-    assert ferret_admission.queue_slots == max(1, min(expected, 4096))
+    # K = max(⌈(W + D) / (N·t^d)⌉, ⌈B / N⌉): what reaches one worker while an item waits W, plus one
+    # delivery's spread, and at least its share of one delivery of B records
+    by_time = math.ceil((ferret_admission.max_wait_s + 0.1) / (plan.num_workers * plan.arrival_interval) - 1e-9)
+    by_delivery = math.ceil(DELIVERY_ITEMS / plan.num_workers)
+    assert ferret_admission.queue_slots == max(1, min(max(by_time, by_delivery), 4096))
 
 
 def test_live_setups_report_the_methods_own_planned_bytes_given_the_profile() -> None:

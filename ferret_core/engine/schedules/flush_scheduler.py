@@ -133,13 +133,16 @@ class FlushScheduler(Scheduler):
         return _Group([0] * self.flush_rules.num_slots, [0] * self.num_stages)
 
     # ------------------------------------------------------------------------------------ admission
-    def can_admit(self, worker: int) -> bool:
+    def waiting(self, worker: int) -> int:
+        return len(self._states[worker][0].ready_f)
+
+    def can_admit(self, worker: int, slots: int | None = None) -> bool:
         group = self._groups[self.open_group]
         if group.admitted[self.flush_rules.slot(worker)] >= self.flush_rules.flush_every:
             return False
-        waiting = len(self._states[worker][0].ready_f)
+        waiting = self.waiting(worker)
         starts_now = waiting == 0 and self._would_start_new_forward(worker)
-        return waiting + (0 if starts_now else 1) <= self.rules.wait_slots
+        return waiting + (0 if starts_now else 1) <= (self.rules.wait_slots if slots is None else slots)
 
     def _would_start_new_forward(self, worker: int) -> bool:
         """Whether a new item's F at (worker, 0) would start right now: its device is idle, no B and no
