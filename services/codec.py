@@ -12,10 +12,12 @@ tensor normalised like :func:`ferret_core.data.normalise`: ``uint8`` / 255, floa
 stream name exceeds :data:`MAX_ID_BYTES`, so the Prediction keyed by it might not fit the producer's
 message limit), ``missing_id``, ``missing_tensor``, ``bad_dtype`` (not one of :data:`ALLOWED_DTYPES`),
 ``bad_size`` (byte length ≠ product(shape) × itemsize, or a negative dimension), ``wrong_shape`` (≠ the
-model's input shape), ``non_finite`` (NaN or ±inf), ``out_of_range`` (a finite value outside the
-input contract's range, after ``uint8`` scaling; with the ``clip`` normaliser values are clamped
-instead, with ``minmax`` each sample is rescaled into the range) and ``label_out_of_range`` (a label
-present and outside ``[0, num_classes)``). The range exists because large finite inputs (float32 1e6,
+model's input shape; an image ``(C, H, W)`` with the model's C is resized bilinearly instead, as the
+simulator resizes a dataset, and :attr:`ValidSample.resized_from` keeps its shape), ``non_finite`` (NaN
+or ±inf), ``out_of_range`` (a finite value outside the input contract's range, after ``uint8`` scaling;
+with the ``clip`` normaliser values are clamped instead, with ``minmax`` each sample is rescaled into
+the range) and ``label_out_of_range`` (a label present and outside ``[0, num_classes)``).
+The range exists because large finite inputs (float32 1e6,
 ±3e38, float16 65504) pass a NaN check and still drive the weights to NaN.
 
 A rejected record goes to ``<prefix>.samples.dlq`` as :func:`dead_letter_record` builds it: the original
@@ -28,6 +30,7 @@ always be written and a huge record can never crash-loop the trainer.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -38,9 +41,12 @@ import numpy as np
 import torch
 from google.protobuf.message import DecodeError
 
-from ferret_core.data import normalise
+from ferret_core.data import RESIZE_METHOD, normalise
+from ferret_core.data.stream import resize_images
 from ferret_core.errors import ConfigError, FerretError
 from services.proto_gen.ferret.v1.messages_pb2 import Sample, Tensor
+
+log = logging.getLogger("ferret.codec")
 
 RejectReason = Literal[
     "undecodable",
@@ -209,6 +215,7 @@ class ValidSample:
     label: int | None
     task: int
     stream: str
+    resized_from: tuple[int, ...] | None = None  # the sample's own shape when it was resized to the model's
 
 
 class SampleDecoder:
@@ -247,6 +254,7 @@ class SampleDecoder:
         self.max_record_bytes = max_record_bytes if max_record_bytes is not None else largest + RECORD_SLACK_BYTES
         if self.max_record_bytes < 1:
             raise ConfigError(f"max_record_bytes must be >= 1, got {self.max_record_bytes}")
+        self._resized_shapes: set[tuple[int, ...]] = set()
 
     def decode(self, value: bytes | None) -> ValidSample | Rejection:
         """The sample in ``value``, or why it is rejected (never raises for bad input)."""
@@ -290,9 +298,11 @@ class SampleDecoder:
                 f"sample {sample.id}: {len(tensor.data)} data bytes, expected {expected_bytes} for shape "
                 f"{list(shape)} of {tensor.dtype}",
             )
-        if shape != self.input_shape:
+        if shape != self.input_shape and not self._resizable(shape):
             return Rejection(
-                "wrong_shape", f"sample {sample.id}: shape {list(shape)}, the model expects {list(self.input_shape)}"
+                "wrong_shape",
+                f"sample {sample.id}: shape {list(shape)}, the model expects {list(self.input_shape)} (only images "
+                "with the model's channel count are resized)",
             )
         array = np.frombuffer(bytearray(tensor.data), dtype=dtype).reshape(shape)
         if tensor.dtype in _FLOAT_DTYPES:
@@ -302,6 +312,18 @@ class SampleDecoder:
                 return Rejection("non_finite", f"sample {sample.id}: {bad} of {array.size} values are NaN or infinite")
             array = array.astype(np.float32, copy=False)
         x = normalise(array)
+        resized_from = None
+        if shape != self.input_shape:  # an image of another size: resized as the simulator does (issue 11)
+            x = resize_images(x, (self.input_shape[1], self.input_shape[2]))
+            resized_from = shape
+            if shape not in self._resized_shapes:
+                self._resized_shapes.add(shape)
+                log.info(
+                    "samples of shape %s are resized (%s) to the model's input %s",
+                    list(shape),
+                    RESIZE_METHOD,
+                    list(self.input_shape),
+                )
         out_of_range = self._apply_range(x, sample.id)
         if out_of_range is not None:
             return out_of_range
@@ -320,7 +342,14 @@ class SampleDecoder:
             label=label,
             task=int(sample.task),
             stream=sample.stream,
+            resized_from=resized_from,
         )
+
+    def _resizable(self, shape: tuple[int, ...]) -> bool:
+        """Whether a sample of ``shape`` is an image the decoder resizes to the model's input: both are
+        ``(C, H, W)`` with the same C and non-empty sides (bilinear)."""
+        want = self.input_shape
+        return len(shape) == len(want) == 3 and shape[0] == want[0] and min(shape) > 0 and min(want) > 0
 
     def _apply_range(self, x: torch.Tensor, ident: str) -> Rejection | None:
         """Check (``none``), clamp (``clip``) or rescale (``minmax``) ``x`` in place into the input range."""

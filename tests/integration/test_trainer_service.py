@@ -95,7 +95,7 @@ def bad_records(bootstrap: str, topic: str) -> None:
 
     producer = Producer({"bootstrap.servers": bootstrap})
     producer.produce(topic, b"\x08\x96\x01not-a-sample", key=b"bad-1")
-    wrong = encode_sample(np.zeros((1, 9, 9), np.uint8), stream="bad", sequence=1, label=1)
+    wrong = encode_sample(np.zeros((3, 8, 8), np.uint8), stream="bad", sequence=1, label=1)  # not resizable
     producer.produce(topic, wrong.SerializeToString(), key=b"bad-2")
     nan = encode_sample(np.full((1, 8, 8), np.nan, np.float32), stream="bad", sequence=2, label=1)
     producer.produce(topic, nan.SerializeToString(), key=b"bad-3")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ferret_core.data import normalise
+from ferret_core.data.stream import resize_images
 from ferret_core.errors import ConfigError
 from services.codec import (
     REASONS,
@@ -223,3 +224,22 @@ def test_dead_letter_of_a_tombstone_and_of_a_dead_letter() -> None:
     assert ("x", b"") in headers
     info = dead_letter_info(headers)
     assert info["reason"] == "undecodable" and len(info["detail"]) == 1000
+
+
+def test_an_image_of_another_size_is_resized_to_the_model_input_as_the_simulator_does() -> None:
+    """Issue 11 "inputs match the plan": the trainer resizes (bilinear) where the simulator resizes."""
+    x = np.arange(16 * 16, dtype=np.uint8).reshape(1, 16, 16)
+    decoded = valid(SampleDecoder((1, 8, 8), 10).decode(encode_sample(x, stream="s", sequence=0).SerializeToString()))
+    assert decoded.resized_from == (1, 16, 16)
+    assert tuple(decoded.x.shape) == (1, 8, 8)
+    expected = resize_images(normalise(x), (8, 8))
+    assert torch.allclose(decoded.x, expected)
+    same = valid(SampleDecoder((1, 16, 16), 10).decode(encode_sample(x, stream="s", sequence=0).SerializeToString()))
+    assert same.resized_from is None
+
+
+def test_another_channel_count_is_not_resized() -> None:
+    x = np.zeros((3, 8, 8), np.uint8)
+    result = SampleDecoder((1, 8, 8), 10).decode(encode_sample(x, stream="s", sequence=0).SerializeToString())
+    assert isinstance(result, Rejection) and result.reason == "wrong_shape"
+    assert "channel count" in result.detail
