@@ -364,7 +364,8 @@ class SampleDecoder:
         elif self.normaliser == "minmax":
             span = largest - smallest
             if span > 0 and math.isfinite(span):
-                x.sub_(smallest).div_(span).mul_(high - low).add_(low)
+                # in float64: x − min overflows float32 when the values span beyond its largest finite
+                x.copy_((x.double() - smallest) / span * (high - low) + low)
             else:  # one repeated value, or a span beyond float32: fall back to clamping
                 x.clamp_(low, high)
         else:

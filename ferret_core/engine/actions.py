@@ -34,13 +34,17 @@ class SkipReason(StrEnum):
     ``worker_removed``: its worker slot was removed (T4). ``no_label``: it came without a label.
     ``busy``: its worker could not admit it (see :mod:`ferret_core.engine.scheduler`). ``omitted``: T3
     omits its backward pass at every stage (only possible when c^o_{n,P−1} > 0, which Alg. 2 never
-    sets), so forwarding it would change nothing.
+    sets), so forwarding it would change nothing. ``non_finite``: it was admitted, but its loss or a
+    gradient of it (as computed, or after compensation) holds NaN or ±inf, so its contribution was
+    dropped before any update: it never reaches the weights (never an arrival's reason: it is decided
+    during training and counted then, once per item).
     """
 
     WORKER_REMOVED = "worker_removed"
     NO_LABEL = "no_label"
     BUSY = "busy"
     OMITTED = "omitted"
+    NON_FINITE = "non_finite"
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,9 @@ Per worker n and stage j (plan semantics, T1–T4):
   read version. The new tensors go into storage of a dead version, or — when nothing but the store and
   this update references the old master (``in_place``; see :mod:`ferret_core.engine.versions`) — into
   the old master itself. Accumulated gradients left when a stream ends are not applied.
+* **Non-finite** values never reach the weights: a gradient that holds NaN or ±inf when B computes it
+  (a non-finite loss makes every gradient of the item so), or that compensation makes non-finite, is
+  dropped instead of accumulated; the item is counted once as skipped ``non_finite`` (not trained).
 
 Memory is sampled (independently, :mod:`ferret_core.engine.memory`) after every F, after every R (the
 recomputed graph alive), after every B's gradients are computed (before the update) and after every U.
@@ -118,6 +121,8 @@ class Pipeline:
         self.in_place = in_place  # may overwrite an unshared master in place (off under the wall clock)
         self._items: dict[int, InFlightItem] = {}
         self._buffers = [[GradientBuffer() for _ in programs] for _ in plan.workers]
+        self._non_finite: set[int] = set()  # in-flight items with a dropped (non-finite) gradient
+        self.failed_item: int | None = None  # the item of the first action that raised
         self._runners = {(w.index, j): p.runner() for w in plan.workers if w.live for j, p in enumerate(programs)}
         self._predict_runners = [p.runner() for p in programs]
         self._devices = [v.params[0].device if v.params else torch.device("cpu") for v in initial]
@@ -216,7 +221,17 @@ class Pipeline:
 
     # ------------------------------------------------------------------------------------- execution
     def execute(self, action: Action, stamps: Stamps) -> None:
-        """Run ``action`` (really: its forward, or its recompute, backward and maybe update)."""
+        """Run ``action`` (really: its forward, or its recompute, backward and maybe update). When it raises,
+        :attr:`failed_item` names its item (a caller blames that item's input, not a later arrival)."""
+        try:
+            self._run(action, stamps)
+        except BaseException:
+            if self.failed_item is None:
+                self.failed_item = action.item
+            raise
+
+    def _run(self, action: Action, stamps: Stamps) -> None:
+        """Dispatch ``action`` by kind (subclasses running more kinds override this, not :meth:`execute`)."""
         if action.kind is Kind.F:
             self._forward(action, stamps)
         elif action.kind is Kind.B:
@@ -300,7 +315,7 @@ class Pipeline:
         del grad_in
         read = version.version
         with self._stage_locks[j]:
-            self._keep_gradient(n, j, grads, version)
+            self._offer_gradient(a, grads, version)
             del grads, version  # the stash is released here: the buffer holds the compensated gradient
             self.end_of_action()
             t_end = stamps.end()
@@ -312,10 +327,23 @@ class Pipeline:
         if j == item.lowest:
             self._finish_item(item)
 
-    def _keep_gradient(self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion) -> None:
+    def _offer_gradient(self, a: Action, grads: Sequence[Tensor], version: StageVersion) -> None:
+        """Keep action ``a``'s parameter gradients (:meth:`_keep_gradient`) when they are finite; a
+        non-finite loss or gradient is dropped here instead, counted against the item: it never reaches
+        the weights. Every path that hands a gradient to an update goes through this (call under the
+        stage's lock)."""
+        if not all_finite(grads) or not self._keep_gradient(a.worker, a.stage, grads, version):
+            self._count_non_finite(a.item)
+
+    def _keep_gradient(self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion) -> bool:
         """Compensate one item's parameter gradients of ``stage`` and add them to the worker's buffer (T2:
-        one buffer, the stash released; call under the stage's lock)."""
-        self._buffers[worker][stage].add(self._compensate(stage, grads, version), version.version)
+        one buffer, the stash released; call under the stage's lock). False (nothing added) when the
+        compensated gradient is not finite."""
+        fixed = self._compensate(stage, grads, version)
+        if not all_finite(fixed):
+            return False
+        self._buffers[worker][stage].add(fixed, version.version)
+        return True
 
     def _compensate(self, stage: int, grads: Sequence[Tensor], version: StageVersion) -> list[Tensor]:
         """``grads`` (read from ``version``) compensated to the current master (call under the stage's lock)."""
@@ -339,11 +367,25 @@ class Pipeline:
                 self._update(a, stamps, t_end)
 
     def _finish_item(self, item: InFlightItem) -> None:
-        """The item's last action (its backward at its lowest back-propagated stage) is done."""
+        """The item's last action (its backward at its lowest back-propagated stage) is done; an item with
+        a dropped gradient counts as skipped ``non_finite`` (already), not as trained."""
         with self.lock:
             del self._items[item.index]
-            self.counters.trained_any_stage += 1
-            self.counters.trained += int(item.lowest == 0)
+            if item.index in self._non_finite:
+                self._non_finite.discard(item.index)
+            else:
+                self.counters.trained_any_stage += 1
+                self.counters.trained += int(item.lowest == 0)
+
+    def _count_non_finite(self, index: int | None) -> None:
+        """Count an item whose gradient was dropped as skipped ``non_finite``, once (``None``: an item
+        no longer known, counted per dropped gradient)."""
+        with self.lock:
+            if index is not None:
+                if index in self._non_finite:
+                    return
+                self._non_finite.add(index)
+            self.counters.skipped[SkipReason.NON_FINITE.value] += 1
 
     def _update(self, a: Action, stamps: Stamps, t0: float) -> None:
         """Apply worker ``a.worker``'s buffer of stage ``a.stage`` to the master (call under the stage's lock)."""
@@ -473,3 +515,8 @@ class Pipeline:
     def _compensator_storages(self) -> Iterator[StorageKey]:
         for compensator in self.compensators:
             yield from compensator.state_storages()
+
+
+def all_finite(tensors: Sequence[Tensor]) -> bool:
+    """Whether no tensor holds NaN or ±inf (one pass over each)."""
+    return all(bool(torch.isfinite(t).all()) for t in tensors)

@@ -194,6 +194,10 @@ class KafkaSettings(Section):
     group_id: str = field(default="ferret-trainer", metadata=meta(check=check_name))
     instance_id: str | None = field(default=None, metadata=meta(check=check_name))
     session_timeout_ms: int = field(default=6000, metadata=meta(check=between(1000, 3_600_000, "milliseconds")))
+    # group.instance.id = the instance id (static membership): a restarted replica takes its partitions
+    # back without a rebalance on Kafka. The embedded Tansu broker adds a fixed 6 s to every join of a
+    # static member (3 s at join, 3 s at sync): turn it off there (docs/reliability.md, kill -9 recovery).
+    static_membership: bool = True
     security_protocol: SecurityProtocol = "PLAINTEXT"
     sasl_mechanism: SaslMechanism | None = None
     sasl_username: str | None = None
@@ -265,11 +269,14 @@ class KafkaSettings(Section):
         """The trainer's consumer: static membership, offsets stored only explicitly (DESIGN §4)."""
         config: dict[str, Any] = {
             "group.id": self.group_id,
-            "group.instance.id": self.resolved_instance_id(),
             "session.timeout.ms": self.session_timeout_ms,
+            # librdkafka's 3000 ms default would outlast a short session: a third of it, as Kafka advises
+            "heartbeat.interval.ms": min(3000, max(100, self.session_timeout_ms // 3)),
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
         }
+        if self.static_membership:
+            config["group.instance.id"] = self.resolved_instance_id()
         return {**config, **self.client_config()}
 
 
@@ -326,6 +333,9 @@ class TrainerSettings(Section):
     input_normaliser: Normaliser = "none"
     # How many of the most probable classes (with their probabilities) every Prediction carries; 0: none.
     prediction_top_k: int = field(default=3, metadata=meta(check=between(0, 1000, "a number of classes")))
+    # A record the trainer stopped on this many times (a poison record: its learner or producer failure
+    # ends the process) is dead-lettered with the exception's text at its next arrival (reason poison).
+    max_record_failures: int = field(default=3, metadata=meta(check=between(1, 1000, "an integer")))
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ def status_reply(status: TrainerStatus, *, state: TrainerState, time_ms: int, up
     counters = dict(status.counters)
     counters.update({f"dead_lettered.{reason}": n for reason, n in status.dead_lettered.items()})
     counters["compensations_truncated"] = status.compensations_truncated
+    counters.update({f"lag_items.{partition}": n for partition, n in status.lag_items_by_partition.items()})
     reply = pb.StatusReply(
         instance_id=status.instance_id,
         state=STATE_TO_PB[state],  # type: ignore[arg-type]

@@ -72,9 +72,9 @@ class TrainerStatus:
     budget_bytes: int | None = None  # None: unconstrained
     planned_bytes: int = 0
     measured_bytes: int = 0
-    lag_items: int = 0
-    lag_seconds: float = 0.0
-    lag_items_by_partition: Mapping[int, int] = field(default_factory=dict)  # sample partition → lag in items
+    lag_items: int = 0  # sample records behind the brokers' ends, summed over partitions whose lag is known
+    lag_seconds: float = 0.0  # age (event time) of the newest consumed item where behind; 0 when caught up
+    lag_items_by_partition: Mapping[int, int] = field(default_factory=dict)  # -1: unknown (services/trainer/lag.py)
     items_per_second: float = 0.0
     latency_ms_p50: float = 0.0
     latency_ms_p99: float = 0.0

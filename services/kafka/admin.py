@@ -2,7 +2,9 @@
 
 - :func:`ensure_topics` creates ``<prefix>.samples`` (K partitions), ``<prefix>.labels`` (K, so a
   late label lands on the partition index of its sample and thus on the same replica under the range
-  assignor), ``<prefix>.predictions`` (K unless told) and ``<prefix>.samples.dlq`` (1), idempotently.
+  assignor), ``<prefix>.predictions`` (K unless told) and ``<prefix>.samples.dlq`` (K: the trainer writes
+  each sample partition's outcomes to the partition of the same index, services/trainer/outcomes.py),
+  idempotently.
 - :func:`count_distinct` counts the records and the distinct keys (or ids read from the values) of a
   topic by consuming it from the beginning with a fresh, never-committing consumer, and stops after an
   idle timeout. Never use watermarks for counts: the embedded broker's are wrong (docs/local-stack.md).
@@ -112,7 +114,7 @@ def ensure_topics(
         names.samples: sample_partitions,
         names.labels: sample_partitions,
         names.predictions: prediction_partitions or sample_partitions,
-        names.dlq: 1,
+        names.dlq: sample_partitions,
     }
     existing = topic_partitions(bootstrap_servers, list(wanted), timeout=timeout)
     missing = [n for n in wanted if n not in existing]

@@ -19,19 +19,31 @@ Every sequence here runs on the loop thread (the control port hands it over with
 4. on shutdown only: **store** the finished offsets and **commit** them to the group.
 
 Steps 1–2 share one budget (:data:`SNAPSHOT_BUDGET_S`, :data:`SHUTDOWN_BUDGET_S`): a pipeline that cannot
-drain in time fails the snapshot (:class:`CheckpointTimeout`) instead of stalling the stream.
+drain in time fails the snapshot (:class:`CheckpointTimeout`) instead of stalling the stream. Step 3 runs
+inside ``stall_guard("snapshot write", stall_s)`` (readiness goes NOT_SERVING while a write blocks longer,
+e.g. on a frozen Redis; every Redis command fails after ``redis.timeout_s``).
+
+**Start-up** (:meth:`Checkpoints.restore_latest`) never fails on bad snapshot state: orphan chunks of a
+writer killed mid-write are swept, then the newest snapshot that verifies *and* matches the configured
+model (:class:`~services.snapshots.ModelFingerprint`) is applied; every newer one skipped is logged with
+why (corrupt, incompatible). **Redis down** (at start or later): the trainer streams without snapshots,
+``ferret.snapshots`` NOT_SERVING (readiness unaffected), and :class:`~services.snapshots.Reconnect` pings
+again with backoff only when a snapshot is due; the first due snapshot after Redis answers is saved.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import redis
 from torch import Tensor
 
 from ferret_core.errors import ConfigError, FerretError
@@ -39,11 +51,14 @@ from ferret_core.plan import Plan
 from services.control.errors import BudgetNotPlanned, SnapshotNotFound
 from services.control.trainer_port import PartitionOffset, SnapshotInfo, TrainerState
 from services.snapshots import (
+    ModelFingerprint,
+    Reconnect,
     SnapshotCorruptError,
     SnapshotManifest,
     SnapshotNotFoundError,
     SnapshotPayload,
     SnapshotStore,
+    SnapshotUnavailableError,
 )
 from services.trainer.counters import StreamCounters
 from services.trainer.learner import Learner
@@ -59,6 +74,14 @@ COMPENSATOR_PREFIX = "compensator."  # snapshot tensor names of the compensators
 
 class CheckpointTimeout(FerretError, TimeoutError):
     """The pipeline did not drain within the snapshot's budget; nothing was saved."""
+
+
+StallGuard = Callable[[str, float], AbstractContextManager[None]]
+
+
+@contextlib.contextmanager
+def no_guard(_what: str, _seconds: float) -> Iterator[None]:
+    yield
 
 
 class StreamEnds(Protocol):
@@ -110,6 +133,9 @@ class Checkpoints:
         interval_s: float,
         snapshot_on_stop: bool = True,
         on_health: Callable[[bool], None] = lambda ok: None,
+        link: Reconnect | None = None,
+        stall_guard: StallGuard = no_guard,
+        stall_s: float = 5.0,
     ) -> None:
         self.store = store
         self.learner = learner
@@ -123,6 +149,9 @@ class Checkpoints:
         self.interval_s = interval_s
         self.snapshot_on_stop = snapshot_on_stop
         self._on_health = on_health
+        self.link = link  # Redis reachability with backoff; None: assume it answers
+        self._stall_guard = stall_guard
+        self.stall_s = stall_s
         self.last_version = 0
         self._last_time = time.monotonic()
 
@@ -185,10 +214,14 @@ class Checkpoints:
             with self.lifecycle.during(TrainerState.SNAPSHOTTING):
                 self._drain(deadline)
                 self._flush(ends, deadline)
-                version = store.save(self.payload(metadata))
-                store.prune(self.keep)
-        except Exception:
+                payload = self.payload(metadata)
+                with self._stall_guard("snapshot write", self.stall_s):
+                    version = store.save(payload)
+                    store.prune(self.keep)
+        except Exception as exc:
             self._on_health(False)
+            if self.link is not None and _unavailable(exc):
+                self.link.failed(exc)  # degraded: the next snapshot waits for a ping to answer
             raise
         self._on_health(True)
         self.last_version = version
@@ -196,10 +229,14 @@ class Checkpoints:
         return self._manifest_info(store.manifest(version), seconds=time.monotonic() - start)
 
     def due(self) -> bool:
-        """Whether a periodic snapshot is due (``redis.snapshot_interval_s``; 0 turns them off)."""
-        return (
-            self.store is not None and self.interval_s > 0 and time.monotonic() - self._last_time >= self.interval_s
-        )
+        """Whether a periodic snapshot is due (``redis.snapshot_interval_s``; 0 turns them off) and Redis
+        answers (while it is down, a ping is tried only when the backoff allows)."""
+        if self.store is None or self.interval_s <= 0 or time.monotonic() - self._last_time < self.interval_s:
+            return False
+        if self.link is not None and not self.link.check():
+            self._last_time = time.monotonic()  # due again one interval later (or at the next retry)
+            return False
+        return True
 
     def save_periodic(self, ends: StreamEnds) -> None:
         """A periodic snapshot; a failure degrades the service (health), the stream goes on."""
@@ -215,12 +252,12 @@ class Checkpoints:
         drained = True
         try:
             self._drain(deadline)
-        except CheckpointTimeout as exc:
+        except Exception as exc:  # too slow, or the learner failed (what stopped the stream)
             drained = False
             log.error("final drain: %s; no final snapshot", exc)
         self._flush(ends, deadline)
         ends.store_offsets()
-        if drained and self.store is not None and self.snapshot_on_stop:
+        if drained and self.store is not None and self.snapshot_on_stop and (self.link is None or self.link.check()):
             try:
                 self.save({"reason": "shutdown"}, ends)
             except Exception as exc:
@@ -228,21 +265,39 @@ class Checkpoints:
         ends.commit()
 
     def restore_latest(self) -> Restored | None:
-        """Start-up: the newest valid snapshot, applied; None when there is none (or no store)."""
-        if self.store is None:
+        """Start-up (module docstring): orphans swept, then the newest snapshot that verifies and matches
+        the configured model, applied; None when there is none, no store, or Redis does not answer (then
+        the trainer starts fresh and degraded). Never raises for bad snapshot state."""
+        store = self.store
+        if store is None:
+            return None
+        if self.link is not None and not self.link.check():
+            log.error("Redis does not answer at start: starting without a snapshot (ferret.snapshots NOT_SERVING)")
             return None
         try:
-            payload = self.store.load_latest_valid()
-        except SnapshotNotFoundError:
+            store.sweep_orphans()
+            choice = store.newest_compatible(self.fingerprint())
+        except SnapshotUnavailableError as exc:
+            if self.link is not None:
+                self.link.failed(exc)
+            log.error("Redis failed while reading snapshots (%s): starting without a snapshot", exc)
             return None
-        offsets = self.apply(payload)
-        return Restored(self.info(payload), offsets)
+        (log.warning if choice.skipped else log.info)("start-up snapshot: %s", choice.describe())
+        if choice.payload is None:
+            return None
+        offsets = self.apply(choice.payload)
+        return Restored(self.info(choice.payload), offsets)
+
+    def fingerprint(self) -> ModelFingerprint:
+        """The configured model as a restorable snapshot must match it: the plan's model name and the
+        names, shapes and dtypes of the learner's ``model.*`` tensors."""
+        return ModelFingerprint.of(self.plan.get()[0].model, self.learner.state_tensors())
 
     def restore(self, version: int | None) -> Restored:
         """A snapshot by version (None: the newest valid one), applied after a drain."""
         store = self.require_store()
         try:
-            payload = store.load(version) if version is not None else store.load_latest_valid()
+            payload = store.load(version) if version is not None else store.load_latest_valid(self.fingerprint())
         except SnapshotNotFoundError as exc:
             raise SnapshotNotFound(str(exc)) from exc
         with self.lifecycle.during(TrainerState.RESTORING):
@@ -361,3 +416,12 @@ def _offsets(offsets: Mapping[str, Mapping[int, int]]) -> tuple[PartitionOffset,
     return tuple(
         PartitionOffset(topic, int(p), int(o)) for topic, parts in offsets.items() for p, o in sorted(parts.items())
     )
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) says Redis did not answer (unreachable or timed out)."""
+    while exc is not None:
+        if isinstance(exc, SnapshotUnavailableError | redis.ConnectionError | redis.TimeoutError):
+            return True
+        exc = exc.__cause__  # type: ignore[assignment]
+    return False

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ferret_core.engine import EngineSettings, StreamEngine
+from ferret_core.engine import EngineSettings, SkipReason, StreamEngine
 from ferret_core.engine.wall_clock import WallClock
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
@@ -27,7 +27,8 @@ from ferret_core.profile import ModelProfile
 from ferret_core.profiler import resolve_device
 from ferret_core.zoo import ZooModel
 from services.config import Settings
-from services.trainer.learner import ArrivalOutcome, LearnerStats
+from services.failpoints import failpoint, is_enabled
+from services.trainer.learner import ArrivalOutcome, LearnerFailed, LearnerStats
 from services.trainer.methods import live_setup, not_planned, plans_for_budget
 
 PREDICTION_TIMEOUT_S = 60.0
@@ -56,6 +57,7 @@ class EngineLearner:
         self._updates_before = 0
         self._backprops_before = 0
         self._truncated_before = 0  # compensations cut short under earlier plans, not carried over
+        self._non_finite_before = 0
         self._start(plan)
 
     def _start(self, plan: Plan) -> None:
@@ -69,6 +71,8 @@ class EngineLearner:
         )
         self.admission = admission
         self.engine = StreamEngine(self.model.units, setup, self.engine_settings, devices=self._stage_devices(plan))
+        if is_enabled("trainer.mid-step"):  # test-only: fail inside a training step (CPU stages)
+            self.engine.pipeline.end_of_action = lambda: failpoint("trainer.mid-step")
         self.clock: WallClock = self.engine.wall_clock(admission=admission).start()
 
     def _stage_devices(self, plan: Plan) -> list[torch.device] | None:
@@ -88,7 +92,11 @@ class EngineLearner:
     # -- the record path's call ------------------------------------------------------------------------
     def arrive(self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None) -> ArrivalOutcome:
         event_time = None if event_time_ms is None else event_time_ms / 1000.0
-        arrival = self.clock.submit(x, y, index=item, event_time=event_time).result(PREDICTION_TIMEOUT_S)
+        try:
+            arrival = self.clock.submit(x, y, index=item, event_time=event_time).result(PREDICTION_TIMEOUT_S)
+        except Exception as exc:  # name the item whose action failed (it may have arrived earlier)
+            failed = self.engine.pipeline.failed_item
+            raise LearnerFailed(item if failed is None else failed, exc) from exc
         return ArrivalOutcome(
             predicted_class=arrival.prediction,
             confidence=arrival.confidence,
@@ -114,12 +122,20 @@ class EngineLearner:
         compensators = self.engine.compensator_state()
         same_partition = plan.partition == self.plan.partition
         stats = self.engine.stats()
+        old_plan = self.plan
         self._peak_before = max(self._peak_before, stats.peak_bytes or 0)
         self._updates_before += stats.updates
         self._backprops_before += stats.trained_any_stage
         truncated = sum(stats.compensations_truncated)
+        self._non_finite_before += stats.skipped.get(SkipReason.NON_FINITE.value, 0)
         self.clock.close()
-        self._start(plan)
+        try:
+            failpoint("trainer.mid-replan")
+            self._start(plan)
+        except BaseException:  # the plan in force runs on (its weights are in the units)
+            self._start(old_plan)
+            self.engine.load_compensator_state(compensators)
+            raise
         self.engine.carry_compensator_state(compensators, same_partition=same_partition)
         self._truncated_before += truncated - self._truncated_now()  # what the carry did not keep
 
@@ -164,6 +180,7 @@ class EngineLearner:
                 self._unit_tensor(int(unit), name).copy_(value)
         self._updates_before = int(tensors.get("engine.updates", torch.tensor(0)))
         self._backprops_before += self.engine.stats().trained_any_stage
+        self._non_finite_before += self.engine.stats().skipped.get(SkipReason.NON_FINITE.value, 0)
         plan = self.engine.setup.plan
         self.clock.close()
         self._start(plan)
@@ -192,6 +209,7 @@ class EngineLearner:
             max_staleness=stats.max_staleness,
             staleness_bound=stats.staleness_bound,
             compensations_truncated=self._truncated_before + sum(stats.compensations_truncated),
+            non_finite=self._non_finite_before + stats.skipped.get(SkipReason.NON_FINITE.value, 0),
         )
 
     def _truncated_now(self) -> int:

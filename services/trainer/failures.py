@@ -14,20 +14,33 @@ The decisions and what the record path does for each:
                    commits what is finished and exits with the failure
 =================  =========================================================================================
 
-The default rules (:data:`DEFAULT_RULES`), by where the failure happened:
+The default rules (:data:`DEFAULT_RULES`), by where the failure happened (a ``(step, reason)`` rule
+overrides the step's):
 
-==================  =========  ===============================================================================
-``consume``         SKIP       the broker reported an error instead of a record (there is no record to keep)
-``decode``          DEAD_LETTER the value is not a valid sample for this model (the codec's reason code)
-``label``           SKIP       an undecodable label: the label is lost, the stream goes on
-``deliver``         HOLD       a prediction was not delivered: read it again after a restart
-``dead_letter``     HOLD       a dead letter was not delivered: read the record again after a restart
-``arrive``          STOP       the learner failed (a pipeline thread raised): the trainer cannot learn on
-``publish``         STOP       the producer refused a prediction (e.g. its queue is full)
-==================  =========  ===============================================================================
+=============================  ===========  ====================================================================
+``receive``, ``poison``        DEAD_LETTER  the record failed ``trainer.max_record_failures`` times before
+                                            (below): it goes to the DLQ with the last exception's text
+``consume``                    SKIP         the broker reported an error instead of a record (no record to keep)
+``decode``                     DEAD_LETTER  the value is not a valid sample for this model (the codec's reason)
+``label``                      SKIP         an undecodable label: the label is lost, the stream goes on
+``publish``, ``too_large``     DEAD_LETTER  the prediction exceeds the producer's ``message.max.bytes``
+``deliver``, ``too_large``     DEAD_LETTER  … or the broker's limit
+``deliver``                    HOLD         a prediction was not delivered: read it again after a restart
+``dead_letter``, ``too_large`` SKIP         even the truncated dead letter is refused: given up, logged
+``dead_letter``                HOLD         a dead letter was not delivered: read the record again after a restart
+``arrive``                     STOP         the learner failed (a pipeline thread raised): the trainer cannot learn on
+``publish``                    STOP         the producer refused a prediction (after its rebuild, or a full queue
+                                            for :data:`services.trainer.publisher.QUEUE_FULL_WAIT_S`)
+=============================  ===========  ====================================================================
 
-Fault handling grows here (poison records, duplicates, producer rebuilds, lag): a rule changes, or a
-policy subclass decides from the failure's history, and the record path stays as it is.
+**Poison records.** A STOP ends the process, so a record that makes the learner (or the producer) fail
+would fail again after every restart. Each STOP is therefore counted against the record it is blamed on
+(the record whose item the failing pipeline action ran, else the record being processed) in a
+:class:`FailureLog` that outlives the process (:class:`services.trainer.failure_log.RedisFailureLog`);
+once a record has failed ``max_failures`` times it is not given to the learner again: it fails at
+``receive`` with reason ``poison`` and the stored exception text, and is dead-lettered. A record therefore
+ends at most ``max_failures`` restarts, never a crash loop. Without a log that outlives the process (Redis
+down) the count restarts with it (logged).
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ import enum
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from ferret_core.errors import FerretError
 
@@ -45,6 +59,7 @@ log = logging.getLogger("ferret.trainer")
 class Step(enum.StrEnum):
     """Where on the record path a failure happened."""
 
+    RECEIVE = "receive"
     CONSUME = "consume"
     DECODE = "decode"
     LABEL = "label"
@@ -85,7 +100,17 @@ class RecordPathStopped(FerretError, RuntimeError):
         super().__init__(f"{failure.step} failed for {failure.where()}: {failure.reason}: {failure.detail}")
 
 
-DEFAULT_RULES: Mapping[Step, Decision] = {
+POISON = "poison"  # the reason of a record that failed max_failures times
+TOO_LARGE = "too_large"
+DEFAULT_MAX_FAILURES = 3
+
+Rule = Step | tuple[Step, str]
+DEFAULT_RULES: Mapping[Rule, Decision] = {
+    (Step.RECEIVE, POISON): Decision.DEAD_LETTER,
+    (Step.PUBLISH, TOO_LARGE): Decision.DEAD_LETTER,
+    (Step.DELIVER, TOO_LARGE): Decision.DEAD_LETTER,
+    (Step.DEAD_LETTER, TOO_LARGE): Decision.SKIP,
+    Step.RECEIVE: Decision.DEAD_LETTER,
     Step.CONSUME: Decision.SKIP,
     Step.DECODE: Decision.DEAD_LETTER,
     Step.LABEL: Decision.SKIP,
@@ -102,15 +127,77 @@ _LEVELS = {
 }
 
 
+class FailureLog(Protocol):
+    """Failures per record (``topic/partition/offset``) that outlive the process (module docstring)."""
+
+    def record(self, key: str, error: str) -> int:
+        """Count one more failure of ``key`` with its error text; the count so far."""
+        ...
+
+    def get(self, key: str) -> tuple[int, str] | None:
+        """(failures, the last error text) of ``key``, None when it never failed."""
+        ...
+
+
+class MemoryFailureLog:
+    """A :class:`FailureLog` of this process only (tests; the fallback while Redis is down)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[int, str]] = {}
+
+    def record(self, key: str, error: str) -> int:
+        count = self._entries.get(key, (0, ""))[0] + 1
+        self._entries[key] = (count, error)
+        return count
+
+    def get(self, key: str) -> tuple[int, str] | None:
+        return self._entries.get(key)
+
+    def put(self, key: str, count: int, error: str) -> None:
+        self._entries[key] = (max(count, self._entries.get(key, (0, ""))[0]), error)
+
+
 class ErrorPolicy:
     """Logs every record failure once, with its topic, partition and offset, and decides (module
-    docstring). ``rules`` override :data:`DEFAULT_RULES` per step."""
+    docstring). ``rules`` override :data:`DEFAULT_RULES` per step or per ``(step, reason)``; ``failures``
+    and ``max_failures`` turn a record that failed that often into a poison record."""
 
-    def __init__(self, rules: Mapping[Step, Decision] | None = None) -> None:
-        self.rules = {**DEFAULT_RULES, **(rules or {})}
+    def __init__(
+        self,
+        rules: Mapping[Rule, Decision] | None = None,
+        *,
+        failures: FailureLog | None = None,
+        max_failures: int = DEFAULT_MAX_FAILURES,
+    ) -> None:
+        self.rules: dict[Rule, Decision] = {**DEFAULT_RULES, **(rules or {})}
+        self.failures = failures if failures is not None else MemoryFailureLog()
+        self.max_failures = max_failures
+
+    def rule(self, failure: RecordFailure) -> Decision:
+        return self.rules.get((failure.step, failure.reason)) or self.rules[failure.step]
+
+    def poisoned(self, topic: str, partition: int, offset: int) -> RecordFailure | None:
+        """A ``receive`` failure for a record that already failed ``max_failures`` times, else None."""
+        entry = self.failures.get(_key(topic, partition, offset))
+        if entry is None or entry[0] < self.max_failures:
+            return None
+        count, error = entry
+        return RecordFailure(
+            Step.RECEIVE,
+            topic,
+            partition,
+            offset,
+            POISON,
+            f"failed {count} times (the trainer stopped each time); last: {error}",
+        )
 
     def decide(self, failure: RecordFailure) -> Decision:
-        decision = self.rules[failure.step]
+        decision = self.rule(failure)
+        if decision is Decision.STOP:
+            count = self.failures.record(
+                _key(failure.topic, failure.partition, failure.offset), f"{failure.reason}: {failure.detail}"
+            )
+            log.error("%s has failed %d of %d times", failure.where(), count, self.max_failures)
         log.log(
             _LEVELS[decision],
             "%s failed for %s: %s (%s); %s",
@@ -122,3 +209,7 @@ class ErrorPolicy:
             exc_info=failure.error if decision is Decision.STOP else None,
         )
         return decision
+
+
+def _key(topic: str, partition: int, offset: int) -> str:
+    return f"{topic}/{partition}/{offset}"

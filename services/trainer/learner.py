@@ -17,7 +17,18 @@ from typing import Any, Protocol
 import torch
 
 from ferret_core.engine import SkipReason
+from ferret_core.errors import FerretError
 from ferret_core.plan import Plan
+
+
+class LearnerFailed(FerretError, RuntimeError):
+    """The learner failed while ``item`` was being predicted or trained (the item whose pipeline action
+    raised, which may be an earlier arrival than the one that reported it): the record path blames that
+    item's record (:mod:`services.trainer.failures`, poison records). The cause is chained."""
+
+    def __init__(self, item: int, cause: BaseException) -> None:
+        super().__init__(f"the learner failed on item {item}: {type(cause).__name__}: {cause}")
+        self.item = item
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +62,7 @@ class LearnerStats:
     max_staleness: tuple[int, ...] = ()  # per stage, under the plan in force
     staleness_bound: tuple[int, ...] = ()  # per stage, the schedule's bound of the plan in force
     compensations_truncated: int = 0  # compensations cut short (staler than the deltas kept), since start
+    non_finite: int = 0  # items whose non-finite loss or gradient was dropped (skipped ``non_finite``)
 
 
 class Learner(Protocol):

@@ -4,7 +4,9 @@ An offset is *finished* when its prediction is published and its training work i
 weights (or it was skipped, dead-lettered, or is a label). ``resume_offsets()`` gives, per partition, the
 smallest offset that is not finished: what a restart must read again (DESIGN §4 "Offsets and snapshots").
 ``predicted_through`` remembers, per partition, one past the highest offset already predicted, so a
-restarted trainer can flag re-emitted predictions as duplicates.
+restarted trainer can flag re-emitted predictions as duplicates; offsets at or beyond it whose outcome an
+earlier owner already published (found by :func:`services.trainer.outcomes.scan_outcomes`) are
+duplicates too (:meth:`OffsetLedger.published_before`).
 """
 
 from __future__ import annotations
@@ -22,11 +24,19 @@ class OffsetLedger:
         self._next: dict[int, int] = {}  # per partition: one past the highest offset seen
         self.predicted_through: dict[int, int] = {}
         self._restored_through: dict[int, int] = {}
+        self._published: dict[int, set[int]] = {}  # offsets with an outcome from an earlier owner
 
     def add(self, partition: int, offset: int) -> None:
         with self._lock:
             self._pending.setdefault(partition, OrderedDict())[offset] = False
             self._next[partition] = max(self._next.get(partition, 0), offset + 1)
+
+    def starts_at(self, partition: int, offset: int) -> None:
+        """Consumption of ``partition`` starts at ``offset`` (an assignment): what a snapshot taken before
+        any record of it arrives resumes from."""
+        with self._lock:
+            if partition not in self._next:
+                self._next[partition] = offset
 
     def finish(self, partition: int, offset: int) -> None:
         with self._lock:
@@ -44,7 +54,12 @@ class OffsetLedger:
     def is_duplicate(self, partition: int, offset: int) -> bool:
         """True for an offset a previous run (restored from a snapshot) had already predicted."""
         with self._lock:
-            return offset < self._restored_through.get(partition, 0)
+            return offset < self._restored_through.get(partition, 0) or offset in self._published.get(partition, ())
+
+    def published_before(self, partition: int, offsets: set[int]) -> None:
+        """These offsets of ``partition`` already have an outcome (an earlier run or owner published it)."""
+        with self._lock:
+            self._published.setdefault(partition, set()).update(offsets)
 
     def restore(self, predicted_through: dict[int, int]) -> None:
         with self._lock:
@@ -73,8 +88,16 @@ class OffsetLedger:
             return sum(len(p) for p in self._pending.values())
 
     def forget(self, partitions: list[int]) -> None:
-        """Drop partitions this replica no longer owns (a rebalance)."""
+        """Drop partitions this replica no longer owns (a rebalance): their next owner reads what is
+        unfinished again, from the committed offset."""
         with self._lock:
             for partition in partitions:
                 self._pending.pop(partition, None)
                 self._next.pop(partition, None)
+                self._published.pop(partition, None)
+                self._restored_through.pop(partition, None)
+                self.predicted_through.pop(partition, None)
+
+    def unfinished_in(self, partition: int) -> int:
+        with self._lock:
+            return len(self._pending.get(partition, ()))

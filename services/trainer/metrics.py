@@ -46,8 +46,8 @@ BY_REASON = {
 GAUGES = {
     "planned_bytes": "Bytes the plan in force predicts the engine holds (the planner's cost model)",
     "measured_bytes": "Bytes the engine holds under the plan in force, measured peak",
-    "lag_items": "Items consumed whose outcome is not durable yet, over this replica's partitions",
-    "lag_seconds": "Age of the stream's lag (GetStatus lag_seconds)",
+    "lag_items": "Sample records behind the end of the assigned partitions (where known)",
+    "lag_seconds": "Age (event time) of the newest consumed sample of a partition that is behind; 0 caught up",
     "plan_version": "Version of the plan in force",
     "model_version": "Optimizer updates applied to the master weights",
     "last_snapshot_version": "Version of the last snapshot written or restored (0: none)",
@@ -81,7 +81,8 @@ class TrainerCollector(Collector):
         for name, (doc, scale) in RATIOS.items():
             yield GaugeMetricFamily(metric_name(name), f"{doc} (0-1)", value=getattr(s, name) / scale)
         partitions = GaugeMetricFamily(
-            "ferret_partition_lag_items", "Lag in items per sample partition of this replica", labels=["partition"]
+            "ferret_partition_lag_items", "Sample records behind the end of each assigned partition (-1: unknown)",
+            labels=["partition"],
         )
         for partition, lag in sorted(s.lag_items_by_partition.items()):
             partitions.add_metric([str(partition)], lag)

@@ -14,13 +14,15 @@ from services.proto_gen.ferret.v1 import messages_pb2
 from services.trainer.learner import ArrivalOutcome
 
 # SkipReason → TrainingDecision. ``omitted`` (T3 omits every stage, which Alg. 2 never plans) has no value
-# of its own in the published contract: UNSPECIFIED.
+# of its own in the published contract: UNSPECIFIED. ``non_finite`` is decided during training, after the
+# prediction was published as dispatched: never a prediction's decision (counted in the status instead).
 DECISIONS: Mapping[SkipReason | None, int] = {
     None: messages_pb2.TRAINING_DECISION_DISPATCHED,
     SkipReason.BUSY: messages_pb2.TRAINING_DECISION_SKIPPED_BUSY,
     SkipReason.WORKER_REMOVED: messages_pb2.TRAINING_DECISION_SKIPPED_WORKER_REMOVED,
     SkipReason.NO_LABEL: messages_pb2.TRAINING_DECISION_SKIPPED_NO_LABEL,
     SkipReason.OMITTED: messages_pb2.TRAINING_DECISION_UNSPECIFIED,
+    SkipReason.NON_FINITE: messages_pb2.TRAINING_DECISION_UNSPECIFIED,
 }
 
 

@@ -30,14 +30,16 @@ from services.control.auth import ServerTls
 from services.control.health import ControlHealth
 from services.control.server import ControlServer, create_server
 from services.control.trainer_port import SnapshotInfo
+from services.failpoints import configure as configure_failpoints
 from services.kafka.admin import ensure_topics
 from services.metrics_http import serve_metrics
 from services.models import build_model_for
-from services.snapshots import SnapshotStore, redis_client
+from services.snapshots import Reconnect, SnapshotStore, redis_client
 from services.trainer.arrivals import DriftReplanner, SwitchablePlanner
-from services.trainer.checkpoints import Checkpoints
+from services.trainer.checkpoints import Checkpoints, no_guard
 from services.trainer.counters import StreamCounters
 from services.trainer.engine_learner import EngineLearner
+from services.trainer.failure_log import RedisFailureLog
 from services.trainer.failures import ErrorPolicy
 from services.trainer.labels import LateLabelJoin
 from services.trainer.learner import Learner
@@ -118,8 +120,11 @@ def assemble(
     health: ControlHealth | None = None,
     policy: ErrorPolicy | None = None,
     snapshot_on_stop: bool = True,
+    link: Reconnect | None = None,
 ) -> TrainerParts:
-    """The trainer's parts around ``learner``, each built once with what it needs."""
+    """The trainer's parts around ``learner``, each built once with what it needs. ``link``: Redis's
+    reachability (degraded mode, :class:`~services.snapshots.Reconnect`); ``health`` also bounds a
+    stalled snapshot write (readiness)."""
     instance_id = settings.kafka.resolved_instance_id()
     plan = PlanInForce(learner.plan)
     lifecycle = Lifecycle()
@@ -138,6 +143,9 @@ def assemble(
         interval_s=settings.redis.snapshot_interval_s,
         snapshot_on_stop=snapshot_on_stop,
         on_health=health.set_snapshots_ok if health is not None else lambda ok: None,
+        link=link,
+        stall_guard=health.readiness_deadline if health is not None else no_guard,
+        stall_s=settings.redis.timeout_s,
     )
     calls = LoopCalls()
     stream = RecordStream(
@@ -151,7 +159,7 @@ def assemble(
         lifecycle=lifecycle,
         checkpoints=checkpoints,
         calls=calls,
-        policy=policy or ErrorPolicy(),
+        policy=policy or ErrorPolicy(max_failures=settings.trainer.max_record_failures),
         hooks=hooks or StreamHooks(),
     )
     status = StatusView(
@@ -162,6 +170,7 @@ def assemble(
         plan=plan,
         lifecycle=lifecycle,
         checkpoints=checkpoints,
+        lag=stream.lag,
     )
     port = Trainer(
         stream=stream,
@@ -230,6 +239,7 @@ def make_planner(settings: Settings, profile: ModelProfile) -> Planner:
 def start_trainer(settings: Settings) -> TrainerProcess:
     """Build everything and start the control plane and metrics; the caller then runs the loop."""
     t = settings.trainer
+    configure_failpoints()  # test-only fault injection (FERRET_FAILPOINT); an unknown name fails here
     budgeted = plans_for_budget(t.method)
     if t.budget_bytes is not None and not budgeted:
         raise ConfigError(
@@ -266,7 +276,11 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     # 4. the trainer's parts, and the metrics' view of their status
     shape, classes = sample_spec(settings)
     decoder = SampleDecoder(shape, classes, input_range=t.input_range, normaliser=t.input_normaliser)
-    parts = assemble(settings, learner, decoder, store, hooks=hooks, health=health)
+    link = Reconnect(store.ping, on_change=health.set_snapshots_ok)  # Redis down: degraded, retried with backoff
+    policy = ErrorPolicy(
+        failures=RedisFailureLog(client, r.namespace, kafka.group_id), max_failures=t.max_record_failures
+    )
+    parts = assemble(settings, learner, decoder, store, hooks=hooks, health=health, policy=policy, link=link)
     metrics.register(parts.status.status, parts.status.mean_staleness)
     parts.restore_latest()
     # 5. the control plane over the port, and the drift re-planner requesting through it

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import time
 
-from services.codec import now_ms
+from ferret_core.engine import SkipReason
 from services.control.trainer_port import TrainerStatus
 from services.trainer.checkpoints import Checkpoints
 from services.trainer.counters import StreamCounters
+from services.trainer.lag import PartitionLag
 from services.trainer.learner import Learner, LearnerStats
 from services.trainer.ledger import OffsetLedger
 from services.trainer.state import Lifecycle, PlanInForce
@@ -29,6 +30,7 @@ class StatusView:
         plan: PlanInForce,
         lifecycle: Lifecycle,
         checkpoints: Checkpoints,
+        lag: PartitionLag | None = None,
     ) -> None:
         self.instance_id = instance_id
         self.counters = counters
@@ -37,6 +39,7 @@ class StatusView:
         self.plan = plan
         self.lifecycle = lifecycle
         self.checkpoints = checkpoints
+        self.lag = lag or PartitionLag()
         self._started = time.monotonic()
 
     def learner_stats(self) -> LearnerStats:
@@ -49,9 +52,12 @@ class StatusView:
         stats = self.learner.stats()
         plan, plan_version = self.plan.get()
         c = self.counters
+        lag = self.lag.reading()
         with c.lock:
             latency = c.latency_ms.get()
-            lag = max(0.0, (now_ms() - c.last_event_time_ms) / 1000) if c.last_event_time_ms else 0.0
+            skipped = dict(c.skipped)
+            if stats.non_finite:  # decided during training, counted by the learner
+                skipped[SkipReason.NON_FINITE] = skipped.get(SkipReason.NON_FINITE, 0) + stats.non_finite
             elapsed = max(1e-9, time.monotonic() - self._started)
             return TrainerStatus(
                 state=self.lifecycle.state,
@@ -63,7 +69,7 @@ class StatusView:
                 duplicates_published=c.duplicates_published,
                 backward_passes=stats.backward_passes,
                 labels_joined=c.labels_joined,
-                skipped=dict(c.skipped),
+                skipped=skipped,
                 dead_lettered=dict(c.dead_lettered),
                 labelled_predictions=c.online.count,
                 correct_predictions=c.online.correct,
@@ -72,8 +78,9 @@ class StatusView:
                 # the method's own bytes where it plans them (a schedule on Ferret's partition), else the plan's
                 planned_bytes=plan.predicted_bytes if stats.planned_bytes is None else stats.planned_bytes,
                 measured_bytes=stats.measured_bytes,  # peak under the plan in force
-                lag_items=self.ledger.unfinished(),
-                lag_seconds=lag,
+                lag_items=lag.items,
+                lag_seconds=lag.seconds,
+                lag_items_by_partition=lag.by_partition,
                 items_per_second=c.items_valid / elapsed,
                 latency_ms_p50=float(latency.get("p50", 0.0)),
                 latency_ms_p99=float(latency.get("p99", 0.0)),

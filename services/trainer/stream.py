@@ -5,8 +5,12 @@ offsets, one step per concern, as quix-streams' ``Application._process_message``
 :class:`~services.trainer.failures.ErrorPolicy` (logged there with topic, partition and offset) and the
 path carries out its decision in :meth:`RecordStream._fail`. An offset is finished when the record's
 outcome is durable: its prediction delivered (the learner settles dispatch or skip before ``arrive``
-returns), its dead letter delivered, or the record given up; the loop stores, per partition, the smallest
-unfinished offset (:class:`~services.trainer.ledger.OffsetLedger`) every :data:`OFFSET_STORE_INTERVAL_S`.
+returns), its dead letter delivered, or the record given up; the loop commits, per partition, the smallest
+unfinished offset (:class:`~services.trainer.ledger.OffsetLedger`) every :data:`COMMIT_INTERVAL_S`, with
+the outcome topics' positions that let the next owner of the partition flag every re-emitted outcome
+(:mod:`.outcomes`). Outcomes are partition-aligned (sample partition p → outcome partition p mod n) and go
+out through :class:`~services.trainer.publisher.Publisher` (too-large messages, a full queue, a rebuilt
+producer). Assignment, revocation, commits and lag are :class:`~services.trainer.partitions.PartitionOwner`'s.
 
 One loop thread (:meth:`RecordStream.run`) owns the Kafka clients and the learner's front door. Between
 batches it serves the control plane's calls (re-plans, snapshots, restores: :mod:`.loop_calls`) and
@@ -18,39 +22,52 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import cast
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 
-from services.codec import Rejection, RejectReason, SampleDecoder, ValidSample, dead_letter_record, now_ms
+from services.codec import (
+    DEFAULT_MESSAGE_LIMIT,
+    Rejection,
+    RejectReason,
+    SampleDecoder,
+    ValidSample,
+    dead_letter_record,
+    now_ms,
+)
 from services.config import KafkaSettings
 from services.control.trainer_port import TrainerState
+from services.failpoints import failpoint
 from services.proto_gen.ferret.v1 import messages_pb2
 from services.stream_rate import Headers
 from services.trainer.checkpoints import Checkpoints
 from services.trainer.counters import StreamCounters
-from services.trainer.failures import Decision, ErrorPolicy, RecordFailure, RecordPathStopped, Step
+from services.trainer.failures import TOO_LARGE, Decision, ErrorPolicy, RecordFailure, RecordPathStopped, Step
 from services.trainer.labels import LateLabelJoin
 from services.trainer.learner import ArrivalOutcome, Learner
 from services.trainer.ledger import OffsetLedger
 from services.trainer.loop_calls import LoopCalls
 from services.trainer.methods import DELIVERY_ITEMS
+from services.trainer.partitions import COMMIT_INTERVAL_S, PartitionOwner
 from services.trainer.predictions import HEADERS as PREDICTION_HEADERS
 from services.trainer.predictions import prediction_message
+from services.trainer.publisher import MessageTooLarge, ProducerLike, Publisher, too_large
 from services.trainer.state import Lifecycle, PlanInForce
 
 log = logging.getLogger("ferret.trainer")
 
-OFFSET_STORE_INTERVAL_S = 0.2
 BATCH = DELIVERY_ITEMS  # records per consume() call (the admission queue holds one such delivery)
 POLL_S = 0.05
-# Committed offsets bound the duplicates a crash can leave unflagged: commit stored ones every second.
+BLAMED_ITEMS = 4096  # recent items whose record a learner failure can be blamed on
+DLQ_DUPLICATE = "ferret.dlq.duplicate"  # "true" on a dead letter an earlier run or owner already wrote
 # fetch.wait.max.ms 10 (librdkafka's default is 500): measured p99 of the broker hop 20 ms vs 258 ms and of
-# arrival → prediction 192 vs 306 ms (benchmarks/service/results/latency.md).
-CONSUMER_DEFAULTS = {"auto.commit.interval.ms": 1000, "fetch.wait.max.ms": 10}
+# arrival → prediction 192 vs 306 ms (benchmarks/service/results/latency.md). Commits are the loop's own;
+# end-of-partition events tell the lag when the consumer is caught up (lag.py).
+CONSUMER_DEFAULTS = {"enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 10}
 
 
 def _ignore(*_: object) -> None:
@@ -116,28 +133,36 @@ class RecordStream:
         self.calls = calls
         self.policy = policy
         self.hooks = hooks
-        self.assigned_partitions: frozenset[int] = frozenset()  # sample partitions this replica owns
-        self._resume_at: dict[int, int] = {}  # from a restored snapshot: where each partition starts
         self._consumer: Consumer | None = None
-        self._producer: Producer | None = None
+        self._publisher: Publisher | None = None
+        self.partitions = PartitionOwner(kafka, ledger, flush=self.flush, on_assigned=hooks.on_assigned)
+        self.lag = self.partitions.lag
+        self._blame: OrderedDict[int, tuple[int, int]] = OrderedDict()  # item -> (partition, offset)
+        self.max_message_bytes = int(kafka.properties.get("message.max.bytes", DEFAULT_MESSAGE_LIMIT))
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Consume until ``stop`` is set, then drain, snapshot and commit (the SIGTERM path)."""
         self.calls.bind()
-        consumer, producer = self.connect()
-        consumer.subscribe([self.topics.samples, self.topics.labels], on_assign=self._on_assign)
+        consumer, publisher = self.connect()
+        consumer.subscribe(
+            [self.topics.samples, self.topics.labels],
+            on_assign=self.partitions.on_assign,
+            on_revoke=self.partitions.on_revoke,
+            on_lost=self.partitions.on_lost,
+        )
         self.lifecycle.state = TrainerState.RUNNING
-        stored = time.monotonic()
+        committed = time.monotonic()
         try:
             while not stop.is_set():
                 self.calls.serve(self.paused)  # re-plans, snapshots, restores asked by the control plane
                 for message in self._next_batch(consumer):
                     self.process(message)
-                producer.poll(0)  # delivery callbacks: they finish offsets
-                if time.monotonic() - stored >= OFFSET_STORE_INTERVAL_S:
-                    self.store_offsets()
-                    stored = time.monotonic()
+                publisher.poll(0)  # delivery callbacks: they finish offsets
+                if time.monotonic() - committed >= COMMIT_INTERVAL_S:
+                    self.partitions.commit()
+                    self.partitions.measure_lag()
+                    committed = time.monotonic()
                 if self.checkpoints.due():
                     with self.paused():
                         self.checkpoints.save_periodic(self)
@@ -148,7 +173,10 @@ class RecordStream:
             finally:
                 self.calls.close()
                 consumer.close()
-                self.learner.close()
+                try:
+                    self.learner.close()
+                except Exception as exc:  # a failed learner re-raises its failure: already reported
+                    log.debug("closing the learner: %s", exc)
 
     @staticmethod
     def _next_batch(consumer: Consumer) -> list[Message]:
@@ -157,11 +185,27 @@ class RecordStream:
         or the whole timeout, adding up to 50 ms to every item of a slow stream)."""
         return consumer.consume(num_messages=BATCH, timeout=0) or consumer.consume(num_messages=1, timeout=POLL_S)
 
-    def connect(self, consumer: Consumer | None = None, producer: Producer | None = None) -> tuple[Consumer, Producer]:
-        """Create the Kafka clients (lazily, on the loop thread; tests may pass their own)."""
+    def connect(
+        self,
+        consumer: Consumer | None = None,
+        producer: ProducerLike | None = None,
+        *,
+        producer_factory: Callable[[Callable[[KafkaError], None]], ProducerLike] | None = None,
+    ) -> tuple[Consumer, Publisher]:
+        """Create the Kafka clients (lazily, on the loop thread; tests may pass their own). The producer
+        is made by ``producer_factory`` (given librdkafka's ``error_cb``), again after a fatal error."""
+
+        def make(error_cb: Callable[[KafkaError], None]) -> ProducerLike:
+            if producer_factory is not None:
+                return producer_factory(error_cb)
+            if producer is not None:
+                return producer
+            return cast(ProducerLike, Producer({**self.kafka.producer_config(), "error_cb": error_cb}))
+
         self._consumer = consumer or Consumer({**CONSUMER_DEFAULTS, **self.kafka.consumer_config()})
-        self._producer = producer or Producer(self.kafka.producer_config())
-        return self._consumer, self._producer
+        self.partitions.consumer = self._consumer
+        self._publisher = Publisher(make)
+        return self._consumer, self._publisher
 
     # -- one record's path ----------------------------------------------------------------------------
     def process(self, message: Message) -> None:
@@ -173,17 +217,22 @@ class RecordStream:
         if record.topic == self.topics.labels:
             return self._join_label(record)
         self._receive(record)  # 1. counted; its offset is pending until its outcome is durable
+        poisoned = self.policy.poisoned(*_where(record))  # it made the trainer stop too often: dead letter
+        if poisoned is not None:
+            return self._fail(poisoned, record)
         sample = self._decode(record)  # 2. a valid sample, else the error policy (dead letter)
         if sample is None:
             return None
         arrived = self._arrive(record, sample)  # 3. predicted, then dispatched or skipped
         if arrived is None:
             return None
+        failpoint("trainer.mid-record")  # trained, its outcome not yet published
         return self._publish(record, sample, *arrived)  # 4. produced; its delivery finishes the offset
 
     def _receive(self, record: Record) -> None:
         self.counters.add("items_received")
         self.ledger.add(record.partition, record.offset)
+        self.partitions.lag.consumed(record.partition, record.offset, None)
 
     def _decode(self, record: Record) -> ValidSample | None:
         decoded = self.decoder.decode(record.message.value())
@@ -195,10 +244,17 @@ class RecordStream:
     def _arrive(self, record: Record, sample: ValidSample) -> tuple[int, ArrivalOutcome] | None:
         item = self.counters.next_item(sample.event_time_ms)
         self.hooks.on_arrival(sample.event_time_ms, record.partition, record.message.headers())
+        self.partitions.lag.consumed(record.partition, record.offset, sample.event_time_ms)
+        self._blame[item] = (record.partition, record.offset)
+        if len(self._blame) > BLAMED_ITEMS:
+            self._blame.popitem(last=False)
         try:
             return item, self.learner.arrive(item, sample.x, sample.label, sample.event_time_ms)
         except Exception as exc:
-            self._fail(RecordFailure(Step.ARRIVE, *_where(record), type(exc).__name__, str(exc), exc), record)
+            # blame the record whose item the failing pipeline action ran (LearnerFailed.item), else this one
+            partition, offset = self._blame.get(getattr(exc, "item", item), (record.partition, record.offset))
+            reason = type(exc.__cause__ or exc).__name__
+            self._fail(RecordFailure(Step.ARRIVE, record.topic, partition, offset, reason, str(exc), exc), record)
             return None
 
     def _publish(self, record: Record, sample: ValidSample, item: int, outcome: ArrivalOutcome) -> None:
@@ -220,26 +276,34 @@ class RecordStream:
             latency_ms=latency,
             time_ms=now_ms(),
         )
-        assert self._producer is not None
+        assert self._publisher is not None
         try:
-            self._producer.produce(
+            self._publisher.send(
                 self.topics.predictions,
                 message.SerializeToString(),
                 key=sample.sample_id.encode(),
                 headers=PREDICTION_HEADERS,
-                on_delivery=lambda err, _msg: self._delivered(err, record, duplicate, latency),
+                partition=self.partitions.outcome_partition(self.topics.predictions, record.partition),
+                on_delivery=lambda err, msg: self._delivered(err, msg, record, duplicate, latency),
             )
+        except MessageTooLarge as exc:
+            self._fail(RecordFailure(Step.PUBLISH, *_where(record), TOO_LARGE, str(exc), exc), record)
+            return
         except (BufferError, KafkaException) as exc:
             self._fail(RecordFailure(Step.PUBLISH, *_where(record), type(exc).__name__, str(exc), exc), record)
             return
         self.ledger.mark_predicted(record.partition, record.offset)
 
-    def _delivered(self, err: KafkaError | None, record: Record, duplicate: bool, latency: float) -> None:
+    def _delivered(
+        self, err: KafkaError | None, msg: Message | None, record: Record, duplicate: bool, latency: float
+    ) -> None:
         if err is not None:
-            self._fail(RecordFailure(Step.DELIVER, *_where(record), "not_delivered", str(err)), record)
+            reason = TOO_LARGE if too_large(err) else "not_delivered"
+            self._fail(RecordFailure(Step.DELIVER, *_where(record), reason, err.str()), record)
             return
         self.counters.count_delivery(duplicate, latency)
         self.hooks.on_latency(latency)
+        self.partitions.outcome_delivered(self.topics.predictions, record.partition, record.offset, msg)
         self.ledger.finish(record.partition, record.offset)
 
     def _join_label(self, record: Record) -> None:
@@ -255,8 +319,10 @@ class RecordStream:
         self._finish(record)
 
     def _broker_error(self, record: Record, error: KafkaError) -> None:
-        if error.code() == KafkaError._PARTITION_EOF:
-            return  # not a failure: the end of a partition for now
+        if error.code() == KafkaError._PARTITION_EOF:  # not a failure: caught up with the partition, for now
+            if record.topic == self.topics.samples:
+                self.partitions.lag.end_of_partition(record.partition, record.offset)
+            return
         self._fail(RecordFailure(Step.CONSUME, *_where(record), error.name(), error.str()))
 
     # -- the error policy's decisions -----------------------------------------------------------------
@@ -274,60 +340,47 @@ class RecordStream:
 
     def _dead_letter(self, record: Record, failure: RecordFailure) -> None:
         """The original record to ``<prefix>.samples.dlq`` with the failure's reason (bounded to the
-        producer's message limit, :func:`services.codec.dead_letter_record`); finished on delivery."""
+        producer's message limit, :func:`services.codec.dead_letter_record`); finished on delivery. One an
+        earlier run or owner already wrote carries ``ferret.dlq.duplicate: true``."""
         self.counters.count_dead_letter(failure.reason)
-        letter = dead_letter_record(record.message, Rejection(cast(RejectReason, failure.reason), failure.detail))
+        rejection = Rejection(cast(RejectReason, failure.reason), failure.detail)
+        letter = dead_letter_record(record.message, rejection, max_bytes=self.max_message_bytes - 256)
+        headers = letter.headers
+        if self.ledger.is_duplicate(record.partition, record.offset):
+            headers = [*headers, (DLQ_DUPLICATE, b"true")]
 
-        def delivered(err: KafkaError | None, _msg: Message) -> None:
+        def delivered(err: KafkaError | None, msg: Message | None) -> None:
             if err is None:
+                self.partitions.outcome_delivered(self.topics.dlq, record.partition, record.offset, msg)
                 self._finish(record)
             else:
-                self._fail(RecordFailure(Step.DEAD_LETTER, *_where(record), "not_delivered", str(err)), record)
+                reason = TOO_LARGE if too_large(err) else "not_delivered"
+                self._fail(RecordFailure(Step.DEAD_LETTER, *_where(record), reason, err.str()), record)
 
-        assert self._producer is not None
-        self._producer.produce(
-            self.topics.dlq, letter.value, key=letter.key, headers=letter.headers, on_delivery=delivered
-        )
+        assert self._publisher is not None
+        try:
+            self._publisher.send(
+                self.topics.dlq,
+                letter.value,
+                key=letter.key,
+                headers=headers,
+                partition=self.partitions.outcome_partition(self.topics.dlq, record.partition),
+                on_delivery=delivered,
+            )
+        except MessageTooLarge as exc:
+            self._fail(RecordFailure(Step.DEAD_LETTER, *_where(record), TOO_LARGE, str(exc), exc), record)
 
     def _finish(self, record: Record) -> None:
         if record.topic == self.topics.samples:
             self.ledger.finish(record.partition, record.offset)
-        elif self._consumer is not None:  # a label: its offset is stored as it is
-            self._consumer.store_offsets(message=record.message)
+        else:  # a label: its offset is committed as it is
+            self.partitions.label_done(record.partition, record.offset)
+
 
     # -- assignment, pauses, offsets (the checkpoints' StreamEnds) -------------------------------------
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Start from the snapshot's offsets (else the group's committed ones). Everything below the
-        committed offset was predicted before (offsets are stored only after delivery), so re-reading it
-        re-emits predictions flagged ``duplicate``."""
-        samples = [tp for tp in partitions if tp.topic == self.topics.samples]
-        self.assigned_partitions = frozenset(tp.partition for tp in samples)
-        try:
-            committed = consumer.committed(samples, timeout=10) if samples else []
-        except KafkaException as exc:
-            log.warning("reading committed offsets failed: %s", exc)
-            committed = []
-        log.debug("assigned %s; committed %s; snapshot offsets %s", partitions, committed, self._resume_at)
-        for tp in committed:
-            if tp.offset >= 0:
-                self.ledger.known_predicted(tp.partition, tp.offset)
-        for tp in samples:
-            if tp.partition in self._resume_at:
-                tp.offset = self._resume_at[tp.partition]
-        consumer.assign(partitions)
-        self.hooks.on_assigned(self.assigned_partitions)  # readiness: only now can the trainer take the stream
-
     def resume_from(self, offsets: Mapping[int, int]) -> None:
-        """Read each sample partition from ``offsets`` (a restored snapshot's): at the next assignment, and
-        now for partitions already assigned (on the loop thread)."""
-        self._resume_at = dict(offsets)
-        if self._consumer is None:
-            return
-        for partition, offset in self._resume_at.items():
-            try:
-                self._consumer.seek(TopicPartition(self.topics.samples, partition, offset))
-            except KafkaException as exc:  # not assigned to this replica (any more)
-                log.warning("seek %s[%s] to %s failed: %s", self.topics.samples, partition, offset, exc)
+        """Read each sample partition from ``offsets`` (a restored snapshot's), now or at its assignment."""
+        self.partitions.resume_from(offsets)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -342,28 +395,16 @@ class RecordStream:
             if partitions and self._consumer is not None:
                 self._consumer.resume(partitions)
 
+    # -- the checkpoints' StreamEnds ------------------------------------------------------------------------
     def store_offsets(self) -> None:
-        """Store, per sample partition, the smallest unfinished offset (auto-commit commits them)."""
-        if self._consumer is None:
-            return
-        offsets = [TopicPartition(self.topics.samples, p, o) for p, o in self.ledger.resume_offsets().items()]
-        if offsets:
-            try:
-                self._consumer.store_offsets(offsets=offsets)
-            except KafkaException as exc:  # e.g. a partition revoked meanwhile
-                log.warning("storing offsets failed: %s", exc)
+        """Committing is the loop's own (:meth:`commit_progress`); nothing is stored apart."""
 
     def flush(self, timeout_s: float) -> int:
-        return 0 if self._producer is None else int(self._producer.flush(timeout_s))
+        return 0 if self._publisher is None else self._publisher.flush(timeout_s)
 
     def commit(self) -> None:
-        if self._consumer is None:
-            return
-        try:
-            self._consumer.commit(asynchronous=False)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError._NO_OFFSET:  # _NO_OFFSET: auto-commit already committed all
-                log.error("final commit failed: %s", exc)
+        """The final commit (shutdown): synchronous."""
+        self.partitions.commit(sync=True)
 
 
 def _where(record: Record) -> tuple[str, int, int]:

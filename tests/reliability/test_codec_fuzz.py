@@ -169,3 +169,14 @@ def test_a_5_mib_record_is_too_large_and_its_dead_letter_fits() -> None:
     assert headers["origin"] == b"producer-1" and letter.key == b"s/1"
     assert len(letter.value or b"") + sum(len(k) + len(v) for k, v in letter.headers) <= 1_000_000
     assert value.startswith(letter.value or b"x")
+
+
+def test_minmax_rescales_values_spanning_beyond_float32() -> None:
+    """Found by the fuzz: ±3e38 in one sample made float32's x − min overflow to inf and NaN came out."""
+    values = np.zeros(SHAPE, dtype=np.float32)
+    values.flat[-2], values.flat[-1] = 3e38, -3e38
+    sample = Sample(id="s/1", tensor=Tensor(shape=list(SHAPE), dtype="float32", data=values.tobytes()))
+    result = DECODERS["minmax"].decode(sample.SerializeToString())
+    assert isinstance(result, ValidSample)
+    assert bool(result.x.isfinite().all())
+    assert float(result.x.min()) == -1000.0 and float(result.x.max()) == 1000.0

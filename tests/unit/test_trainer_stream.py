@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from confluent_kafka import KafkaError, TopicPartition
 
 from ferret_core.engine import SkipReason
 from ferret_core.engine.policies import sequential_plan
@@ -64,44 +65,71 @@ class FakeMessage:
 
 
 @dataclass
+class Delivered:
+    """The message a delivery report carries (its offset in the topic's partition)."""
+
+    _topic: str
+    _partition: int
+    _offset: int
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+
+@dataclass
 class FakeProducer:
     """Queues produced messages; ``poll``/``flush`` deliver them (with ``fail`` as the error, if set)."""
 
-    fail: object = None
-    queued: list[tuple[str, bytes, Callable[..., None]]] = field(default_factory=list)
+    fail: KafkaError | None = None
+    queued: list[tuple[str, bytes, int | None, Callable[..., None]]] = field(default_factory=list)
     delivered: list[tuple[str, bytes]] = field(default_factory=list)
+    headers: list[object] = field(default_factory=list)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def produce(self, topic: str, value: bytes, key: bytes | None = None, headers: object = None,
-                on_delivery: Callable[..., None] | None = None) -> None:  # fmt: skip
+                on_delivery: Callable[..., None] | None = None, partition: int | None = None) -> None:  # fmt: skip
         assert on_delivery is not None
-        self.queued.append((topic, value, on_delivery))
+        self.queued.append((topic, value, partition, on_delivery))
+        self.headers.append(headers)
 
     def poll(self, timeout: float = 0) -> int:
         queued, self.queued = self.queued, []
-        for topic, value, callback in queued:
+        for topic, value, partition, callback in queued:
             if self.fail is None:
                 self.delivered.append((topic, value))
-            callback(self.fail, None)
+                where = (topic, partition or 0)
+                self.offsets[where] = offset = self.offsets.get(where, -1) + 1
+                callback(None, Delivered(topic, partition or 0, offset))
+            else:
+                callback(self.fail, None)
         return len(queued)
 
     def flush(self, timeout: float = 0) -> int:
         self.poll()
         return 0
 
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None: ...
+
 
 @dataclass
 class FakeConsumer:
-    stored: list[object] = field(default_factory=list)
-    committed: int = 0
+    commits: list[list[tuple[str, int, int]]] = field(default_factory=list)
 
-    def store_offsets(self, message: object = None, offsets: object = None) -> None:
-        self.stored.append(message if message is not None else offsets)
+    @property
+    def committed(self) -> int:
+        return len(self.commits)
 
     def assignment(self) -> list[object]:
         return []
 
-    def commit(self, asynchronous: bool = True) -> None:
-        self.committed += 1
+    def commit(self, offsets: list[TopicPartition] | None = None, asynchronous: bool = True) -> None:
+        self.commits.append(sorted((tp.topic, tp.partition, tp.offset) for tp in offsets or []))
 
 
 class ScriptedLearner:
@@ -212,7 +240,7 @@ def test_an_invalid_record_is_dead_lettered_and_finished_on_delivery(caplog: pyt
 
 
 def test_an_undelivered_prediction_holds_its_offset() -> None:
-    parts, producer, _ = parts_for(ScriptedLearner(), FakeProducer(fail="broker down"))
+    parts, producer, _ = parts_for(ScriptedLearner(), FakeProducer(fail=KafkaError(KafkaError._MSG_TIMED_OUT)))
     parts.stream.process(FakeMessage(TOPICS.samples, 0, 0, sample(0)))  # type: ignore[arg-type]
     producer.poll()
     assert parts.stream.ledger.resume_offsets() == {0: 0}  # a restart reads it again
@@ -235,12 +263,14 @@ def test_a_policy_rule_changes_what_happens_without_touching_the_path() -> None:
 
 def test_a_late_label_counts_toward_online_accuracy_once() -> None:
     parts, _, consumer = parts_for(ScriptedLearner())
+    parts.stream.partitions.assigned = frozenset({0})
     parts.stream.process(FakeMessage(TOPICS.samples, 0, 0, sample(0, label=None)))  # type: ignore[arg-type]
     label = messages_pb2.Label(sample_id="digits/0", label=3).SerializeToString()
     parts.stream.process(FakeMessage(TOPICS.labels, 0, 0, label))  # type: ignore[arg-type]
     status = parts.port.status()
     assert (status.labels_joined, status.labelled_predictions, status.online_accuracy) == (1, 1, 100.0)
-    assert len(consumer.stored) == 1  # the label's offset
+    parts.stream.partitions.commit()
+    assert (TOPICS.labels, 0, 1) in consumer.commits[-1]  # the label's offset, committed as it is
 
 
 def test_policy_logs_where_and_decides_by_step(caplog: pytest.LogCaptureFixture) -> None:
@@ -256,9 +286,11 @@ def test_shutdown_without_a_drain_in_budget_skips_the_snapshot_and_still_commits
     learner = ScriptedLearner()
     learner.slow_drain = True
     parts, _, consumer = parts_for(learner)
+    parts.stream.partitions.assigned = frozenset({0})
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 7, sample(0)))  # type: ignore[arg-type]
     parts.checkpoints.shutdown(parts.stream)
     assert learner.drain_timeout is not None and learner.drain_timeout <= 30.0  # the shared budget
-    assert consumer.committed == 1
+    assert consumer.commits == [[(TOPICS.samples, 0, 8)]]  # flushed (delivered), then committed
 
 
 class RecordingStore:

@@ -17,6 +17,9 @@ T1's recompute, counting, memory sampling — is the engine's):
   gradient stay with the item), ``W`` runs :func:`~.split_backward.weight_gradients` and hands the
   gradient to the accumulation; at the item's lowest stage ``W`` is the whole (fused) backward. The
   item is trained once its last W is done, which may be a W above its lowest stage.
+* **Non-finite gradients** are dropped as in the engine (:meth:`Pipeline._offer_gradient`, both the
+  fused and the W path): the group still closes and flushes the finite rest; a group left with no
+  finite gradient makes no update but lifts its barrier all the same.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from torch import Tensor
 
 from ferret_core.engine.actions import Action, Kind
 from ferret_core.engine.memory import StorageKey, storage_keys
-from ferret_core.engine.pipeline import Pipeline
+from ferret_core.engine.pipeline import Pipeline, all_finite
 from ferret_core.engine.schedules.flush_scheduler import FlushRules, FlushScheduler
 from ferret_core.engine.schedules.split_backward import backward_root, input_gradient, weight_gradients
 from ferret_core.engine.stage_exec import StageProgram, backward, forward_with_grad
@@ -75,19 +78,20 @@ class FlushPipeline(Pipeline):
             self.meter.add_source("split_backward_roots", self._root_storages)
 
     # ------------------------------------------------------------------------------------- execution
-    def execute(self, action: Action, stamps: Stamps) -> None:
+    def _run(self, action: Action, stamps: Stamps) -> None:
         if action.kind is Kind.W:
             self._weight_gradient(action, stamps)
         elif action.kind is Kind.B and self.flush_rules.split_backward:
             self._input_gradient(action, stamps)
         else:
-            super().execute(action, stamps)
+            super()._run(action, stamps)
 
-    def _keep_gradient(self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion) -> None:
+    def _keep_gradient(self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion) -> bool:
+        """Add the gradient into the row's group sum (compensated at the flush: always kept here)."""
         pending = self._pending[worker][stage]
         if not pending:
             pending.append((list(grads), version))
-            return
+            return True
         buffer, held = pending[0]
         if held.version != version.version:
             raise ScheduleError(
@@ -96,6 +100,7 @@ class FlushPipeline(Pipeline):
             )
         with torch.no_grad():
             torch._foreach_add_(buffer, list(grads))
+        return True
 
     def _after_gradient(self, a: Action, stamps: Stamps, t_end: float) -> None:
         with self.lock:
@@ -111,8 +116,13 @@ class FlushPipeline(Pipeline):
             pending = [entry for row in self._pending for entry in row[j]]
             for row in self._pending:
                 row[j] = []
-            total, stalenesses = self._compensated_sum(j, pending)
+            summed = self._compensated_sum(j, pending)
             del pending
+            if summed is None:  # every gradient of the group was non-finite (dropped): no update
+                with self.lock:
+                    self.scheduler.flushed(j)
+                return
+            total, stalenesses = summed
             new_params = self._apply(a.worker, j, total)
             del total
             written = self.store.publish(j, new_params)
@@ -134,21 +144,23 @@ class FlushPipeline(Pipeline):
 
     def _compensated_sum(
         self, stage: int, pending: list[tuple[list[Tensor], StageVersion]]
-    ) -> tuple[list[Tensor], list[int]]:
+    ) -> tuple[list[Tensor], list[int]] | None:
         """Compensate each row's sum from its read version to the master (τ = 0 within a flush group
         unless asked otherwise) and add the rows: the total and the stalenesses (call under the stage's
-        lock; ``pending`` is emptied)."""
+        lock; ``pending`` is emptied). A row's sum that compensation makes non-finite is dropped (counted
+        ``non_finite``, its items no longer known); None when no finite gradient is left."""
         master = self.store.master(stage)
         total: list[Tensor] | None = None
         stalenesses = []
         for grads, version in pending:
-            stalenesses.append(master.version - version.version)
             fixed = self._compensate(stage, grads, version)
+            if not all_finite(fixed):
+                self._count_non_finite(None)
+                continue
+            stalenesses.append(master.version - version.version)
             total = fixed if total is None else [s + g for s, g in zip(total, fixed, strict=True)]
-        if total is None:
-            raise ScheduleError(f"stage {stage}: a flush needs at least one pending gradient")
         pending.clear()
-        return total, stalenesses
+        return None if total is None else (total, stalenesses)
 
     # ------------------------------------------------------------------------------ split backward
     def _recompute(self, a: Action, item: InFlightItem, version: StageVersion, stamps: Stamps, t0: float) -> float:
@@ -247,7 +259,7 @@ class FlushPipeline(Pipeline):
             item.stashes[j] = None
             last = all(stash is None for stash in item.stashes)
         del graph, grad_out
-        self._keep_gradient(n, j, grads, version)
+        self._offer_gradient(a, grads, version)
         read = version.version
         del grads, version
         self.end_of_action()

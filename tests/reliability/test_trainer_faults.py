@@ -1,0 +1,225 @@
+"""The trainer under faults and hostile input, against the real broker and Redis (issue 12 part B).
+
+Every outcome is counted by consuming ``<prefix>.predictions`` and ``<prefix>.samples.dlq`` from the
+beginning with a fresh group (:func:`tests.reliability.support.read_outcomes`), never from the service's
+counters. docs/reliability.md lists each fault, the promise and what these tests measured.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import redis
+import torch
+from confluent_kafka import Producer
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.codec import encode_sample
+from services.control.health import SNAPSHOTS
+from services.kafka.admin import TopicNames, ensure_topics
+from services.localstack.broker import TansuBroker
+from services.localstack.ports import free_port
+from services.localstack.redis_server import RedisServer
+from services.snapshots import SnapshotStore
+from services.trainer import publisher as publisher_module
+from tests.integration.trainer_support import produce_digits
+from tests.reliability.support import (
+    TrainerCommand,
+    read_outcomes,
+    trainer_env,
+    trainer_in_process,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+DIGITS_SHAPE = (1, 8, 8)
+
+
+def _produce(bootstrap: str, topic: str, values: list[bytes]) -> list[tuple[int, int]]:
+    """Produce raw values; return where each landed (partition, offset)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 8_000_000})
+    landed: dict[int, tuple[int, int]] = {}
+
+    def delivered(err: object, msg: object) -> None:
+        assert err is None, err
+        index = int(msg.key().decode().rpartition("-")[2])  # type: ignore[attr-defined]
+        landed[index] = (msg.partition(), msg.offset())  # type: ignore[attr-defined]
+
+    for i, value in enumerate(values):
+        producer.produce(topic, value, key=f"hostile-{i}".encode(), on_delivery=delivered)
+    assert producer.flush(30) == 0
+    return [landed[i] for i in range(len(values))]
+
+
+def health(target: str, service: str) -> int:
+    with grpc.insecure_channel(target) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+    return int(reply.status)
+
+
+def _hostile_values() -> dict[str, bytes]:
+    """The issue's poisonous records: a 2 MiB record, large finite inputs, bytes that are no Sample."""
+
+    def floats(value: float, dtype: type[np.floating[object]] = np.float32, seq: int = 0) -> bytes:
+        x = np.full(DIGITS_SHAPE, value, dtype=dtype)
+        return encode_sample(x, stream="hostile", sequence=seq, label=1).SerializeToString()
+
+    return {
+        "large_record": b"\x00" * (2 * 1024 * 1024),
+        "float32_1e6": floats(1e6, seq=1),
+        "float32_3e38": floats(3e38, seq=2),
+        "float32_-3e38": floats(-3e38, seq=3),
+        "float16_65504": floats(65504.0, np.float16, seq=4),
+        "garbage": b"\xff\xfe not a protobuf \x00" * 8,
+    }
+
+
+def _predicted_records(landed: list[tuple[int, int]], outcomes_by_record: dict[tuple[int, int], int]) -> list[int]:
+    return [outcomes_by_record.get(where, 0) for where in landed]
+
+
+def test_hostile_records_get_one_outcome_each_and_lag_is_zero_when_idle(
+    bootstrap_servers: str, redis_url: str, topic_prefix: str
+) -> None:
+    """Large record, large finite inputs and garbage between good records: one outcome per record (the
+    hostile ones dead-lettered with their reason), finite weights, and once caught up a lag of 0 items and
+    0 s per partition that stays 0 while the stream is idle."""
+    ensure_topics(bootstrap_servers, topic_prefix, sample_partitions=2)
+    topics = TopicNames(topic_prefix)
+    produce_digits(bootstrap_servers, topics.samples, 40)
+    hostile = _hostile_values()
+    landed = _produce(bootstrap_servers, topics.samples, list(hostile.values()))
+    produce_digits(bootstrap_servers, topics.samples, 40, start=40)
+    with trainer_in_process(trainer_env(bootstrap_servers, redis_url, topic_prefix)) as trainer:
+        outcomes = read_outcomes(bootstrap_servers, topic_prefix, expected=86)
+        by_record = outcomes.by_record()
+        assert sum(by_record.values()) == 86 and set(by_record.values()) == {1}, by_record
+        assert _predicted_records(landed, by_record) == [1] * len(hostile)
+        reasons = {(int(d["partition"]), int(d["offset"])): d["reason"] for d in outcomes.dead_letters}
+        assert [reasons.get(where) for where in landed] == [
+            "too_large",
+            "out_of_range",
+            "out_of_range",
+            "out_of_range",
+            "out_of_range",
+            "undecodable",
+        ], reasons
+        assert outcomes.duplicates() == (0, 0)
+        for name, tensor in trainer.process.parts.learner.state_tensors().items():
+            assert torch.isfinite(tensor.float()).all(), name
+
+        def caught_up() -> bool:
+            status = trainer.status()
+            return dict(status.lag_items_by_partition) == {0: 0, 1: 0} and status.lag_items == 0  # type: ignore[attr-defined]
+
+        wait_for(caught_up, 30, "lag 0 on both partitions")
+        for _ in range(3):  # idle: the lag stays 0 and its age does not grow
+            time.sleep(0.5)
+            status = trainer.status()
+            assert dict(status.lag_items_by_partition) == {0: 0, 1: 0}  # type: ignore[attr-defined]
+            assert (status.lag_items, status.lag_seconds) == (0, 0.0)  # type: ignore[attr-defined]
+        produce_digits(bootstrap_servers, topics.samples, 10, start=80)  # the stream resumes: outcomes again
+        assert len(read_outcomes(bootstrap_servers, topic_prefix, expected=96).by_record()) == 96
+        assert trainer.error is None
+
+
+def test_start_up_falls_back_past_a_corrupt_snapshot_and_runs_degraded_without_redis(
+    bootstrap_servers: str, redis_url: str, redis_client: redis.Redis, topic_prefix: str, own_valkey: RedisServer
+) -> None:
+    """Start-up restores the newest *valid* snapshot (v3, the shutdown's, lost a chunk: v2), and with Redis down starts
+    anyway (snapshots degraded) and keeps predicting."""
+    ensure_topics(bootstrap_servers, topic_prefix, sample_partitions=2)
+    topics = TopicNames(topic_prefix)
+    env = trainer_env(bootstrap_servers, redis_url, topic_prefix)
+    produce_digits(bootstrap_servers, topics.samples, 20)
+    with trainer_in_process(env) as first:
+        read_outcomes(bootstrap_servers, topic_prefix, expected=20)
+        port = first.process.parts.port
+        assert port.save_snapshot({}).version == 1
+        produce_digits(bootstrap_servers, topics.samples, 10, start=20)
+        read_outcomes(bootstrap_servers, topic_prefix, expected=30)
+        assert port.save_snapshot({}).version == 2
+    store = SnapshotStore(redis_client, env["FERRET_REDIS_NAMESPACE"], env["FERRET_KAFKA_INSTANCE_ID"])
+    newest = max(store.list_versions())  # 3: the shutdown's
+    assert newest == 3
+    redis_client.delete(f"{env['FERRET_REDIS_NAMESPACE']}:snap:{{replica-0}}:v{newest}:chunk:0")
+    with trainer_in_process(env) as second:
+        assert second.status().last_snapshot_version == newest - 1  # type: ignore[attr-defined]
+        produce_digits(bootstrap_servers, topics.samples, 5, start=30)
+        outcomes = read_outcomes(bootstrap_servers, topic_prefix, expected=35)
+        assert min(outcomes.by_record().values()) == 1 and outcomes.duplicates()[1] == 0
+    down = {**env, "FERRET_REDIS_URL": own_valkey.url, "FERRET_REDIS_TIMEOUT_S": "0.5"}
+    own_valkey.stop()
+    with trainer_in_process(down):
+        assert health(down["FERRET_CONTROL_LISTEN"], SNAPSHOTS) == health_pb2.HealthCheckResponse.NOT_SERVING
+        produce_digits(bootstrap_servers, topics.samples, 5, start=35)
+        outcomes = read_outcomes(bootstrap_servers, topic_prefix, expected=40)
+        assert len(outcomes.by_record()) == 40 and outcomes.duplicates()[1] == 0
+
+
+def test_kill_9_mid_record_recovers_with_every_re_emission_flagged(
+    bootstrap_servers: str, redis_url: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """``ferret run`` SIGKILLed after training its 150th item, before publishing its outcome; a new process
+    resumes from the committed offsets: every record gets an outcome, every extra copy is flagged
+    duplicate, and the time from the kill to the next prediction is measured (docs/reliability.md)."""
+    ensure_topics(bootstrap_servers, topic_prefix, sample_partitions=2)
+    topics = TopicNames(topic_prefix)
+    total = 400
+    produce_digits(bootstrap_servers, topics.samples, total)
+    env = trainer_env(bootstrap_servers, redis_url, topic_prefix)
+    log = tmp_path / "trainer.log"
+    first = TrainerCommand({**env, "FERRET_FAILPOINT": "trainer.mid-record:kill@150"}, log)
+    assert first.wait_exit(120) == -9
+    killed = time.time()
+    second = TrainerCommand(env, log)
+    try:
+        outcomes = read_outcomes(bootstrap_servers, topic_prefix, expected=total, timeout_s=120)
+        after = sorted(p.predicted_time_ms for p in outcomes.predictions if p.predicted_time_ms / 1000 > killed)
+        assert after, "no prediction after the kill"
+        recovery_s = after[0] / 1000 - killed
+        print(f"kill -9 → next prediction: {recovery_s:.2f} s")
+        by_record = outcomes.by_record()
+        flagged, unflagged = outcomes.duplicates()
+        print(f"records {total}, outcomes {sum(by_record.values())}, flagged {flagged}, unflagged {unflagged}")
+        assert len(by_record) == total and unflagged == 0
+    finally:
+        assert second.stop() == 0
+
+
+def test_the_trainer_carries_on_after_a_broker_restart(
+    redis_url: str, topic_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A memory-only broker restarted under a running trainer (every topic, offset and producer id lost):
+    the trainer's clients reconnect, its stalled producer is rebuilt (librdkafka's idempotent producer loops
+    on UNKNOWN_PRODUCER_ID without reporting anything: publisher.py), and every record produced after the
+    restart gets one outcome."""
+    monkeypatch.setattr(publisher_module, "STALL_S", 3.0)  # 15 s in production
+    broker = TansuBroker(tmp_path / "broker", port=free_port()).start()
+    bootstrap = broker.bootstrap_servers
+    try:
+        ensure_topics(bootstrap, topic_prefix, sample_partitions=2)
+        topics = TopicNames(topic_prefix)
+        produce_digits(bootstrap, topics.samples, 30)
+        env = trainer_env(bootstrap, redis_url, topic_prefix)
+        with trainer_in_process(env) as trainer:
+            assert len(read_outcomes(bootstrap, topic_prefix, expected=30).by_record()) == 30
+            broker.stop()
+            time.sleep(1.0)  # the clients see the broker gone
+            broker.start()
+            ensure_topics(bootstrap, topic_prefix, sample_partitions=2)
+            produce_digits(bootstrap, topics.samples, 30, start=30)
+            outcomes = read_outcomes(bootstrap, topic_prefix, expected=30, timeout_s=90)
+            by_record = outcomes.by_record()
+            assert len(by_record) == 30 and outcomes.duplicates() == (0, 0), by_record
+            publisher = trainer.process.parts.stream._publisher
+            assert publisher is not None and publisher.rebuilds >= 1
+            print(f"broker restart: 30 records after it, 30 outcomes; producer rebuilds {publisher.rebuilds}")
+            assert trainer.error is None
+    finally:
+        broker.stop()

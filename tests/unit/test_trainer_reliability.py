@@ -1,0 +1,256 @@
+"""The trainer's reliability parts without services (issue 12 part B): the publisher's too-large, full-queue
+and fatal-error handling, poison records, the outcome positions committed with offsets, duplicates flagged
+from published outcomes, and the lag reading. The reliability tier runs them against the real broker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from services.codec import dead_letter_info
+from services.trainer.failures import ErrorPolicy, MemoryFailureLog, RecordFailure, RecordPathStopped, Step
+from services.trainer.lag import UNKNOWN, PartitionLag
+from services.trainer.outcomes import OutcomePositions, OutcomeTopics
+from services.trainer.publisher import MessageTooLarge, Publisher
+from tests.unit.test_trainer_stream import (
+    TOPICS,
+    Delivered,
+    FakeMessage,
+    FakeProducer,
+    ScriptedLearner,
+    parts_for,
+    predictions,
+    sample,
+)
+
+
+@dataclass
+class ScriptedProducer:
+    """Raises what ``script`` says at each produce (None: accept); deliveries on poll, in order."""
+
+    script: list[BaseException | None] = field(default_factory=list)
+    queued: list[tuple[str, Callable[..., None]]] = field(default_factory=list)
+    sent: list[str] = field(default_factory=list)
+    purged: int = 0
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, **kw: object) -> None:
+        error = self.script.pop(0) if self.script else None
+        if error is not None:
+            raise error
+        self.queued.append((topic, kw["on_delivery"]))  # type: ignore[arg-type]
+
+    def poll(self, timeout: float = 0) -> int:
+        queued, self.queued = self.queued, []
+        for topic, callback in queued:
+            self.sent.append(topic)
+            callback(None, Delivered(topic, 0, len(self.sent) - 1))
+        return len(queued)
+
+    def flush(self, timeout: float = 0) -> int:
+        self.poll()
+        return 0
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        self.purged += 1
+        queued, self.queued = self.queued, []
+        for _, callback in queued:
+            callback(KafkaError(KafkaError._PURGE_QUEUE), None)
+
+
+def kafka_error(code: int, *, fatal: bool = False) -> KafkaException:
+    return KafkaException(KafkaError(code, "scripted", fatal=fatal))
+
+
+def test_the_publisher_says_too_large_and_retries_a_full_queue() -> None:
+    producer = ScriptedProducer([kafka_error(KafkaError.MSG_SIZE_TOO_LARGE), BufferError(), None])
+    publisher = Publisher(lambda _cb: producer)
+    got: list[object] = []
+    with pytest.raises(MessageTooLarge):
+        publisher.send("t", b"x" * 10, key=None, on_delivery=lambda e, m: got.append(e))
+    publisher.send("t", b"x", key=None, on_delivery=lambda e, m: got.append(e))  # full once, then accepted
+    publisher.poll()
+    assert got == [None] and producer.sent == ["t"]
+
+
+def test_a_fatal_error_rebuilds_the_producer_and_resends_in_order() -> None:
+    first = ScriptedProducer()
+    second = ScriptedProducer()
+    made = iter([first, second])
+    callbacks: list[Callable[[KafkaError], None]] = []
+
+    def make(error_cb: Callable[[KafkaError], None]) -> ScriptedProducer:
+        callbacks.append(error_cb)
+        return next(made)
+
+    publisher = Publisher(make)
+    delivered: list[str] = []
+    for name in ("a", "b"):
+        publisher.send(
+            name, b"v", key=None, on_delivery=lambda e, m, n=name: delivered.append(n) if e is None else None
+        )
+    callbacks[0](KafkaError(KafkaError._FATAL, "idempotence sequence lost", fatal=True))  # librdkafka's error_cb
+    first.script = [kafka_error(KafkaError._FATAL, fatal=True)]
+    publisher.send("c", b"v", key=None, on_delivery=lambda e, m: delivered.append("c") if e is None else None)
+    publisher.poll()
+    assert publisher.rebuilds == 1 and first.purged == 1
+    assert second.sent == ["a", "b", "c"] and delivered == ["a", "b", "c"]  # nothing lost, order kept
+
+
+@dataclass
+class SilentProducer(ScriptedProducer):
+    """Accepts every message and never reports a delivery (librdkafka's epoch-bump loop against a broker
+    that lost its producer ids)."""
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+
+def test_a_producer_that_reports_nothing_for_the_stall_time_is_rebuilt() -> None:
+    stuck, fresh = SilentProducer(), ScriptedProducer()
+    made = iter([stuck, fresh])
+    publisher = Publisher(lambda _cb: next(made), stall_s=0.05)
+    delivered: list[str] = []
+    for name in ("a", "b"):
+        publisher.send(
+            name, b"v", key=None, on_delivery=lambda e, m, n=name: delivered.append(n) if e is None else None
+        )
+    publisher.poll()
+    assert publisher.rebuilds == 0  # not stalled yet
+    time.sleep(0.1)
+    publisher.poll()  # stalled: rebuilt, both sent again in order
+    publisher.poll()
+    assert publisher.rebuilds == 1 and stuck.purged == 1
+    assert fresh.sent == ["a", "b"] and delivered == ["a", "b"]
+    time.sleep(0.1)
+    publisher.poll()
+    assert publisher.rebuilds == 1  # nothing outstanding: idle is not a stall
+
+
+def test_a_prediction_too_large_for_the_producer_is_dead_lettered_and_the_stream_goes_on() -> None:
+    producer = FakeProducer()
+    parts, producer, _ = parts_for(ScriptedLearner(), producer)
+    real = producer.produce
+    calls = {"n": 0}
+
+    def produce(topic: str, value: bytes, **kw: object) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise kafka_error(KafkaError.MSG_SIZE_TOO_LARGE)
+        real(topic, value, **kw)  # type: ignore[arg-type]
+
+    producer.produce = produce  # type: ignore[method-assign]
+    for offset in (0, 1):
+        parts.stream.process(FakeMessage(TOPICS.samples, 0, offset, sample(offset)))  # type: ignore[arg-type]
+    producer.poll()
+    assert [t for t, _ in producer.delivered] == [TOPICS.dlq, TOPICS.predictions]
+    assert dict(parts.port.status().dead_lettered) == {"too_large": 1}
+    assert parts.stream.ledger.resume_offsets() == {0: 2}
+
+
+def test_a_record_that_stopped_the_trainer_k_times_is_dead_lettered_with_the_error() -> None:
+    failures = MemoryFailureLog()  # in production: Redis, so the count outlives each process
+    for _ in range(3):  # three processes, each stopped by the record at offset 4
+        policy = ErrorPolicy(failures=failures, max_failures=3)
+        parts, _, _ = parts_for(ScriptedLearner(error=ValueError("layer exploded on this input")), policy=policy)
+        with pytest.raises(RecordPathStopped):
+            parts.stream.process(FakeMessage(TOPICS.samples, 0, 4, sample(4)))  # type: ignore[arg-type]
+    policy = ErrorPolicy(failures=failures, max_failures=3)
+    learner = ScriptedLearner()
+    parts, producer, _ = parts_for(learner, policy=policy)
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 4, sample(4)))  # type: ignore[arg-type]
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 5, sample(5)))  # type: ignore[arg-type]
+    producer.poll()
+    assert learner.arrived == [0]  # the poison record never reached the learner; the next one did
+    [dlq_headers, _] = producer.headers
+    info = dead_letter_info(dlq_headers)  # type: ignore[arg-type]
+    assert info["reason"] == "poison" and "layer exploded on this input" in info["detail"]
+    assert "failed 3 times" in info["detail"]
+    assert dict(parts.port.status().dead_lettered) == {"poison": 1}
+
+
+def test_a_learner_failure_is_blamed_on_the_record_whose_item_failed() -> None:
+    from services.trainer.learner import LearnerFailed
+
+    failures = MemoryFailureLog()
+    learner = ScriptedLearner()
+    parts, _, _ = parts_for(learner, policy=ErrorPolicy(failures=failures))
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 10, sample(0)))  # type: ignore[arg-type]  # item 0
+    learner.error = LearnerFailed(0, RuntimeError("backward of item 0 raised"))  # reported by a later arrival
+    with pytest.raises(RecordPathStopped):
+        parts.stream.process(FakeMessage(TOPICS.samples, 0, 11, sample(1)))  # type: ignore[arg-type]
+    assert failures.get(f"{TOPICS.samples}/0/10") is not None and failures.get(f"{TOPICS.samples}/0/11") is None
+
+
+def test_rules_by_step_and_reason() -> None:
+    policy = ErrorPolicy()
+    assert policy.rule(RecordFailure(Step.DELIVER, "t", 0, 0, "too_large", "")).value == "dead_letter"
+    assert policy.rule(RecordFailure(Step.DELIVER, "t", 0, 0, "not_delivered", "")).value == "hold"
+    assert policy.rule(RecordFailure(Step.DEAD_LETTER, "t", 0, 0, "too_large", "")).value == "skip"
+
+
+def test_outcome_positions_pair_each_resume_offset_with_where_later_outcomes_can_be() -> None:
+    positions = OutcomePositions()
+    assert positions.start_for("p", 0, 5) is None  # nothing known: nothing to commit
+    positions.known("p", 0, 100)  # what the previous owner committed
+    for source, outcome in ((5, 100), (6, 101), (8, 102)):  # offset 7 went to the DLQ
+        positions.delivered("p", 0, source, outcome)
+    assert positions.start_for("p", 0, 5) == 100
+    assert positions.start_for("p", 0, 7) == 102  # outcomes of offsets >= 7 lie at 102 or later
+    assert positions.start_for("p", 0, 9) == 103
+    topics = OutcomeTopics("s", "p", "d", {"s": 3, "p": 3, "d": 1}, sample_partitions=3)
+    assert topics.aligned("p") and not topics.aligned("d") and topics.partition_for("d", 2) == 0
+
+
+def test_a_re_emitted_outcome_is_flagged_when_it_was_published_before() -> None:
+    parts, producer, _ = parts_for(ScriptedLearner())
+    parts.stream.ledger.known_predicted(0, 3)  # committed offset: below is flagged
+    parts.stream.ledger.published_before(0, {4, 6})  # found by the outcome scan beyond it
+    for offset in range(2, 8):
+        parts.stream.process(FakeMessage(TOPICS.samples, 0, offset, sample(offset)))  # type: ignore[arg-type]
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 8, b"junk"))  # type: ignore[arg-type]
+    parts.stream.ledger.published_before(0, {9})
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 9, b"junk"))  # type: ignore[arg-type]
+    producer.poll()
+    assert [p.source_offset for p in predictions(producer) if p.duplicate] == [2, 4, 6]
+    dlq = [h for (topic, _), h in zip(producer.delivered, producer.headers, strict=True) if topic == TOPICS.dlq]
+    assert [dict(h).get("ferret.dlq.duplicate") for h in dlq] == [None, b"true"]  # type: ignore[arg-type]
+
+
+def test_commits_carry_the_outcome_positions() -> None:
+    parts, producer, consumer = parts_for(ScriptedLearner())
+    stream = parts.stream
+    stream.partitions.assigned = frozenset({0, 1})
+    stream.partitions.outcomes = OutcomeTopics(TOPICS.samples, TOPICS.predictions, TOPICS.dlq,
+                                     {TOPICS.samples: 2, TOPICS.predictions: 2, TOPICS.dlq: 2}, 2)  # fmt: skip
+    for partition, offset in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        stream.process(FakeMessage(TOPICS.samples, partition, offset, sample(offset)))  # type: ignore[arg-type]
+    producer.poll()
+    stream.partitions.commit()
+    committed = set(consumer.commits[-1])
+    assert {(TOPICS.samples, 0, 2), (TOPICS.samples, 1, 2)} <= committed
+    assert {(TOPICS.predictions, 0, 2), (TOPICS.predictions, 1, 2)} <= committed  # aligned partitions
+    stream.partitions.commit()
+    assert consumer.committed == 1  # nothing changed: nothing sent
+
+
+def test_lag_is_zero_when_caught_up_and_never_grows_while_idle() -> None:
+    now = [10_000]
+    lag = PartitionLag(clock_ms=lambda: now[0])
+    lag.assigned([0, 1])
+    assert lag.reading().by_partition == {0: UNKNOWN, 1: UNKNOWN}
+    lag.consumed(0, 99, event_time_ms=9_000)
+    lag.offsets(0, 100, 26_100)  # 26,000 behind
+    lag.offsets(1, 5, 3)  # a watermark below the position: implausible
+    reading = lag.reading()
+    assert reading.by_partition == {0: 26_000, 1: UNKNOWN} and reading.items == 26_000
+    assert reading.seconds == 1.0
+    lag.end_of_partition(0, 26_100)
+    lag.end_of_partition(1, 5)
+    now[0] += 600_000  # ten idle minutes
+    assert lag.reading() == type(reading)(0, 0.0, {0: 0, 1: 0})
+    lag.revoked([1])
+    assert lag.reading().by_partition == {0: 0}
