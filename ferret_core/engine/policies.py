@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ferret_core.engine.scheduler import PlanRules, ScheduleRules
+from ferret_core.engine.steps import Feeder
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Partition, Plan, WorkerConfig
 
@@ -33,6 +34,7 @@ class PolicySetup:
     rules: ScheduleRules
     instant: bool  # every action takes no time (the clock still orders them)
     planned: Plan | None  # the planner's plan (its predicted bytes are reported), None without one
+    feeder: Feeder | None = None  # a buffering method's arrival buffer (ferret_core.engine.buffering)
 
 
 class Policy(Protocol):

@@ -35,7 +35,7 @@ from torch import Tensor
 from ferret_core.engine.actions import Action, SkipReason
 from ferret_core.engine.pipeline import Pipeline
 from ferret_core.engine.virtual_clock import Sample
-from ferret_core.errors import ConfigError, FerretError
+from ferret_core.errors import ConfigError, FerretError, NotImplementedFeatureError
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +81,11 @@ class WallClock:
     def __init__(self, pipeline: Pipeline, *, top_k: int = 1) -> None:
         if top_k < 1:
             raise ConfigError(f"top_k must be >= 1, got {top_k}")
+        if pipeline.feeder is not None:
+            raise NotImplementedFeatureError(
+                "buffering methods (random-n, last-n, camel) run on the virtual clock only (`ferret simulate`); "
+                "the wall clock decides each arrival's fate at its arrival"
+            )
         self.pipeline = pipeline
         self.top_k = top_k
         pipeline.in_place = False
