@@ -6,23 +6,27 @@ A policy turns (model size, arrival interval) into a :class:`PolicySetup`: the p
 scheduler consults (admission slots, T3 back-propagation, in-flight caps), whether actions take time, and
 the planner's plan whose predicted memory is reported (``None`` when no cost model applies).
 
-Later methods plug in at the same seams: Random-N / Last-N B-Skip (Ghunaim et al.'s baselines as the
-paper runs them) are rules whose ``lowest_backprop_stage`` keeps only the last layers; Camel adds an
-admission rule; DAPPLE / ZB / Hanayo are rules plus a flush barrier in the scheduler; PipeDream and
+Random-N / Last-N B-Skip and Camel (:mod:`ferret_core.engine.buffering`) are a sequential plan with
+1-Skip's rules plus a feeder that buffers arrivals and hands over mini-batches. Later methods plug in at
+the same seams: DAPPLE / ZB / Hanayo are rules plus a flush barrier in the scheduler; PipeDream and
 PipeDream-2BW are plans with c^a = 1 (2BW: a two-version replica rule) — not implemented here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ferret_core.engine.scheduler import PlanRules, ScheduleRules
-from ferret_core.engine.steps import Feeder
+from ferret_core.engine.steps import NO_FOOTPRINT, Feeder, Footprint
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Partition, Plan, WorkerConfig
+from ferret_core.profile import ModelProfile
 
-METHOD_NAMES: tuple[str, ...] = ("oracle", "1-skip", "ferret")
+if TYPE_CHECKING:
+    from ferret_core.engine.buffering import BufferingSettings
+
+METHOD_NAMES: tuple[str, ...] = ("oracle", "1-skip", "random-n", "last-n", "camel", "ferret")
 
 
 @dataclass(frozen=True)
@@ -111,8 +115,21 @@ class FerretPolicy:
         return PolicySetup(self.name, self.plan, rules, instant=False, planned=self.plan)
 
 
-def make_policy(name: str, plan: Plan | None = None) -> Policy:
-    """The policy called ``name`` (one of :data:`METHOD_NAMES`); ``ferret`` needs ``plan``."""
+def make_policy(
+    name: str,
+    plan: Plan | None = None,
+    *,
+    buffering: BufferingSettings | None = None,
+    profile: ModelProfile | None = None,
+    budget: int | None = None,
+    footprint: Footprint = NO_FOOTPRINT,
+) -> Policy:
+    """The policy called ``name`` (one of :data:`METHOD_NAMES`); ``ferret`` needs ``plan``; the buffering
+    methods take their settings, and with ``profile`` (and ``budget``) report (and fit) their bytes."""
+    if name in ("random-n", "last-n", "camel"):
+        from ferret_core.engine.buffering import BufferingPolicy  # it builds on this module
+
+        return BufferingPolicy(name, buffering, profile=profile, budget=budget, footprint=footprint)
     if name == "oracle":
         return Oracle()
     if name == "1-skip":

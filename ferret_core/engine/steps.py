@@ -55,6 +55,25 @@ class StepShape:
 UNIT_STEP = StepShape()
 
 
+@dataclass(frozen=True)
+class Footprint:
+    """What an OCL algorithm adds to a method's memory and steps, for byte models and planning:
+    ``replay_items`` buffered samples, ``replayed`` samples added to each step once the buffer is full,
+    and extra copies of the weights ΣW (LwF's teacher: 1; MAS's importances and anchor: 2)."""
+
+    replay_items: int = 0
+    replayed: int = 0
+    teacher_copy: bool = False
+    importances: bool = False
+
+    @property
+    def weight_copies(self) -> int:
+        return int(self.teacher_copy) + 2 * int(self.importances)
+
+
+NO_FOOTPRINT = Footprint()
+
+
 @dataclass(frozen=True, eq=False)
 class Batch:
     """Samples to train on: ``x`` (b, *shape), ``y`` (b,) int64 class labels, and optional per-sample loss
@@ -148,6 +167,14 @@ class Algorithm(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def footprint(self) -> Footprint: ...
+
+    def steady_shape(self, new: int) -> StepShape:
+        """The usual step's shape for ``new`` admitted samples once the algorithm's buffers are full
+        (what the planner plans with; periodic passes such as MAS's importance refresh left out)."""
+        ...
+
     def bind(self, view: ModelView) -> None: ...
 
     def step(self, new: Batch) -> TrainingStep:
@@ -169,6 +196,10 @@ class PlainSteps:
     """``vanilla``: train the admitted samples as they are (mean cross-entropy), no state."""
 
     name = "vanilla"
+    footprint = NO_FOOTPRINT
+
+    def steady_shape(self, new: int) -> StepShape:
+        return StepShape(batch=new)
 
     def bind(self, view: ModelView) -> None:
         return None
