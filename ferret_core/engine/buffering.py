@@ -162,7 +162,7 @@ class CamelFeeder(WindowFeeder):
         step_weights = torch.cat([weights * share, torch.full((old,), (1 - share) / max(old, 1))])
         for r in rows:
             self.buffer.add(window.x[r], int(window.y[r]))
-        return Fed(Batch(x, y, step_weights), max(items[r][0] for r in rows), len(items) - new)
+        return Fed(Batch(x, y, step_weights, replayed=old), max(items[r][0] for r in rows), len(items) - new)
 
     def state_tensors(self) -> Iterator[Tensor]:
         yield from super().state_tensors()

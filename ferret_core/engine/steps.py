@@ -76,12 +76,14 @@ NO_FOOTPRINT = Footprint()
 
 @dataclass(frozen=True, eq=False)
 class Batch:
-    """Samples to train on: ``x`` (b, *shape), ``y`` (b,) int64 class labels, and optional per-sample loss
-    ``weights`` (b,) summing to 1 (Camel's coreset weights; ``None``: the mean)."""
+    """Samples to train on: ``x`` (b, *shape), ``y`` (b,) int64 class labels, optional per-sample loss
+    ``weights`` (b,) summing to 1 (Camel's coreset weights; ``None``: the mean), and how many of the rows,
+    the last ones, are ``replayed`` from a buffer rather than stream items."""
 
     x: Tensor
     y: Tensor
     weights: Tensor | None = None
+    replayed: int = 0
 
     def __post_init__(self) -> None:
         if self.x.shape[0] != self.y.shape[0] or self.y.dim() != 1:
@@ -94,6 +96,11 @@ class Batch:
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
+    @property
+    def stream_items(self) -> int:
+        """Rows that are stream items (counted as trained)."""
+        return len(self) - self.replayed
+
     @classmethod
     def single(cls, x: Tensor, y: int) -> Batch:
         """One stream item (``x`` without batch dimension)."""
@@ -103,11 +110,13 @@ class Batch:
     def stack(cls, xs: Sequence[Tensor], ys: Sequence[int], weights: Tensor | None = None) -> Batch:
         return cls(torch.stack(list(xs)), torch.tensor(list(ys), dtype=torch.long), weights)
 
-    def cat(self, other: Batch) -> Batch:
-        """``self``'s samples then ``other``'s (unweighted: concatenating drops weights)."""
-        if self.weights is not None or other.weights is not None:
-            raise ConfigError("weighted batches (Camel) are not concatenated with replayed items")
-        return Batch(torch.cat([self.x, other.x.to(self.x.device)]), torch.cat([self.y, other.y.to(self.y.device)]))
+    def with_replay(self, replay: Batch) -> Batch:
+        """``self``'s samples then ``replay``'s, counted as replayed (unweighted batches only)."""
+        if self.weights is not None or replay.weights is not None:
+            raise ConfigError("weighted batches (Camel) are not combined with an algorithm's replayed items")
+        x = torch.cat([self.x, replay.x.to(self.x.device)])
+        y = torch.cat([self.y, replay.y.to(self.y.device)])
+        return Batch(x, y, replayed=self.replayed + len(replay))
 
 
 def cross_entropy(batch: Batch) -> LossFn:
@@ -136,7 +145,7 @@ class TrainingStep:
 
     @classmethod
     def plain(cls, batch: Batch) -> TrainingStep:
-        return cls(batch, cross_entropy(batch), len(batch), StepShape(batch=len(batch)))
+        return cls(batch, cross_entropy(batch), batch.stream_items, StepShape(batch=len(batch)))
 
 
 class ModelView(Protocol):

@@ -76,8 +76,9 @@ class ExperienceReplay(_Stateless):
     def step(self, new: Batch) -> TrainingStep:
         replay, overhead = self._replayed(new)
         self.buffer.add(new)
-        batch = new if replay is None else new.cat(replay)
-        return TrainingStep(batch, cross_entropy(batch), len(new), StepShape(batch=len(batch), overhead=overhead))
+        batch = new if replay is None else new.with_replay(replay)
+        shape = StepShape(batch=len(batch), overhead=overhead)
+        return TrainingStep(batch, cross_entropy(batch), new.stream_items, shape)
 
     def state_tensors(self) -> Iterator[Tensor]:
         return self.buffer.state_tensors()
@@ -156,7 +157,7 @@ class LearningWithoutForgetting(_Stateless):
             self._teacher = self.view.masters()
             self._teacher_classes = torch.nonzero(self._seen).flatten()
             self._since = 0
-        self._since += len(new)
+        self._since += new.stream_items
         top = int(new.y.max()) + 1
         if top > self._seen.numel():
             self._seen = torch.cat([self._seen, torch.zeros(top - self._seen.numel(), dtype=torch.bool)])
@@ -171,7 +172,7 @@ class LearningWithoutForgetting(_Stateless):
         def loss(output: Tensor) -> Tensor:
             return base(output) + alpha * distillation_loss(output, teacher, temperature, classes.to(output.device))
 
-        return TrainingStep(new, loss, len(new), StepShape(batch=len(new), forward_passes=2))
+        return TrainingStep(new, loss, new.stream_items, StepShape(batch=len(new), forward_passes=2))
 
     def state_tensors(self) -> Iterator[Tensor]:
         for version in self._teacher or ():
@@ -216,7 +217,7 @@ class MemoryAwareSynapses(_Stateless):
         return Footprint(importances=True)
 
     def step(self, new: Batch) -> TrainingStep:
-        self._since += len(new)
+        self._since += new.stream_items
         if self._since < self.settings.mas_every:
             return TrainingStep.plain(new)
         self._since = 0
@@ -230,7 +231,7 @@ class MemoryAwareSynapses(_Stateless):
         ]
         self._anchor = masters
         shape = StepShape(batch=len(new), overhead=((len(new), True),))
-        return TrainingStep(new, cross_entropy(new), len(new), shape)
+        return TrainingStep(new, cross_entropy(new), new.stream_items, shape)
 
     def regularise(self, stage: int, params: Sequence[Tensor], grads: list[Tensor], count: int) -> list[Tensor]:
         importance, anchor = self._importance, self._anchor
