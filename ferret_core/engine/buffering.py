@@ -179,24 +179,26 @@ class CamelFeeder(WindowFeeder):
 def buffering_bytes(
     profile: ModelProfile, method: str, settings: BufferingSettings, footprint: Footprint = NO_FOOTPRINT
 ) -> int:
-    """Bytes a buffering method holds (its plan's ``predicted_bytes``), in the profile's dtype:
+    """Bytes a buffering method holds (its plan's ``predicted_bytes``), in the profile's dtype, at the
+    points the engine's memory meter samples (after each action):
 
-    * 2·ΣW: the master (the one worker's replica is the master itself, updated in place) and the step's
-      gradient, held from its backward until the update;
-    * a step of b items (N, plus Camel's R): autograd's saved tensors b·Σ saved_l, the step's input
-      b·|x| and its output b·classes;
+    * ΣW: the master (the one worker's replica is the master itself);
+    * the larger of the step's gradient ΣW (held from its backward until the update) and the step's
+      forward state — for b items (N, plus Camel's or the algorithm's replayed items): autograd's saved
+      tensors b·Σ saved_l, the input b·|x| and the output b·classes (freed by the backward, before its
+      gradient is sampled);
     * the window: B·|x|; Camel's buffer: capacity·(|x| + label + nearest-neighbour bookkeeping);
-    * an OCL algorithm's ``footprint`` when combined: its replay buffer (items·|x|; the replayed items
-      count in b) and its copies of the weights (LwF's teacher ΣW, MAS's importances and anchor 2ΣW).
+    * an OCL algorithm's ``footprint`` when combined: its replay buffer (items·|x|) and its copies of the
+      weights (LwF's teacher ΣW, MAS's importances and anchor 2ΣW).
     """
     if method not in BUFFERING_METHODS:
         raise ConfigError(f"unknown buffering method {method!r}: expected one of {', '.join(BUFFERING_METHODS)}")
     unit = dtype_bytes(profile.dtype)
     geometry = StageGeometry.from_profile(profile, Partition((0, profile.num_units)))
-    x = profile.input_elements
+    weights, x = geometry.total_weights, profile.input_elements
     b = settings.step_batch(method) + footprint.replayed
-    elements = (2 + footprint.weight_copies) * geometry.total_weights
-    elements += b * (geometry.saved[0] + x + profile.layers[-1].activations)
+    step = b * (geometry.saved[0] + x + profile.layers[-1].activations)
+    elements = (1 + footprint.weight_copies) * weights + max(weights, step)
     elements += settings.window * x + footprint.replay_items * x
     total = elements * unit
     if method == "camel":
@@ -207,10 +209,14 @@ def buffering_bytes(
 def fit_batch(
     profile: ModelProfile, method: str, settings: BufferingSettings, budget: int, footprint: Footprint = NO_FOOTPRINT
 ) -> BufferingSettings:
-    """``settings`` with the largest N ≤ ``settings.batch`` whose :func:`buffering_bytes` fit ``budget``;
+    """``settings`` with the largest N ≤ ``settings.batch`` whose :func:`buffering_bytes` fit ``budget`` and
+    whose step (N, plus replayed items) the profile times (the window grows to N when smaller);
     :class:`InfeasibleBudgetError` when N = 1 does not fit."""
+    largest_step = profile.batch_sizes[-1]
     for n in range(settings.batch, 0, -1):
-        candidate = dataclasses.replace(settings, batch=n)
+        candidate = dataclasses.replace(settings, batch=n, window=max(settings.window, n))
+        if candidate.step_batch(method) + footprint.replayed > largest_step and n > 1:
+            continue
         if buffering_bytes(profile, method, candidate, footprint) <= budget:
             return candidate
     minimum = buffering_bytes(profile, method, dataclasses.replace(settings, batch=1), footprint)

@@ -159,10 +159,16 @@ def test_representative_buffer_bookkeeping(labels: list[int], capacity: int) -> 
 def test_budget_fits_the_largest_mini_batch() -> None:
     profile = batch_profile()
     base = BufferingSettings(batch=10, window=20)
-    sizes = [buffering_bytes(profile, "last-n", BufferingSettings(batch=n, window=20)) for n in (1, 5, 10)]
-    assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
-    assert fit_batch(profile, "last-n", base, sizes[1]).batch == 5
+    def size(n: int) -> int:
+        return buffering_bytes(profile, "last-n", BufferingSettings(batch=n, window=20))
+
+    sizes = [size(n) for n in range(1, 11)]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1]  # flat while the gradient outweighs the step
+    for n in (5, 8):
+        fitted = fit_batch(profile, "last-n", base, size(n)).batch
+        assert fitted >= n and size(fitted) <= size(n) and (fitted == 10 or size(fitted + 1) > size(n))
     assert fit_batch(profile, "last-n", base, sizes[-1] * 2).batch == 10
+    assert fit_batch(profile, "camel", BufferingSettings(batch=15, window=20), 10**9).batch == 10  # 2N ≤ 20
     with pytest.raises(InfeasibleBudgetError) as info:
         fit_batch(profile, "last-n", base, sizes[0] - 1)
     assert info.value.min_feasible_bytes == sizes[0]
