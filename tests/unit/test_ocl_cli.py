@@ -78,10 +78,10 @@ def test_camel_refuses_an_algorithm(profile: Path, capsys: pytest.CaptureFixture
 
 
 def test_budget_fits_the_mini_batch_or_exits_3(profile: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    small = simulate(capsys, "--dataset", "digits", "--items", "60", "--method", "last-n", "--profile", str(profile),
-                     "--budget", "430000")
-    large = simulate(capsys, "--dataset", "digits", "--items", "60", "--method", "last-n", "--profile", str(profile))
-    assert small["planned_bytes"] <= 430000 < large["planned_bytes"]
+    base = simulate(capsys, "--dataset", "digits", "--items", "60", "--method", "last-n", "--profile", str(profile))
+    fitted = simulate(capsys, "--dataset", "digits", "--items", "60", "--method", "last-n", "--profile", str(profile),
+                      "--budget", str(base["planned_bytes"]))
+    assert fitted["planned_bytes"] <= base["planned_bytes"]
     code = main(["simulate", "--dataset", "digits", "--model", "mlp", "--items", "10", "--method", "last-n",
-                 "--profile", str(profile), "--budget", "1000"])
+                 "--profile", str(profile), "--budget", str(base["planned_bytes"] - 1)])
     assert code == EXIT_INFEASIBLE and "minimum feasible" in capsys.readouterr().err
