@@ -79,3 +79,24 @@ def test_profile_cli_batch_sizes(tmp_path, capsys) -> None:  # type: ignore[no-u
     assert "batch 3:" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main.main(["profile", "--model", "mlp", "--batch-sizes", "0,x", "--out", str(out)])
+
+
+def test_stage_times_of_a_step() -> None:
+    from ferret_core.engine.actions import Action, Kind
+    from ferret_core.engine.steps import StepShape
+    from ferret_core.engine.virtual_clock import StageTimes
+    from ferret_core.errors import ConfigError
+    from ferret_core.plan import Partition
+
+    times = StageTimes.from_profile(batched_profile(), Partition((0, 1, 2)))
+    f0, f1, b1 = Action(Kind.F, 0, 0, 7), Action(Kind.F, 0, 1, 7), Action(Kind.B, 0, 1, 7)
+    assert times.duration(f1, False) == (0.0, 0.5) and times.duration(b1, True) == (0.5, 1.5)
+    assert times.duration(f1, False, StepShape(batch=10)) == (0.0, 1.5)
+    assert times.duration(f1, False, StepShape(batch=15, forward_passes=2)) == (0.0, 4.0)
+    # overhead only before the stage-0 forward: a whole-model F+B of 10 and a forward of 20
+    shape = StepShape(batch=10, overhead=((10, True), (20, False)))
+    assert times.duration(f0, False, shape) == (0.0, 5.0 + (5.0 + 1.5 + 8.0 + 3.0) + (9.0 + 2.5))
+    assert times.duration(f1, False, shape) == (0.0, 1.5)
+    assert StageTimes.instant(2).duration(f1, False, StepShape(batch=99)) == (0.0, 0.0)
+    with pytest.raises(ConfigError, match="batch_times"):
+        StageTimes((1.0, 1.0), (1.0, 1.0)).duration(f1, False, StepShape(batch=2))
