@@ -196,7 +196,7 @@ def buffering_bytes(
     unit = dtype_bytes(profile.dtype)
     geometry = StageGeometry.from_profile(profile, Partition((0, profile.num_units)))
     weights, x = geometry.total_weights, profile.input_elements
-    b = settings.step_batch(method) + footprint.replayed
+    b = settings.step_batch(method) + footprint.replayed(settings.batch)
     step = b * (geometry.saved[0] + x + profile.layers[-1].activations)
     elements = (1 + footprint.weight_copies) * weights + max(weights, step)
     elements += settings.window * x + footprint.replay_items * x
@@ -215,7 +215,7 @@ def fit_batch(
     largest_step = profile.batch_sizes[-1]
     for n in range(settings.batch, 0, -1):
         candidate = dataclasses.replace(settings, batch=n, window=max(settings.window, n))
-        if candidate.step_batch(method) + footprint.replayed > largest_step and n > 1:
+        if candidate.step_batch(method) + footprint.replayed(n) > largest_step and n > 1:
             continue
         if buffering_bytes(profile, method, candidate, footprint) <= budget:
             return candidate

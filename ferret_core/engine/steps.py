@@ -58,17 +58,24 @@ UNIT_STEP = StepShape()
 @dataclass(frozen=True)
 class Footprint:
     """What an OCL algorithm adds to a method's memory and steps, for byte models and planning:
-    ``replay_items`` buffered samples, ``replayed`` samples added to each step once the buffer is full,
-    and extra copies of the weights ΣW (LwF's teacher: 1; MAS's importances and anchor: 2)."""
+    ``replay_items`` buffered samples, ``replay_batch`` samples added to each step once the buffer is full
+    (``None`` with a buffer: as many as the step's admitted samples), and extra copies of the weights ΣW
+    (LwF's teacher: 1; MAS's importances and anchor: 2)."""
 
     replay_items: int = 0
-    replayed: int = 0
+    replay_batch: int | None = None
     teacher_copy: bool = False
     importances: bool = False
 
     @property
     def weight_copies(self) -> int:
         return int(self.teacher_copy) + 2 * int(self.importances)
+
+    def replayed(self, new: int) -> int:
+        """Samples replayed in a step of ``new`` admitted samples (buffer full)."""
+        if not self.replay_items:
+            return 0
+        return new if self.replay_batch is None else self.replay_batch
 
 
 NO_FOOTPRINT = Footprint()

@@ -51,7 +51,8 @@ class _Stateless(PlainSteps):
 
 class ExperienceReplay(_Stateless):
     """ER (Chaudhry et al., 2019, "On Tiny Episodic Memories in Continual Learning"): each step trains the
-    admitted samples plus ``replay_batch`` samples drawn uniformly from a reservoir buffer of
+    admitted samples plus ``replay_batch`` samples (default: as many as admitted, the paper's equal
+    incoming and memory batches) drawn uniformly from a reservoir buffer of
     ``buffer_size`` (5000, the paper's setting) past samples; the buffer then takes the admitted samples
     (:class:`~ferret_core.ocl.reservoir.ReservoirBuffer`). Only samples a method admits for training enter
     the buffer (a skipped item was never processed)."""
@@ -64,14 +65,14 @@ class ExperienceReplay(_Stateless):
 
     @property
     def footprint(self) -> Footprint:  # type: ignore[override]
-        return Footprint(replay_items=self.settings.buffer_size, replayed=self.settings.replay_batch)
+        return Footprint(replay_items=self.settings.buffer_size, replay_batch=self.settings.replay_batch)
 
     def steady_shape(self, new: int) -> StepShape:
-        return StepShape(batch=new + self.settings.replay_batch)
+        return StepShape(batch=new + self.settings.replayed(new))
 
     def _replayed(self, new: Batch) -> tuple[Batch | None, tuple[tuple[int, bool], ...]]:
         """The replayed samples (drawn before the buffer takes ``new``) and the passes they cost."""
-        return self.buffer.sample(self.settings.replay_batch), ()
+        return self.buffer.sample(self.settings.replayed(len(new))), ()
 
     def step(self, new: Batch) -> TrainingStep:
         replay, overhead = self._replayed(new)
@@ -93,22 +94,22 @@ class ExperienceReplay(_Stateless):
 
 class MaximallyInterferedRetrieval(ExperienceReplay):
     """MIR (Aljundi et al., NeurIPS 2019, "Online Continual Learning with Maximally Interfered
-    Retrieval"): like ER, but the ``replay_batch`` replayed samples are, of ``mir_candidates`` drawn
-    uniformly from the buffer, those whose loss would rise most after a virtual SGD step on the admitted
-    samples: θ_v = θ − lr·∇L(new; θ), rise = L(c; θ_v) − L(c; θ). Computed on the master, outside the
-    pipeline's executors; on the virtual clock the worker pays for it before its stage-0 forward (a
-    whole-model forward and backward of the admitted samples and two forwards of the candidates). The
-    virtual weights are a transient the memory meter does not sample (as every transient inside an
-    action)."""
+    Retrieval"): like ER, but the replayed samples are, of ``mir_candidates`` (default five times the
+    replayed samples, the paper's 50 for 10) drawn uniformly from the buffer, those whose loss would
+    rise most after a virtual SGD step on the admitted samples: θ_v = θ − lr·∇L(new; θ),
+    rise = L(c; θ_v) − L(c; θ). Computed on the master, outside the pipeline's executors; on the virtual
+    clock the worker pays for it before its stage-0 forward (a whole-model forward and backward of the
+    admitted samples and two forwards of the candidates). The virtual weights are a transient the
+    memory meter does not sample (as every transient inside an action)."""
 
     name = "mir"
 
     def steady_shape(self, new: int) -> StepShape:
-        c = self.settings.mir_candidates
-        return StepShape(batch=new + self.settings.replay_batch, overhead=((new, True), (c, False), (c, False)))
+        c = self.settings.candidates(new)
+        return StepShape(batch=new + self.settings.replayed(new), overhead=((new, True), (c, False), (c, False)))
 
     def _replayed(self, new: Batch) -> tuple[Batch | None, tuple[tuple[int, bool], ...]]:
-        pool = self.buffer.sample(self.settings.mir_candidates)
+        pool = self.buffer.sample(self.settings.candidates(len(new)))
         if pool is None:
             return None, ()
         view = self.view
@@ -123,7 +124,7 @@ class MaximallyInterferedRetrieval(ExperienceReplay):
         pre = per_sample_cross_entropy(view.logits(pool.x, masters), pool.y)
         post = per_sample_cross_entropy(view.logits(pool.x, virtual), pool.y)
         del virtual
-        chosen = interference(pre.cpu(), post.cpu(), self.settings.replay_batch)
+        chosen = interference(pre.cpu(), post.cpu(), self.settings.replayed(len(new)))
         c = len(pool)
         return Batch(pool.x[chosen], pool.y[chosen]), ((len(new), True), (c, False), (c, False))
 

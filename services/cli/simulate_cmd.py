@@ -103,10 +103,10 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     a = AlgorithmSettings()
     ocl.add_argument("--replay-buffer", type=positive_int, default=a.buffer_size,
                      help=f"ER/MIR buffer size in items (default {a.buffer_size}, the paper's)")
-    ocl.add_argument("--replay-batch", type=positive_int, default=a.replay_batch,
-                     help=f"ER/MIR items replayed per step (default {a.replay_batch})")
-    ocl.add_argument("--mir-candidates", type=positive_int, default=a.mir_candidates,
-                     help=f"MIR candidates scored per step (default {a.mir_candidates})")
+    ocl.add_argument("--replay-batch", type=positive_int, default=None,
+                     help="ER/MIR items replayed per step (default: as many as the step admits)")
+    ocl.add_argument("--mir-candidates", type=positive_int, default=None,
+                     help="MIR candidates scored per step (default: 5 × the replayed items)")
     ocl.add_argument("--lwf-every", type=positive_int, default=a.lwf_every,
                      help=f"LwF teacher refresh period in trained items (default {a.lwf_every})")
     ocl.add_argument("--mas-every", type=positive_int, default=a.mas_every,
@@ -119,7 +119,7 @@ def algorithm_settings(args: argparse.Namespace) -> AlgorithmSettings:
     return AlgorithmSettings(
         buffer_size=args.replay_buffer,
         replay_batch=args.replay_batch,
-        mir_candidates=max(args.mir_candidates, args.replay_batch),
+        mir_candidates=args.mir_candidates,
         lwf_every=args.lwf_every,
         mas_every=args.mas_every,
         mas_lambda=args.mas_lambda,

@@ -83,7 +83,19 @@ def test_er_step_replays_then_stores() -> None:
     assert len(first.batch) == 2 and first.samples == 2 and first.batch.replayed == 0  # empty buffer
     second = algorithm.step(as_batch(items, range(2, 3)))
     assert len(second.batch) == 3 and second.samples == 1 and second.shape.batch == 3  # 1 new + 2 held
-    assert algorithm.footprint.replay_items == 12 and algorithm.footprint.replayed == 3
+    assert algorithm.footprint.replay_items == 12 and algorithm.footprint.replayed(5) == 3
+
+
+def test_er_replays_as_many_as_admitted_by_default() -> None:
+    engine = oracle_engine("er", AlgorithmSettings(buffer_size=12))
+    algorithm = engine.pipeline.algorithm
+    items = stream(10)
+    algorithm.step(as_batch(items, range(0, 4)))
+    assert len(algorithm.step(as_batch(items, range(4, 5))).batch) == 2  # 1 admitted + 1 replayed
+    assert len(algorithm.step(as_batch(items, range(5, 8))).batch) == 6  # 3 + 3
+    assert algorithm.steady_shape(10).batch == 20 and algorithm.footprint.replayed(10) == 10
+    mir = make_algorithm("mir", AlgorithmSettings())
+    assert mir.steady_shape(1).overhead == ((1, True), (5, False), (5, False))  # 5 candidates for 1 replayed
 
 
 # --------------------------------------------------------------------------------------------------- MIR
