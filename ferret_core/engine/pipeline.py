@@ -187,8 +187,11 @@ class Pipeline:
         return reason
 
     def worker_of(self, index: int) -> int:
-        """The worker that admitted item ``index`` (in flight). Call under :attr:`lock`, e.g. right after
-        :meth:`dispatch` admitted it."""
+        """The worker that admitted item ``index`` (in flight; under a buffering method, its one worker,
+        whose window holds the item). Call under :attr:`lock`, e.g. right after :meth:`dispatch` admitted
+        it."""
+        if self.feeder is not None:
+            return 0
         return self._items[index].worker
 
     def _admit(self, index: int, x: Tensor, y: int | None) -> SkipReason | None:

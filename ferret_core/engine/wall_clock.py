@@ -17,6 +17,12 @@ complete and its memory is not reused while a kernel still reads it. (This path 
 machines; its tests are marked ``gpu``.)
 
 Updates never write a master in place here: a prediction may be reading it concurrently.
+
+Buffering methods (random-n, last-n, camel): an arrival their window takes is reported as admitted
+(``skipped`` is ``None``): its fate is decided later, when the trainer is free and a mini-batch is drawn
+(:meth:`Pipeline.pull` after every dispatch and every finished action); the items the window then drops
+are counted in the engine's counters (``evicted``, ``not_selected``), not per arrival. A drain leaves in
+the window what is too few for a mini-batch.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from torch import Tensor
 from ferret_core.engine.actions import Action, SkipReason
 from ferret_core.engine.pipeline import Pipeline
 from ferret_core.engine.virtual_clock import Sample
-from ferret_core.errors import ConfigError, FerretError, NotImplementedFeatureError
+from ferret_core.errors import ConfigError, FerretError
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +87,6 @@ class WallClock:
     def __init__(self, pipeline: Pipeline, *, top_k: int = 1) -> None:
         if top_k < 1:
             raise ConfigError(f"top_k must be >= 1, got {top_k}")
-        if pipeline.feeder is not None:
-            raise NotImplementedFeatureError(
-                "buffering methods (random-n, last-n, camel) run on the virtual clock only (`ferret simulate`); "
-                "the wall clock decides each arrival's fate at its arrival"
-            )
         self.pipeline = pipeline
         self.top_k = top_k
         pipeline.in_place = False
@@ -215,6 +216,7 @@ class WallClock:
                 p.execute(action, stamps)
                 with self._cv:
                     scheduler.finish(action)
+                    p.pull()  # a buffering method draws its next mini-batch once the trainer is free
                     self._cv.notify_all()
 
     def _prediction_loop(self) -> None:
@@ -230,6 +232,7 @@ class WallClock:
                     prediction, confidence = top_k[0]
                     with self._cv:
                         skipped = p.dispatch(index, x, y, prediction)
+                        p.pull()
                         worker = p.worker_of(index) if skipped is None else None
                         self._dispatched += 1
                         self._cv.notify_all()

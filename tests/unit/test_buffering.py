@@ -22,7 +22,7 @@ from ferret_core.engine.buffering import (
 from ferret_core.engine.coreset import RepresentativeBuffer, select_coreset
 from ferret_core.engine.policies import make_policy
 from ferret_core.engine.virtual_clock import StageTimes
-from ferret_core.errors import ConfigError, InfeasibleBudgetError, NotImplementedFeatureError
+from ferret_core.errors import ConfigError, InfeasibleBudgetError
 from ferret_core.profile import LayerProfile, ModelProfile
 from tests.unit.test_engine_support import IN_FEATURES, sequential_model, stream, tiny_units
 
@@ -183,11 +183,24 @@ def test_planned_and_measured_bytes_are_reported() -> None:
     assert r.memory_breakdown["arrival_buffer"] > 0
 
 
-def test_wall_clock_refuses_buffering_methods() -> None:
-    setup = BufferingPolicy("last-n").setup("tiny", 3, 1.0)
-    engine = StreamEngine(tiny_units(), setup)
-    with pytest.raises(NotImplementedFeatureError, match="virtual clock"):
-        engine.wall_clock()
+@pytest.mark.parametrize("method", ["random-n", "last-n", "camel"])
+def test_buffering_methods_on_the_wall_clock(method: str) -> None:
+    setup = BufferingPolicy(method, BufferingSettings(batch=3, window=6, camel_buffer=5, camel_replay=1)).setup(
+        "tiny", 3, 1.0
+    )
+    engine = StreamEngine(tiny_units(), setup, EngineSettings(keep_trace=True))
+    with engine.wall_clock() as clock:
+        arrivals = [clock.submit(item.x, item.y).result(10) for item in stream(40)]
+        clock.drain(30)
+    assert all(a.skipped is None for a in arrivals)  # taken by the window; the fate is decided at a draw
+    c = engine.pipeline.counters
+    held = len(engine.pipeline.feeder._window)  # type: ignore[union-attr]
+    assert c.trained >= 3 and c.trained % 3 == 0
+    assert c.items == 40 == c.trained + sum(c.skipped.values()) + held
+    engine.pipeline.finish_stream()
+    assert c.items == c.trained + sum(c.skipped.values())
+    assert engine.pipeline.trace is not None
+    validate_trace(engine.pipeline.trace, setup.plan, check_staleness=False)
 
 
 def test_settings_are_validated() -> None:
