@@ -137,6 +137,15 @@ def buffering_settings(args: argparse.Namespace) -> BufferingSettings:
     )
 
 
+def step_batch_sizes(args: argparse.Namespace, algorithm: Algorithm) -> tuple[int, ...]:
+    """The mini-batch sizes the run's steps take once buffers are full (1, the admitted samples, the
+    step with its replayed samples, MIR's retrieval passes): what ``simulate`` profiles when it profiles
+    the model now; steps in between are interpolated (:meth:`ModelProfile.layer_times`)."""
+    new = buffering_settings(args).step_batch(args.method) if args.method in BUFFERING_METHODS else 1
+    shape = algorithm.steady_shape(new)
+    return tuple(sorted({1, new, shape.batch, *(batch for batch, _ in shape.overhead)}))
+
+
 def ferret_plan(args: argparse.Namespace, profile: ModelProfile, arrival: float, algorithm: Algorithm) -> Plan:
     """The planner's plan for the algorithm's usual step: its micro-batch's times (and LwF's second
     forward, MIR's retrieval) and memory (micro-batch activations, replay buffer, teacher, importances)."""
@@ -162,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
     args.num_classes = dataset.num_classes
     if is_factory(args.model) and args.input_shape is None:
         args.input_shape = dataset.input_shape  # profiling your own model now needs its input
-    profile = load_or_profile(args)
+    algorithm = make_algorithm(args.algorithm, algorithm_settings(args))
+    profile = load_or_profile(args, step_batch_sizes(args, algorithm))
     if profile.num_units != model.num_units:
         raise ConfigError(
             f"profile {args.profile} has {profile.num_units} units, {model.name} on {dataset.name} has "
@@ -174,7 +184,6 @@ def run(args: argparse.Namespace) -> int:
             "camel brings its own anti-forgetting buffer and is not combined with an OCL algorithm (as in the "
             "paper); use --algorithm vanilla with camel, or another method"
         )
-    algorithm = make_algorithm(args.algorithm, algorithm_settings(args))
     plan = ferret_plan(args, profile, arrival, algorithm) if args.method == "ferret" else None
     result, tasks = simulate_dataset(args, model, dataset, profile, arrival, plan, algorithm)
     if args.trace is not None and result.trace is not None:

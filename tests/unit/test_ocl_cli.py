@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from ferret_core.engine.policies import METHOD_NAMES
-from ferret_core.ocl import ALGORITHM_NAMES
+from ferret_core.ocl import ALGORITHM_NAMES, make_algorithm
 from ferret_core.profile import LayerProfile, ModelProfile
-from services.cli.main import EXIT_INFEASIBLE, main
+from services.cli.main import EXIT_INFEASIBLE, build_parser, main
+from services.cli.simulate_cmd import algorithm_settings, step_batch_sizes
 
 
 @pytest.fixture
@@ -85,3 +86,20 @@ def test_budget_fits_the_mini_batch_or_exits_3(profile: Path, capsys: pytest.Cap
     code = main(["simulate", "--dataset", "digits", "--model", "mlp", "--items", "10", "--method", "last-n",
                  "--profile", str(profile), "--budget", str(base["planned_bytes"] - 1)])
     assert code == EXIT_INFEASIBLE and "minimum feasible" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("method", "algorithm", "sizes"), [
+    ("last-n", "er", (1, 4, 8)),  # N = 4, plus 4 replayed
+    ("camel", "vanilla", (1, 6)),  # N = 4 coreset + 2 replayed
+    ("oracle", "mir", (1, 2, 5)),  # 1 + 1 replayed; 5 candidates scored
+])
+def test_profiling_now_times_the_steps_batch_sizes(method: str, algorithm: str, sizes: tuple[int, ...]) -> None:
+    args = build_parser().parse_args(["simulate", "--dataset", "digits", "--model", "mlp", "--method", method,
+                                          "--algorithm", algorithm, "--bskip-batch", "4", "--camel-replay", "2"])
+    assert step_batch_sizes(args, make_algorithm(algorithm, algorithm_settings(args))) == sizes
+
+
+def test_simulate_without_a_profile_profiles_the_mini_batches(capsys: pytest.CaptureFixture[str]) -> None:
+    r = simulate(capsys, "--dataset", "digits", "--items", "30", "--method", "last-n", "--algorithm", "er",
+                 "--bskip-batch", "4", "--replay-buffer", "20")
+    assert r["items"] == 30 == r["trained"] + sum(r["skipped"].values()) and r["trained"] > 0
