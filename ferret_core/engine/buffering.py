@@ -85,6 +85,8 @@ class BufferingSettings:
 class WindowFeeder:
     """The newest-B window of B-Skip; draws N at random (``random``) or the newest N (``last``)."""
 
+    takes_algorithms = True
+
     def __init__(self, settings: BufferingSettings, draw: str) -> None:
         if draw not in ("random", "last"):
             raise ConfigError(f"draw must be 'random' or 'last', got {draw!r}")
@@ -141,7 +143,10 @@ class WindowFeeder:
 
 class CamelFeeder(WindowFeeder):
     """Camel's step: the window's greedy coreset of N (weighted by the share of the window each covers)
-    plus R samples replayed from its representative buffer, which then takes the coreset."""
+    plus R samples replayed from its representative buffer, which then takes the coreset. Not combined
+    with an OCL algorithm: Camel brings its own anti-forgetting buffer (the paper: "cannot be integrated")."""
+
+    takes_algorithms = False
 
     def __init__(self, settings: BufferingSettings) -> None:
         super().__init__(settings, "last")

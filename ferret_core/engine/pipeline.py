@@ -127,6 +127,11 @@ class Pipeline:
         self._devices = [v.params[0].device if v.params else torch.device("cpu") for v in initial]
         if feeder is not None and plan.num_workers != 1:
             raise ConfigError(f"a buffering method trains one sequential worker, the plan has {plan.num_workers}")
+        if feeder is not None and not feeder.takes_algorithms and algorithm is not None and algorithm.name != "vanilla":
+            raise ConfigError(
+                f"this buffering method (camel) brings its own anti-forgetting buffer and is not combined with an "
+                f"OCL algorithm, got {algorithm.name!r}; use the vanilla algorithm with it, or another method"
+            )
         self.feeder = feeder
         self.algorithm: Algorithm = algorithm if algorithm is not None else PlainSteps()
         self.algorithm.bind(_MasterView(self, lr))

@@ -248,7 +248,10 @@ class Fed:
 
 
 class Feeder(Protocol):
-    """A buffering method's arrival buffer (see the module docstring)."""
+    """A buffering method's arrival buffer (see the module docstring). ``takes_algorithms``: whether an
+    OCL algorithm may be combined with it (Camel's own buffer: no, as in the paper)."""
+
+    takes_algorithms: bool
 
     def offer(self, index: int, x: Tensor, y: int) -> int:
         """Buffer a labelled arrival; returns how many buffered items it pushed out (skipped as evicted)."""

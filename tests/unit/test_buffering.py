@@ -23,6 +23,7 @@ from ferret_core.engine.coreset import RepresentativeBuffer, select_coreset
 from ferret_core.engine.policies import make_policy
 from ferret_core.engine.virtual_clock import StageTimes
 from ferret_core.errors import ConfigError, InfeasibleBudgetError
+from ferret_core.ocl import AlgorithmSettings, make_algorithm
 from ferret_core.profile import LayerProfile, ModelProfile
 from tests.unit.test_engine_support import IN_FEATURES, sequential_model, stream, tiny_units
 
@@ -215,3 +216,12 @@ def test_missing_batch_time_names_the_fix() -> None:
     policy = BufferingPolicy("last-n", BufferingSettings(batch=4, window=4))
     with pytest.raises(Exception, match="--batch-sizes 1,4"):
         simulate(copy.deepcopy(tiny_units()), policy, stream(8), model="tiny", profile=profile, arrival_interval=1.0)
+
+
+@pytest.mark.parametrize("name", ["er", "mir", "lwf", "mas"])
+def test_camel_refuses_an_algorithm_before_the_stream(name: str) -> None:
+    policy = BufferingPolicy("camel", BufferingSettings(batch=2, window=4, camel_buffer=5))
+    units = tiny_units()
+    with pytest.raises(ConfigError, match="camel"):
+        StreamEngine(units, policy.setup("tiny", len(units), 1.0), EngineSettings(),
+                     algorithm=make_algorithm(name, AlgorithmSettings(buffer_size=5)))
