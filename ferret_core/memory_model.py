@@ -52,12 +52,15 @@ class MemorySettings:
     replay_items: int = 0  # ER / MIR buffer size (the paper uses 5000)
     teacher_copy: bool = False  # LwF
     importances: bool = False  # MAS
+    micro_batch: int = 1  # items per pipeline step (ER/MIR: the item plus its replayed items)
 
     def __post_init__(self) -> None:
         if self.variant not in MEMORY_VARIANTS:
             raise ConfigError(f"memory model must be one of {MEMORY_VARIANTS}, got {self.variant!r}")
         if self.optimizer not in OPTIMIZER_SLOTS:
             raise ConfigError(f"optimizer must be one of {sorted(OPTIMIZER_SLOTS)}, got {self.optimizer!r}")
+        if self.micro_batch < 1:
+            raise ConfigError(f"micro_batch must be >= 1, got {self.micro_batch}")
         if self.replay_items < 0:
             raise ConfigError(f"replay_items must be >= 0, got {self.replay_items}")
         dtype_bytes(self.dtype)
@@ -76,6 +79,7 @@ class MemoryModel:
     """Bytes of a whole configuration: Σ_n worker term + shared term."""
 
     def __init__(self, geometry: StageGeometry, profile: ModelProfile, settings: MemorySettings) -> None:
+        geometry = geometry.per_step(settings.micro_batch)  # activations of a step of micro_batch items
         self.geometry = geometry
         self.settings = settings
         self._fixed = self._fixed_extras(profile) if settings.extras else {}
