@@ -34,13 +34,19 @@ class SkipReason(StrEnum):
     ``worker_removed``: its worker slot was removed (T4). ``no_label``: it came without a label.
     ``busy``: its worker could not admit it (see :mod:`ferret_core.engine.scheduler`). ``omitted``: T3
     omits its backward pass at every stage (only possible when c^o_{n,P−1} > 0, which Alg. 2 never
-    sets), so forwarding it would change nothing.
+    sets), so forwarding it would change nothing. Buffering methods (B-Skip, Camel,
+    :mod:`ferret_core.engine.buffering`): ``evicted``: pushed out of the newest-B window by newer
+    arrivals before a mini-batch was drawn; ``not_selected``: in the window when a mini-batch was drawn,
+    but not drawn; ``stream_end``: still in the window when the stream ended.
     """
 
     WORKER_REMOVED = "worker_removed"
     NO_LABEL = "no_label"
     BUSY = "busy"
     OMITTED = "omitted"
+    EVICTED = "evicted"
+    NOT_SELECTED = "not_selected"
+    STREAM_END = "stream_end"
 
 
 @dataclass(frozen=True, slots=True)
