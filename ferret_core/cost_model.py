@@ -14,6 +14,7 @@ Both R_F and M_F are sums over workers, so step deltas re-evaluate only the chan
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import reduce
@@ -70,6 +71,21 @@ class StageGeometry:
     @property
     def num_stages(self) -> int:
         return self.partition.num_stages
+
+    def per_step(self, batch: int) -> StageGeometry:
+        """The geometry of a step of ``batch`` items (a mini-batch or an item with replayed items): the
+        per-item activation quantities times ``batch``; weights and times unchanged."""
+        if batch == 1:
+            return self
+        return dataclasses.replace(
+            self,
+            activations=tuple(a * batch for a in self.activations),
+            recompute_savings=tuple(a * batch for a in self.recompute_savings),
+            saved=tuple(a * batch for a in self.saved),
+            stage_inputs=tuple(a * batch for a in self.stage_inputs),
+            outputs=tuple(a * batch for a in self.outputs),
+            graph_internal=tuple(a * batch for a in self.graph_internal),
+        )
 
     @property
     def total_weights(self) -> int:

@@ -79,6 +79,7 @@ class MemorySettings:
     replay_items: int = 0  # ER / MIR buffer size (the paper uses 5000)
     teacher_copy: bool = False  # LwF
     importances: bool = False  # MAS
+    micro_batch: int = 1  # items per pipeline step (ER/MIR: the item plus its replayed items)
 
     def __post_init__(self) -> None:
         if self.variant not in MEMORY_VARIANTS:
@@ -87,6 +88,8 @@ class MemorySettings:
             raise ConfigError(f"in_flight must be one of {IN_FLIGHT_MODES}, got {self.in_flight!r}")
         if self.optimizer not in OPTIMIZER_SLOTS:
             raise ConfigError(f"optimizer must be one of {sorted(OPTIMIZER_SLOTS)}, got {self.optimizer!r}")
+        if self.micro_batch < 1:
+            raise ConfigError(f"micro_batch must be >= 1, got {self.micro_batch}")
         if self.replay_items < 0:
             raise ConfigError(f"replay_items must be >= 0, got {self.replay_items}")
         dtype_bytes(self.dtype)
@@ -119,7 +122,8 @@ class MemoryModel:
     """Bytes of a whole configuration: Σ_n worker term + shared term (see the module docstring).
 
     ``arrival_interval`` (t^d) and ``num_slots`` (N) are needed by the ``schedule`` in-flight mode: a
-    worker's items arrive every N·t^d.
+    worker's items arrive every N·t^d. ``settings.micro_batch`` > 1 (an OCL algorithm's step of the item
+    and its replayed items) multiplies every per-item activation size by the step's items.
     """
 
     def __init__(
@@ -131,6 +135,7 @@ class MemoryModel:
         arrival_interval: float | None = None,
         num_slots: int | None = None,
     ) -> None:
+        geometry = geometry.per_step(settings.micro_batch)  # activations of a step of micro_batch items
         self.geometry = geometry
         self.settings = settings
         self._engine = settings.variant == "engine"
@@ -144,7 +149,10 @@ class MemoryModel:
         if self._engine and not geometry.outputs:
             raise ConfigError("the engine memory model needs a StageGeometry built by StageGeometry.from_profile")
         label = -(-LABEL_BYTES // dtype_bytes(settings.dtype))
-        self.sizes = StageSizes(profile.input_elements, geometry.outputs, geometry.graph_internal, label)
+        batch = settings.micro_batch  # geometry's outputs and internals are per step already
+        self.sizes = StageSizes(
+            profile.input_elements * batch, geometry.outputs, geometry.graph_internal, label * batch
+        )
         self._fixed = self._fixed_extras(profile) if settings.extras else {}
         self._ring = settings.extras and settings.compensator in COMPENSATORS_WITH_RING
         self._residency: dict[tuple[bool, tuple[int, ...]], Residency] = {}

@@ -11,10 +11,22 @@ It round-trips through the JSON format of DESIGN §4::
 say whether the unit's input and output storages are among those saved tensors, so the memory model
 can count a storage two units share (one's output, the next one's input) once; without them it
 counts each unit's saved tensors whole and every boundary again (an upper bound).
+
+``batch_times`` (optional, per layer: ``[{"batch", "t_f", "t_b"}]``) holds t̂^f and t̂^b of one step of a
+*mini-batch* of that many items, for the methods that train mini-batches (B-Skip, Camel, the replay
+micro-batches of ER/MIR; written by ``ferret profile --batch-sizes 1,10,20``). The layer's own ``t_f`` and
+``t_b`` are the times of one step of the profile's base batch (``meta.batch_size``, 1 by default). Every
+layer lists the same batch sizes. :meth:`ModelProfile.layer_times` answers for any batch size between the
+smallest and the largest profiled one: exactly where profiled, else by linear interpolation between the
+two nearest profiled sizes (CPU and GPU step times are close to affine in the batch size between nearby
+sizes); outside that range it raises :class:`ProfileError` naming the command that profiles the size.
+Files without the field stay readable and answer only for their base batch size.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -52,6 +64,7 @@ class LayerProfile:
     saved: int | None = None  # autograd saved-tensor elements per sample (engine memory model)
     saved_input: bool | None = None  # whether ``saved`` includes the unit's input storage
     saved_output: bool | None = None  # whether ``saved`` includes the unit's output storage
+    batch_times: tuple[tuple[int, float, float], ...] = ()  # (batch size, t_f, t_b) of one mini-batch step
 
     def __post_init__(self) -> None:
         for key in ("t_f", "t_b"):
@@ -68,6 +81,17 @@ class LayerProfile:
             flag = getattr(self, key)
             if flag is not None and not isinstance(flag, bool):
                 raise ProfileError(f"layer {self.name!r}: {key} must be true, false or absent, got {flag!r}")
+        sizes = [row[0] for row in self.batch_times]
+        if sizes != sorted(set(sizes)):
+            raise ProfileError(f"layer {self.name!r}: batch_times must list distinct batch sizes in increasing order")
+        for batch, t_f, t_b in self.batch_times:
+            if not (isinstance(batch, int) and batch >= 1):
+                raise ProfileError(f"layer {self.name!r}: batch_times batch must be an integer >= 1, got {batch!r}")
+            for key, value in (("t_f", t_f), ("t_b", t_b)):
+                if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                    raise ProfileError(
+                        f"layer {self.name!r}: batch_times[{batch}].{key} must be a finite number >= 0, got {value!r}"
+                    )
 
     @property
     def t_fb(self) -> float:
@@ -93,6 +117,14 @@ class ModelProfile:
         if self.time_unit != "s":
             raise ProfileError(f"time_unit must be 's' (seconds), got {self.time_unit!r}")
         dtype_bytes(self.dtype)
+        sizes = {tuple(row[0] for row in layer.batch_times) for layer in self.layers}
+        if len(sizes) > 1:
+            raise ProfileError(
+                f"profile of {self.model!r}: every layer must list the same batch_times sizes, got {sorted(sizes)}"
+            )
+        base = self.base_batch
+        if not (isinstance(base, int) and base >= 1):
+            raise ProfileError(f"profile of {self.model!r}: meta.batch_size must be an integer >= 1, got {base!r}")
 
     @property
     def num_units(self) -> int:
@@ -127,6 +159,48 @@ class ModelProfile:
                 f"{list(input_shape)}; profile the model at its input size (ferret profile --input-size …) "
                 "or pass the profile made for it"
             )
+    @property
+    def base_batch(self) -> int:
+        """Items per step of the layers' own ``t_f``/``t_b`` (``meta.batch_size``; 1 when absent)."""
+        value = self.meta.get("batch_size", 1)
+        return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The batch sizes whose step times were measured: the base batch and ``batch_times``'s sizes."""
+        return tuple(sorted({self.base_batch, *(row[0] for row in self.layers[0].batch_times)}))
+
+    def layer_times(self, batch: int) -> tuple[tuple[float, float], ...]:
+        """(t̂^f, t̂^b) of one step of ``batch`` items, per layer: measured where profiled, else linearly
+        interpolated between the two nearest profiled batch sizes (see the module docstring)."""
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ProfileError(f"batch size must be an integer >= 1, got {batch!r}")
+        sizes = self.batch_sizes
+        if not sizes[0] <= batch <= sizes[-1]:
+            wanted = ",".join(str(b) for b in sorted({*sizes, batch}))
+            raise ProfileError(
+                f"profile of {self.model!r} has step times for batch sizes {list(sizes)}, not for {batch}; "
+                f"re-profile with `ferret profile --model {self.model} --batch-sizes {wanted} --out FILE`"
+            )
+        return tuple(_interpolated(_layer_table(layer, self.base_batch), batch) for layer in self.layers)
+
+    def at_batch(self, batch: int) -> ModelProfile:
+        """This profile with every layer's ``t_f``/``t_b`` replaced by one step of ``batch`` items and
+        ``batch`` as its base batch (sizes stay per item): what the planner plans with when the pipeline's
+        unit of work is a micro-batch. Its ``max_forward_time`` is the batch's, not the stream's t^d."""
+        if batch == self.base_batch:
+            return self
+        times = self.layer_times(batch)
+        base = self.base_batch
+        layers = tuple(
+            dataclasses.replace(
+                layer, t_f=t_f, t_b=t_b,
+                batch_times=tuple(row for row in _layer_table(layer, base) if row[0] != batch),
+            )
+            for layer, (t_f, t_b) in zip(self.layers, times, strict=True)
+        )
+        meta = {**self.meta, "batch_size": batch}
+        return ModelProfile(self.model, self.input_shape, layers, self.device, self.dtype, self.time_unit, meta)
 
     def to_dict(self) -> dict[str, Any]:
         layers = []
@@ -143,6 +217,8 @@ class ModelProfile:
             for key in ("saved_input", "saved_output"):
                 if getattr(layer, key) is not None:
                     row[key] = getattr(layer, key)
+            if layer.batch_times:
+                row["batch_times"] = [{"batch": b, "t_f": t_f, "t_b": t_b} for b, t_f, t_b in layer.batch_times]
             layers.append(row)
         out: dict[str, Any] = {
             "model": self.model,
@@ -185,6 +261,7 @@ class ModelProfile:
                     saved=None if saved is None else _as_int(saved, f"{source}: layers[{index}].saved"),
                     saved_input=row.get("saved_input"),
                     saved_output=row.get("saved_output"),
+                    batch_times=_batch_times(row.get("batch_times", ()), f"{source}: layers[{index}].batch_times"),
                 )
             )
         return cls(
@@ -212,6 +289,33 @@ class ModelProfile:
         if not isinstance(data, Mapping):
             raise ProfileError(f"profile file {str(path)!r} must hold a JSON object")
         return cls.from_dict(data, source=str(path))
+
+
+def _batch_times(raw: Any, where: str) -> tuple[tuple[int, float, float], ...]:
+    if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)):
+        raise ProfileError(f"{where}: expected a list of {{batch, t_f, t_b}} objects, got {raw!r}")
+    out = []
+    for row in raw:
+        if not isinstance(row, Mapping) or not {"batch", "t_f", "t_b"} <= set(row):
+            raise ProfileError(f"{where}: expected objects with keys batch, t_f, t_b, got {row!r}")
+        out.append((_as_int(row["batch"], f"{where}.batch"), float(row["t_f"]), float(row["t_b"])))
+    return tuple(sorted(out))
+
+
+def _layer_table(layer: LayerProfile, base: int) -> list[tuple[int, float, float]]:
+    table = {b: (t_f, t_b) for b, t_f, t_b in layer.batch_times}
+    table[base] = (layer.t_f, layer.t_b)
+    return sorted((b, t_f, t_b) for b, (t_f, t_b) in table.items())
+
+
+def _interpolated(table: list[tuple[int, float, float]], batch: int) -> tuple[float, float]:
+    """(t_f, t_b) at ``batch`` from a sorted (batch, t_f, t_b) table that brackets it."""
+    for (b0, f0, g0), (b1, f1, g1) in itertools.pairwise(table):
+        if b0 <= batch <= b1:
+            w = (batch - b0) / (b1 - b0)
+            return f0 + w * (f1 - f0), g0 + w * (g1 - g0)
+    _, t_f, t_b = table[0]
+    return t_f, t_b  # a single profiled size equal to ``batch``
 
 
 def _as_int(value: Any, where: str) -> int:

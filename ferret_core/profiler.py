@@ -17,6 +17,11 @@ which other processes on a shared machine cannot inflate by preempting it; with 
 time; on CUDA, CUDA events on the current stream after a synchronisation. Garbage is collected once,
 then the collector is paused while the units are profiled.
 
+``batch_sizes`` (e.g. ``(1, 10, 20)``) times the units again for each further mini-batch size, the same
+way (a pass over the units per size, on that size's own activations), and records them as the layers'
+``batch_times`` (:mod:`ferret_core.profile`): the step times of the mini-batch methods (B-Skip, Camel,
+replay micro-batches).
+
 Sizes are per sample: ``params`` = |ŵ| (parameter elements of the unit), ``activations`` = |â| (output
 elements), ``saved`` = bytes of the distinct storages autograd saves for the backward (counted by a
 ``saved_tensors_hooks`` pack hook, deduplicated by ``untyped_storage().data_ptr()``, parameters and
@@ -33,13 +38,14 @@ stay as they were.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import gc
 import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -70,13 +76,15 @@ def profile_model(
     warmup: int = 3,
     repeats: int = 10,
     batch_size: int = 1,
+    batch_sizes: Sequence[int] = (),
     clock: str = "auto",
     progress: ProgressCallback | None = None,
 ) -> ModelProfile:
     """Time and size every unit of ``model`` (see the module docstring).
 
+    ``batch_sizes``: further mini-batch sizes to time (``batch_size`` itself may be among them).
     ``clock`` picks the timer (:func:`resolve_clock`). ``progress(done, total)`` is called after each
-    unit (``total`` = the number of units).
+    unit of each batch size (``total`` = units × sizes).
     """
     dev = resolve_device(device)
     timer = _Timer(dev, resolve_clock(clock, dev))
@@ -84,31 +92,67 @@ def profile_model(
     _check_count("warmup", warmup, minimum=0)
     _check_count("repeats", repeats, minimum=1)
     _check_count("batch_size", batch_size, minimum=1)
+    for size in batch_sizes:
+        _check_count("batch_sizes entry", size, minimum=1)
+    extra = sorted(set(batch_sizes) - {batch_size})
     units = tuple(copy.deepcopy(model.units))
     for unit in units:
         unit.to(device=dev, dtype=torch_dtype)
         unit.train()
-    generator = torch.Generator().manual_seed(_INPUT_SEED)
-    x = torch.randn((batch_size, *model.input_shape), generator=generator).to(dev, torch_dtype)
-    layers: list[LayerProfile] = []
+    total = len(units) * (1 + len(extra))
+    done = 0
+
+    def step() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
     with _on_device(dev), _gc_paused():
-        for index, (name, unit) in enumerate(zip(model.unit_names, units, strict=True)):
-            with _blame(model, index, x, dtype, dev):
-                bench = _UnitBench(unit, x, name, first=index == 0, generator=generator)
-                for round_index in range(warmup + repeats):
-                    bench.run(timer if round_index >= warmup else None)
-                layers.append(bench.result(batch_size))
-            x = bench.output
-            if progress is not None:
-                progress(index + 1, len(units))
+        layers = _profile_units(model, units, batch_size, dtype, dev, timer, warmup, repeats, step)
+        timings = {b: _profile_units(model, units, b, dtype, dev, timer, warmup, repeats, step) for b in extra}
+    if extra:
+        layers = [
+            dataclasses.replace(layer, batch_times=tuple((b, timings[b][i].t_f, timings[b][i].t_b) for b in extra))
+            for i, layer in enumerate(layers)
+        ]
+    meta = _meta(model, dev, timer.clock, warmup=warmup, repeats=repeats, batch_size=batch_size)
+    if extra:
+        meta["batch_sizes"] = sorted({batch_size, *extra})
     return ModelProfile(
         model=model.name,
         input_shape=model.input_shape,
         layers=tuple(layers),
         device=dev.type,
         dtype=dtype,
-        meta=_meta(model, dev, timer.clock, warmup=warmup, repeats=repeats, batch_size=batch_size),
+        meta=meta,
     )
+
+
+def _profile_units(
+    model: ZooModel,
+    units: Sequence[nn.Module],
+    batch_size: int,
+    dtype: str,
+    dev: torch.device,
+    timer: _Timer,
+    warmup: int,
+    repeats: int,
+    step: Callable[[], None],
+) -> list[LayerProfile]:
+    """One pass over the units at ``batch_size`` items (inputs seeded, so every size starts alike)."""
+    generator = torch.Generator().manual_seed(_INPUT_SEED)
+    x = torch.randn((batch_size, *model.input_shape), generator=generator).to(dev, _resolve_dtype(dtype))
+    layers: list[LayerProfile] = []
+    for index, (name, unit) in enumerate(zip(model.unit_names, units, strict=True)):
+        with _blame(model, index, x, dtype, dev):
+            bench = _UnitBench(unit, x, name, first=index == 0, generator=generator)
+            for round_index in range(warmup + repeats):
+                bench.run(timer if round_index >= warmup else None)
+            layers.append(bench.result(batch_size))
+        x = bench.output
+        step()
+    return layers
 
 
 def resolve_device(device: str) -> torch.device:

@@ -23,3 +23,6 @@ profile resnet18-32.json   --model resnet18  --input-size 32    --warmup 5 --rep
 profile mobilenet-32.json  --model mobilenet --input-size 32    --warmup 5 --repeats 30
 profile resnet18-224.json  --model resnet18  --input-size 224   --warmup 3 --repeats 11
 profile mobilenet-224.json --model mobilenet --input-size 224   --warmup 3 --repeats 11
+# step times of mini-batches (B-Skip, Camel, replay micro-batches, MIR's candidates): benchmarks/methods/
+profile mnistnet-batches.json --model mnistnet --batch-sizes 1,10,20,50 --warmup 5 --repeats 30
+profile convnet-batches.json  --model convnet  --batch-sizes 1,10,20,50 --warmup 5 --repeats 30

@@ -64,6 +64,18 @@ def resize_images(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return out if x.dim() == 4 else out[0]
 
 
+def task_balanced_order(ds: Dataset, limit: int) -> np.ndarray:
+    """Row indices of a ``limit``-item stream that keeps every task of a task-ordered stream (``split-*``):
+    the first ⌊limit/T⌋ items of each task in stream order (the first ``limit mod T`` tasks one more), so a
+    short stream is still T tasks long."""
+    tasks = ds.tasks_train
+    if tasks is None or ds.num_tasks == 1:
+        return np.arange(min(limit, len(ds.y_train)))
+    count = ds.num_tasks
+    share = [limit // count + (1 if t < limit % count else 0) for t in range(count)]
+    return np.concatenate([np.flatnonzero(tasks == t)[: share[t]] for t in range(count)])
+
+
 def iter_stream(
     ds: Dataset,
     *,
@@ -71,11 +83,13 @@ def iter_stream(
     iid: bool = False,
     seed: int = 0,
     input_shape: tuple[int, ...] | None = None,
+    per_task: bool = False,
 ) -> Iterator[StreamItem]:
     """The training split as a stream of :class:`StreamItem`, one sample at a time.
 
     The stored order is the stream order (task by task for ``split-*`` datasets); ``iid=True`` shuffles
-    it with ``seed`` (tasks stay attached to their samples). ``limit`` stops after that many items.
+    it with ``seed`` (tasks stay attached to their samples). ``limit`` stops after that many items, or,
+    with ``per_task`` on a task-ordered stream, takes them from every task (:func:`task_balanced_order`).
     ``x`` is float32 in ``[0, 1]`` (see :func:`ferret_core.data.dataset.normalise`), resized to
     ``input_shape`` when given and different (see the module docstring); ``task`` is 0 when the dataset
     has no task structure.
@@ -84,9 +98,12 @@ def iter_stream(
         raise ConfigError(f"limit must be None or >= 0, got {limit}")
     resize = needs_resize(ds, input_shape)
     size = (int(input_shape[1]), int(input_shape[2])) if resize and input_shape is not None else (0, 0)
-    order = stream_order(ds, iid=iid, seed=seed)
-    if limit is not None:
-        order = order[:limit]
+    if per_task and limit is not None and not iid:
+        order = task_balanced_order(ds, limit)
+    else:
+        order = stream_order(ds, iid=iid, seed=seed)
+        if limit is not None:
+            order = order[:limit]
     tasks = ds.tasks_train
     for index, row in enumerate(order.tolist()):
         x = normalise(ds.x_train[row])

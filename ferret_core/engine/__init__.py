@@ -6,10 +6,12 @@ Modules, one concept each: ``actions`` (frozen Action / TraceEvent), ``versions`
 stashes), ``stage_exec`` (one stage's passes through ``functional_call``), ``optim`` (out-of-place
 SGD), ``scheduler`` (the one schedule logic), ``pipeline`` (what an action does), ``state`` (its
 in-flight items and counters), ``virtual_clock``, ``wall_clock``, ``memory`` (measurement), ``trace``
-(validator, table, staleness), ``policies`` (Oracle, 1-Skip, Ferret), ``schedules`` (DAPPLE, ZB,
-Hanayo, PipeDream, PipeDream-2BW), ``methods`` (the registry of every method by name), ``result``,
-``carry`` (compensator state across a re-plan), ``engine`` (the facade), ``ablation`` (compensators on
-one fixed plan: :func:`run_compensators`).
+(validator, table, staleness), ``policies`` (Oracle, 1-Skip, Ferret), ``steps`` (what an admitted
+arrival trains, and the Algorithm / Feeder hooks of OCL algorithms and buffering methods), ``buffering``
+and ``coreset`` (Random-N / Last-N B-Skip, Camel), ``schedules`` (DAPPLE, ZB, Hanayo, PipeDream,
+PipeDream-2BW), ``methods`` (the registry of every method by name), ``result``, ``carry`` (compensator
+state across a re-plan), ``engine`` (the facade), ``ablation`` (compensators on one fixed plan:
+:func:`run_compensators`). OCL algorithms live in :mod:`ferret_core.ocl`.
 """
 
 from ferret_core.engine.ablation import AblationRun, RunInputs, run_compensators

@@ -37,7 +37,10 @@ class SkipReason(StrEnum):
     sets), so forwarding it would change nothing. ``non_finite``: it was admitted, but its loss or a
     gradient of it (as computed, or after compensation) holds NaN or ±inf, so its contribution was
     dropped before any update: it never reaches the weights (never an arrival's reason: it is decided
-    during training and counted then, once per item).
+    during training and counted then, once per item). Buffering methods (B-Skip, Camel,
+    :mod:`ferret_core.engine.buffering`): ``evicted``: pushed out of the newest-B window by newer
+    arrivals before a mini-batch was drawn; ``not_selected``: in the window when a mini-batch was drawn,
+    but not drawn; ``stream_end``: still in the window when the stream ended.
     """
 
     WORKER_REMOVED = "worker_removed"
@@ -45,6 +48,9 @@ class SkipReason(StrEnum):
     BUSY = "busy"
     OMITTED = "omitted"
     NON_FINITE = "non_finite"
+    EVICTED = "evicted"
+    NOT_SELECTED = "not_selected"
+    STREAM_END = "stream_end"
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from ferret_core.engine.pipeline import Pipeline
 from ferret_core.engine.policies import Policy, PolicySetup
 from ferret_core.engine.result import EngineStats, SimulationResult
 from ferret_core.engine.stage_exec import build_stages
+from ferret_core.engine.steps import Algorithm
 from ferret_core.engine.trace import plan_bounds, validate_trace
 from ferret_core.engine.virtual_clock import Sample, StageTimes, VirtualClock
 from ferret_core.engine.wall_clock import WallClock
@@ -73,6 +74,7 @@ class StreamEngine:
         *,
         devices: Sequence[torch.device] | None = None,
         optimizer: Optimizer | None = None,
+        algorithm: Algorithm | None = None,
     ) -> None:
         self.setup = setup
         self.settings = settings or EngineSettings()
@@ -97,6 +99,9 @@ class StreamEngine:
             clone_replicas=s.clone_replicas,
             keep_trace=s.keep_trace,
             score_online=s.score_online,
+            algorithm=algorithm,
+            feeder=setup.feeder,
+            lr=s.lr,
         )
         if meter is not None:
             meter.sample()  # what an idle engine holds (weights, optimizer, compensators): never 0 bytes
@@ -196,6 +201,7 @@ class StreamEngine:
         return SimulationResult(
             method=self.setup.method,
             compensator=self.settings.compensator,
+            algorithm=p.algorithm.name,
             oacc=p.online.get(),
             tacc=None if test is None else p.evaluate(*test),
             items=c.items,
@@ -235,10 +241,12 @@ def simulate(
     test: tuple[Tensor, Tensor] | None = None,
     settings: EngineSettings | None = None,
     on_arrival: Callable[[int], None] | None = None,
+    algorithm: Algorithm | None = None,
 ) -> SimulationResult:
-    """Run ``policy`` on ``items`` on the virtual clock with stage times from ``profile``."""
+    """Run ``policy`` (with OCL ``algorithm``, default ``vanilla``) on ``items`` on the virtual clock with
+    stage times from ``profile``."""
     setup = policy.setup(model, len(units), arrival_interval)
-    engine = StreamEngine(units, setup, settings)
+    engine = StreamEngine(units, setup, settings, algorithm=algorithm)
     times = StageTimes.from_profile(profile, setup.plan.partition)
     return engine.run_virtual(items, times, arrival_interval, test=test, on_arrival=on_arrival)
 

@@ -12,9 +12,11 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ferret_core.engine.buffering import BufferingPolicy, BufferingSettings
 from ferret_core.engine.policies import FerretPolicy, OneSkip, Oracle, Policy
 from ferret_core.engine.schedules import Dapple, Hanayo, PipeDream, PipeDream2BW, ZeroBubble
 from ferret_core.engine.schedules.common import WithPlannedBytes
+from ferret_core.engine.steps import NO_FOOTPRINT, Footprint
 from ferret_core.errors import ConfigError
 from ferret_core.memory_model import MemorySettings
 from ferret_core.plan import Partition, Plan, WorkerConfig
@@ -29,13 +31,18 @@ class MethodOptions:
     ``flush_every``: m, micro-batches per pipeline row between updates (DAPPLE, ZB, Hanayo's flush
     groups; PipeDream-2BW's accumulation); ``None``: the pipeline depth P. ``input_share``: the part of
     t̂^b zero bubble's B takes. ``memory``: how the schedules count planned bytes — pass the compensator
-    the run uses.
+    the run uses. ``buffering``: N, B and Camel's buffer of the buffering methods (Random-N, Last-N,
+    Camel); ``budget``: the bytes they fit N to (``None``: N as given); ``footprint``: what the run's OCL
+    algorithm adds to their planned bytes (:mod:`ferret_core.engine.buffering`).
     """
 
     wait_slots: int = 1
     flush_every: int | None = None
     input_share: float = 0.5
     memory: MemorySettings = field(default_factory=lambda: MemorySettings(variant="engine", compensator="none"))
+    buffering: BufferingSettings = field(default_factory=BufferingSettings)
+    budget: int | None = None
+    footprint: Footprint = NO_FOOTPRINT
 
 
 Build = Callable[[Plan | None, ModelProfile | None, MethodOptions], Policy]
@@ -70,11 +77,21 @@ def _async(o: MethodOptions, profile: ModelProfile | None) -> dict[str, object]:
     return {"wait_slots": o.wait_slots, "profile": profile, "memory": o.memory}
 
 
+def _buffering(name: str, profile: ModelProfile | None, o: MethodOptions) -> Policy:
+    return BufferingPolicy(name, o.buffering, profile=profile, budget=o.budget, footprint=o.footprint)
+
+
 _LIST: tuple[Method, ...] = (
     Method("oracle", lambda plan, profile, o: WithPlannedBytes(Oracle(), profile, o.memory), False,
            "Ghunaim et al., ICCV 2023 (no compute limit)"),
     Method("1-skip", lambda plan, profile, o: WithPlannedBytes(OneSkip(), profile, o.memory), False,
            "Ghunaim et al., ICCV 2023"),
+    Method("random-n", lambda plan, profile, o: _buffering("random-n", profile, o), False,
+           "Ghunaim et al., ICCV 2023 (B-Skip)"),
+    Method("last-n", lambda plan, profile, o: _buffering("last-n", profile, o), False,
+           "Ghunaim et al., ICCV 2023 (B-Skip)"),
+    Method("camel", lambda plan, profile, o: _buffering("camel", profile, o), False,
+           "Li, Shen, Chen, SIGMOD 2022 (simplified, engine/coreset.py)"),
     Method("dapple", lambda plan, profile, o: Dapple(_plan(plan, "dapple"), **_schedule(o, profile)),  # type: ignore[arg-type]
            True, "Fan et al., PPoPP 2021"),
     Method("zb", lambda plan, profile, o: ZeroBubble(_plan(plan, "zb"), **_schedule(o, profile)),  # type: ignore[arg-type]

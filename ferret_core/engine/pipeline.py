@@ -6,7 +6,14 @@
   item, skipped or not, before any training on it; dispatch: slot n = i mod N, reasons
   ``no_label`` → ``worker_removed`` → ``omitted`` → ``busy``);
 * :meth:`Pipeline.execute` for each action the scheduler chose, between ``scheduler.start`` and
-  ``scheduler.finish``.
+  ``scheduler.finish``;
+* :meth:`Pipeline.pull` after every arrival and completion (a buffering method's feeder starts a
+  mini-batch when the trainer is free) and :meth:`Pipeline.finish_stream` once the stream has ended.
+
+What an admitted item trains is a :class:`~ferret_core.engine.steps.TrainingStep` built by the OCL
+algorithm (:mod:`ferret_core.engine.steps`; ``vanilla`` by default): its batch goes through the stages,
+its loss is back-propagated at the last stage, and the algorithm's ``regularise`` shapes each stage's
+update gradient.
 
 Per worker n and stage j (plan semantics, T1–T4):
 
@@ -67,6 +74,7 @@ from ferret_core.engine.stage_exec import (
     predict_logits,
 )
 from ferret_core.engine.state import Counters, GradientBuffer, InFlightItem, Stamps
+from ferret_core.engine.steps import Algorithm, Batch, Feeder, PlainSteps, StepShape, TrainingStep
 from ferret_core.engine.trace import TraceSemantics
 from ferret_core.engine.versions import StageVersion, VersionStore
 from ferret_core.errors import ConfigError
@@ -96,6 +104,9 @@ class Pipeline:
         in_place: bool = True,
         end_of_action: Callable[[], None] | None = None,
         score_online: bool = True,
+        algorithm: Algorithm | None = None,
+        feeder: Feeder | None = None,
+        lr: float = 1e-3,
     ) -> None:
         if len(programs) != plan.num_stages or len(compensators) != plan.num_stages:
             raise ConfigError(f"need one program and one compensator per stage ({plan.num_stages})")
@@ -125,8 +136,19 @@ class Pipeline:
         self.failed_item: int | None = None  # the item of the first action that raised
         self._runners = {(w.index, j): p.runner() for w in plan.workers if w.live for j, p in enumerate(programs)}
         self._predict_runners = [p.runner() for p in programs]
+        self._algorithm_runners = [p.runner() for p in programs]  # the algorithm's whole-model passes
         self._devices = [v.params[0].device if v.params else torch.device("cpu") for v in initial]
         self._generations = [c.state_generation for c in compensators]
+        if feeder is not None and plan.num_workers != 1:
+            raise ConfigError(f"a buffering method trains one sequential worker, the plan has {plan.num_workers}")
+        if feeder is not None and not feeder.takes_algorithms and algorithm is not None and algorithm.name != "vanilla":
+            raise ConfigError(
+                f"this buffering method (camel) brings its own anti-forgetting buffer and is not combined with an "
+                f"OCL algorithm, got {algorithm.name!r}; use the vanilla algorithm with it, or another method"
+            )
+        self.feeder = feeder
+        self.algorithm: Algorithm = algorithm if algorithm is not None else PlainSteps()
+        self.algorithm.bind(_MasterView(self, lr))
         if meter is not None:  # versions, optimizer and compensator state change at an update (see _accumulate)
             meter.add_source("versions", self.store.held, stable=True)
             meter.add_source("optimizer", self._optimizer_storages, stable=True)
@@ -134,6 +156,9 @@ class Pipeline:
             meter.add_source("stashes", self._stash_storages)
             meter.add_source("activations", self._activation_storages)
             meter.add_source("pending_gradients", self._pending_storages)
+            meter.add_source("algorithm", lambda: storage_keys(self.algorithm.state_tensors()))
+            if feeder is not None:
+                meter.add_source("arrival_buffer", lambda: storage_keys(feeder.state_tensors()))
 
     @property
     def num_stages(self) -> int:
@@ -173,7 +198,8 @@ class Pipeline:
         prediction: int,
         admit: Callable[[int], bool] | None = None,
     ) -> SkipReason | None:
-        """Count the prediction of item ``index`` and admit it to its worker, or say why not.
+        """Count the prediction of item ``index`` and admit it to its worker (or, under a buffering method,
+        to the method's buffer: its fate is counted when a mini-batch is drawn), or say why not.
 
         ``admit(worker)``: whether the worker takes the item, in place of the scheduler's slot rule (the
         wall clock's admission by event time, :mod:`ferret_core.engine.admission`); refusing makes the
@@ -189,8 +215,11 @@ class Pipeline:
         return reason
 
     def worker_of(self, index: int) -> int:
-        """The worker that admitted item ``index`` (in flight). Call under :attr:`lock`, e.g. right after
-        :meth:`dispatch` admitted it."""
+        """The worker that admitted item ``index`` (in flight; under a buffering method, its one worker,
+        whose window holds the item). Call under :attr:`lock`, e.g. right after :meth:`dispatch` admitted
+        it."""
+        if self.feeder is not None:
+            return 0
         return self._items[index].worker
 
     def _admit(
@@ -200,6 +229,9 @@ class Pipeline:
             return SkipReason.NO_LABEL
         if index in self._items:
             raise ConfigError(f"item {index} is already in flight; item numbers must be unique")
+        if self.feeder is not None:
+            self.counters.skipped[SkipReason.EVICTED.value] += self.feeder.offer(index, x, y)
+            return None
         n = index % self.plan.num_workers
         if not self.plan.workers[n].live:
             return SkipReason.WORKER_REMOVED
@@ -211,13 +243,50 @@ class Pipeline:
         if not (self.scheduler.can_admit(n) if admit is None else admit(n)):
             return SkipReason.BUSY
         self.counters.admitted[n] += 1
-        p = self.num_stages
-        target = torch.tensor([y], dtype=torch.long, device=self._devices[-1])
-        item = InFlightItem(index, n, lowest, target, [None] * p, [None] * p, [None] * p, [None] * p)
-        item.inputs[0] = x.unsqueeze(0).to(self._devices[0])
-        self._items[index] = item
-        self.scheduler.admit(n, index, lowest)
+        self._start_step(index, n, lowest, Batch.single(x, y))
         return None
+
+    def _start_step(self, index: int, worker: int, lowest: int, new: Batch) -> None:
+        """Let the algorithm turn the admitted samples into a step and queue it at worker's stage 0."""
+        step: TrainingStep = self.algorithm.step(new)
+        p = self.num_stages
+        target = step.batch.y.to(self._devices[-1])
+        item = InFlightItem(
+            index, worker, lowest, target, [None] * p, [None] * p, [None] * p, [None] * p,
+            loss=step.loss, samples=step.samples, shape=step.shape,
+        )
+        item.inputs[0] = step.batch.x.to(self._devices[0])
+        self._items[index] = item
+        self.scheduler.admit(worker, index, lowest)
+
+    def pull(self) -> tuple[int, ...]:
+        """A buffering method's turn: when its feeder has a mini-batch and the (one) trainer is free, draw
+        it, count the buffered items it left as ``not_selected`` and start it; returns the workers that got
+        a step (``()`` for every other method)."""
+        feeder = self.feeder
+        if feeder is None:
+            return ()
+        with self.lock:
+            if not feeder.ready() or not self.scheduler.can_admit(0):
+                return ()
+            lowest = self.rules.lowest_backprop_stage(0, self.counters.admitted[0])
+            if lowest is None:
+                raise ConfigError("a buffering method's plan must back-propagate every step")
+            fed = feeder.take()
+            self.counters.skipped[SkipReason.NOT_SELECTED.value] += fed.not_selected
+            self.counters.admitted[0] += 1
+            self._start_step(fed.index, 0, lowest, fed.batch)
+            return (0,)
+
+    def finish_stream(self) -> None:
+        """The stream has ended: what a buffering method still holds is skipped as ``stream_end``."""
+        if self.feeder is not None:
+            with self.lock:
+                self.counters.skipped[SkipReason.STREAM_END.value] += self.feeder.drop_all()
+
+    def step_shape(self, item: int) -> StepShape:
+        """The virtual-clock cost of in-flight item ``item``'s step."""
+        return self._items[item].shape
 
     # ------------------------------------------------------------------------------------- execution
     def execute(self, action: Action, stamps: Stamps) -> None:
@@ -300,7 +369,7 @@ class Pipeline:
             raise ConfigError(f"{a} on executor {n}/{j}: the forward graph is gone")
         item.graphs[j] = None
         if j == self.num_stages - 1:
-            grads, grad_in = backward(graph_, target=item.target)
+            grads, grad_in = backward(graph_, loss=item.loss) if item.loss else backward(graph_, target=item.target)
         else:
             grad_out = item.grad_outputs[j]
             if grad_out is None:
@@ -367,32 +436,36 @@ class Pipeline:
                 self._update(a, stamps, t_end)
 
     def _finish_item(self, item: InFlightItem) -> None:
-        """The item's last action (its backward at its lowest back-propagated stage) is done; an item with
-        a dropped gradient counts as skipped ``non_finite`` (already), not as trained."""
+        """The item's last action (its backward at its lowest back-propagated stage) is done; a step of
+        a mini-batch counts each of its ``samples``; an item with a dropped gradient counts as skipped
+        ``non_finite`` (already), not as trained."""
         with self.lock:
             del self._items[item.index]
             if item.index in self._non_finite:
                 self._non_finite.discard(item.index)
             else:
-                self.counters.trained_any_stage += 1
-                self.counters.trained += int(item.lowest == 0)
+                self.counters.trained_any_stage += item.samples
+                self.counters.trained += item.samples * int(item.lowest == 0)
 
     def _count_non_finite(self, index: int | None) -> None:
         """Count an item whose gradient was dropped as skipped ``non_finite``, once (``None``: an item
         no longer known, counted per dropped gradient)."""
         with self.lock:
+            count = 1
             if index is not None:
                 if index in self._non_finite:
                     return
                 self._non_finite.add(index)
-            self.counters.skipped[SkipReason.NON_FINITE.value] += 1
+                item = self._items.get(index)
+                count = item.samples if item is not None else 1  # a mini-batch step drops all its samples
+            self.counters.skipped[SkipReason.NON_FINITE.value] += count
 
     def _update(self, a: Action, stamps: Stamps, t0: float) -> None:
         """Apply worker ``a.worker``'s buffer of stage ``a.stage`` to the master (call under the stage's lock)."""
         n, j = a.worker, a.stage
         grads, reads = self._buffers[n][j].take()
         read = self.store.master(j).version
-        new_params = self._apply(n, j, grads)
+        new_params = self._apply(n, j, grads, len(reads))
         del grads
         written = self.store.publish(j, new_params)
         del new_params
@@ -410,11 +483,13 @@ class Pipeline:
                 self.meter.invalidate()
             self._sample()
 
-    def _apply(self, worker: int, stage: int, total: list[Tensor]) -> list[Tensor]:
-        """Step the optimizer with the accumulated gradient: the new master tensors (a function, so no
+    def _apply(self, worker: int, stage: int, total: list[Tensor], steps: int = 1) -> list[Tensor]:
+        """Step the optimizer with the accumulated gradient of ``steps`` steps, after the OCL algorithm's
+        ``regularise`` (which scales a penalty by ``steps``): the new master tensors (a function, so no
         temporary outlives it)."""
         master = self.store.master(stage)
         compensator = self.compensators[stage]
+        total = self.algorithm.regularise(stage, master.params, total, steps)
         observes = self._observes[stage]
         if self.in_place and not observes and self._unshared(master, worker):
             out: Sequence[Tensor] | None = self.store.reuse(master)
@@ -491,6 +566,9 @@ class Pipeline:
             acc.update(logits.argmax(dim=1).cpu(), y[start : start + batch])
         return acc.get()
 
+    def algorithm_logits(self, x: Tensor, versions: Sequence[StageVersion]) -> Tensor:
+        return predict_logits(self._algorithm_runners, versions, x)
+
     # ------------------------------------------------------------------------- memory measurement
     def _stash_storages(self) -> Iterator[StorageKey]:
         done = self.store.version_ids()  # most stashes are a replica or the master: counted already
@@ -520,3 +598,40 @@ class Pipeline:
 def all_finite(tensors: Sequence[Tensor]) -> bool:
     """Whether no tensor holds NaN or ±inf (one pass over each)."""
     return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+class _MasterView:
+    """:class:`~ferret_core.engine.steps.ModelView` over a pipeline's masters, with runners of its own."""
+
+    def __init__(self, pipeline: Pipeline, lr: float) -> None:
+        self._pipeline = pipeline
+        self._lr = lr
+
+    @property
+    def lr(self) -> float:
+        return self._lr
+
+    def masters(self) -> tuple[StageVersion, ...]:
+        return self._pipeline.store.masters()
+
+    def logits(self, x: Tensor, versions: Sequence[StageVersion] | None = None) -> Tensor:
+        return self._pipeline.algorithm_logits(x, self.masters() if versions is None else versions)
+
+    def gradients(
+        self, x: Tensor, objective: Callable[[Tensor], Tensor], versions: Sequence[StageVersion] | None = None
+    ) -> list[tuple[Tensor, ...]]:
+        chosen = self.masters() if versions is None else tuple(versions)
+        leaves = [tuple(p.detach().requires_grad_(True) for p in v.params) for v in chosen]
+        with torch.enable_grad():
+            out = x
+            for runner, version, params in zip(self._pipeline._algorithm_runners, chosen, leaves, strict=True):
+                device = params[0].device if params else out.device
+                out = runner(params, version.buffers, out.to(device, non_blocking=True))
+            flat = [p for stage in leaves for p in stage]
+            grads = torch.autograd.grad(objective(out), flat, allow_unused=True, materialize_grads=True)
+        out_grads: list[tuple[Tensor, ...]] = []
+        start = 0
+        for stage in leaves:
+            out_grads.append(tuple(grads[start : start + len(stage)]))
+            start += len(stage)
+        return out_grads

@@ -6,12 +6,12 @@ A policy turns (model size, arrival interval) into a :class:`PolicySetup`: the p
 scheduler consults (admission slots, T3 back-propagation, in-flight caps), whether actions take time, and
 the planner's plan whose predicted memory is reported (``None`` when no cost model applies).
 
-Later methods plug in at the same seams: Random-N / Last-N B-Skip (Ghunaim et al.'s baselines as the
-paper runs them) are rules whose ``lowest_backprop_stage`` keeps only the last layers; Camel adds an
-admission rule. The pipeline schedules live in :mod:`ferret_core.engine.schedules`: PipeDream and
-PipeDream-2BW are plans executed by this engine as it is (c^a = 1, resp. c^a = m), DAPPLE / ZB / Hanayo
-bring their own scheduler and pipeline (``PolicySetup.pipeline_type``: a flush barrier, the B/W split,
-shared devices). Every method is registered by name in :mod:`ferret_core.engine.methods`.
+Random-N / Last-N B-Skip and Camel (:mod:`ferret_core.engine.buffering`) are a sequential plan with
+1-Skip's rules plus a feeder that buffers arrivals and hands over mini-batches. The pipeline schedules
+live in :mod:`ferret_core.engine.schedules`: PipeDream and PipeDream-2BW are plans executed by this
+engine as it is (c^a = 1, resp. c^a = m), DAPPLE / ZB / Hanayo bring their own scheduler and pipeline
+(``PolicySetup.pipeline_type``: a flush barrier, the B/W split, shared devices). Every method is
+registered by name in :mod:`ferret_core.engine.methods`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ferret_core.engine.scheduler import PlanRules, ScheduleRules
+from ferret_core.engine.steps import Feeder
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Partition, Plan, WorkerConfig
 
@@ -37,6 +38,7 @@ class PolicySetup:
     instant: bool  # every action takes no time (the clock still orders them)
     planned: Plan | None  # the planner's plan (its predicted bytes are reported), None without one
     pipeline_type: type[Pipeline] | None = None  # a schedule's own pipeline; None: the engine's
+    feeder: Feeder | None = None  # a buffering method's arrival buffer (ferret_core.engine.buffering)
 
 
 class Policy(Protocol):

@@ -74,11 +74,13 @@ class SimulationResult:
     updates: Grid
     wall_seconds: float
     trace: tuple[TraceEvent, ...] | None = None
+    algorithm: str = "vanilla"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready values; the trace is left out (``ferret simulate --trace FILE`` writes it as CSV)."""
         return {
             "method": self.method,
+            "algorithm": self.algorithm,
             "compensator": self.compensator,
             "oacc": self.oacc,
             "tacc": self.tacc,

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from ferret_core.engine.actions import Action, Kind
+from ferret_core.engine.steps import UNIT_STEP, StepShape
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
 
@@ -181,10 +182,12 @@ class Scheduler:
             self._ex[n][below].in_flight -= 1
         return ((n, j), *((n, below) for below in range(lowest)))
 
-    def duration(self, action: Action, times: StageTimes, recompute: bool) -> tuple[float, float]:
-        """(R part, whole duration) of ``action`` on the virtual clock (schedules that split the backward
-        pass charge their own parts, :mod:`ferret_core.engine.schedules`)."""
-        return times.duration(action, recompute)
+    def duration(
+        self, action: Action, times: StageTimes, recompute: bool, shape: StepShape = UNIT_STEP
+    ) -> tuple[float, float]:
+        """(R part, whole duration) of ``action`` on the virtual clock, for a step of ``shape`` (schedules
+        that split the backward pass charge their own parts, :mod:`ferret_core.engine.schedules`)."""
+        return times.duration(action, recompute, shape)
 
     # ------------------------------------------------------------------------------------ queries
     def idle(self) -> bool:

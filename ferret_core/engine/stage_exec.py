@@ -19,7 +19,7 @@ modules (Dropout) are rejected where a recompute would draw a different mask.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -138,17 +138,24 @@ def forward_with_grad(runner: StageRunner, version: StageVersion, x: Tensor, *, 
 
 
 def backward(
-    graph: StageGraph, *, grad_output: Tensor | None = None, target: Tensor | None = None
+    graph: StageGraph,
+    *,
+    grad_output: Tensor | None = None,
+    target: Tensor | None = None,
+    loss: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[tuple[Tensor, ...], Tensor | None]:
     """Parameter gradients and the input's gradient (``None`` when not requested) of one stage.
 
-    The last stage passes ``target`` (loss = cross-entropy of its output); the others ``grad_output``.
-    The graph is freed.
+    The last stage passes ``target`` (loss = cross-entropy of its output) or ``loss`` (a function of its
+    output, e.g. an OCL algorithm's); the others ``grad_output``. The graph is freed.
     """
-    if (grad_output is None) == (target is None):
-        raise ConfigError("backward needs exactly one of grad_output (inner stage) and target (last stage)")
+    if sum(v is not None for v in (grad_output, target, loss)) != 1:
+        raise ConfigError("backward needs exactly one of grad_output (inner stage) and target or loss (last stage)")
     inputs = graph.leaves + ((graph.input,) if graph.input.requires_grad else ())
-    if target is not None:
+    if loss is not None:
+        root = loss(graph.output)
+        grads = torch.autograd.grad(root, inputs, allow_unused=True, materialize_grads=True)
+    elif target is not None:
         root = F.cross_entropy(graph.output, target)
         grads = torch.autograd.grad(root, inputs, allow_unused=True, materialize_grads=True)
     else:

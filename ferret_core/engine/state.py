@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ferret_core.engine.actions import SkipReason
 from ferret_core.engine.stage_exec import StageGraph
+from ferret_core.engine.steps import UNIT_STEP, LossFn, StepShape
 from ferret_core.engine.versions import StageVersion
 from ferret_core.errors import ConfigError
 
@@ -45,7 +46,9 @@ class FixedStamps:
 
 @dataclass(eq=False)
 class InFlightItem:
-    """An admitted item in flight. Lists are indexed by stage (slot writes are atomic across threads)."""
+    """An admitted item in flight (one :class:`~ferret_core.engine.steps.TrainingStep`: a single stream item,
+    a mini-batch, or either with replayed items). Lists are indexed by stage (slot writes are atomic
+    across threads)."""
 
     index: int
     worker: int
@@ -55,6 +58,9 @@ class InFlightItem:
     stashes: list[StageVersion | None]  # version read at F, for stages it is back-propagated at
     graphs: list[StageGraph | None]  # forward graph kept for B (no T1)
     grad_outputs: list[Tensor | None]  # gradient of the stage's output, from stage j+1
+    loss: LossFn | None = None  # the last stage's loss (None: cross-entropy against ``target``)
+    samples: int = 1  # stream items it trains
+    shape: StepShape = UNIT_STEP  # its cost on the virtual clock
 
     def tensors(self) -> Iterator[Tensor]:
         yield self.target

@@ -30,6 +30,12 @@ complete and its memory is not reused while a kernel still reads it. (This path 
 machines; its tests are marked ``gpu``.)
 
 Updates never write a master in place here: a prediction may be reading it concurrently.
+
+Buffering methods (random-n, last-n, camel): an arrival their window takes is reported as admitted
+(``skipped`` is ``None``): its fate is decided later, when the trainer is free and a mini-batch is drawn
+(:meth:`Pipeline.pull` after every dispatch and every finished action); the items the window then drops
+are counted in the engine's counters (``evicted``, ``not_selected``), not per arrival. A drain leaves in
+the window what is too few for a mini-batch.
 """
 
 from __future__ import annotations
@@ -248,6 +254,7 @@ class WallClock:
                 with self._cv:
                     scheduler.finish(action)
                     self.service_times.record(worker, stage, took, forward=action.kind is Kind.F)
+                    p.pull()  # a buffering method draws its next mini-batch once the trainer is free
                     self._cv.notify_all()
 
     def _prediction_loop(self) -> None:
@@ -263,6 +270,7 @@ class WallClock:
                     prediction, confidence = top_k[0]
                     with self._cv:
                         skipped = p.dispatch(index, x, y, prediction, self._admit_rule(event_time))
+                        p.pull()
                         worker = p.worker_of(index) if skipped is None else None
                         self._dispatched += 1
                         self._cv.notify_all()

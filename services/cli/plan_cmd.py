@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 from ferret_core.compensation import COMPENSATOR_NAMES
@@ -118,10 +119,12 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to profile on (default cpu)")
 
 
-def load_or_profile(args: argparse.Namespace, input_shape: tuple[int, ...] | None = None) -> ModelProfile:
+def load_or_profile(
+    args: argparse.Namespace, input_shape: tuple[int, ...] | None = None, batch_sizes: Sequence[int] = ()
+) -> ModelProfile:
     """The profile of ``--profile`` (its model must be ``--model`` when both are given; checked against the
     model's ``input_shape`` when given), else the model ``--model`` names profiled now (your own model needs
-    ``--input-shape``)."""
+    ``--input-shape``), with step times for the mini-batch ``batch_sizes`` too."""
     if args.profile is not None:
         profile = ModelProfile.load(args.profile)
         if args.model is not None and profile.model != args.model:
@@ -143,7 +146,7 @@ def load_or_profile(args: argparse.Namespace, input_shape: tuple[int, ...] | Non
         model = build_model_for(args.model, input_shape=args.input_shape, num_classes=args.num_classes)
     else:
         model = build_model(args.model, num_classes=args.num_classes, input_size=args.input_size)
-    return profile_model(model, device=args.device, dtype=args.dtype)
+    return profile_model(model, device=args.device, dtype=args.dtype, batch_sizes=batch_sizes)
 
 
 def model_from_profile(args: argparse.Namespace) -> None:

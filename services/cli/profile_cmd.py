@@ -5,6 +5,7 @@ Example::
     ferret profile --model mnistnet --out benchmarks/profiles/mnistnet.json
     ferret profile --model resnet18 --input-size 224 --warmup 2 --repeats 5 --out resnet18-224.json
     ferret profile --model examples.custom_cnn:build --input-shape 1,28,28 --out custom_cnn.json
+    ferret profile --model mnistnet --batch-sizes 1,10,20 --out mnistnet-batches.json   # mini-batch steps
 """
 
 from __future__ import annotations
@@ -85,6 +86,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--repeats", type=positive_int, default=10, help="timed runs per unit (default 10)")
     parser.add_argument("--batch-size", type=positive_int, default=1, help="items per step (default 1)")
     parser.add_argument(
+        "--batch-sizes",
+        type=batch_sizes_type,
+        default=(),
+        help="further mini-batch sizes to time, comma-separated (e.g. 1,10,20): the step times of "
+        "random-n/last-n/camel and of replay micro-batches (default: none)",
+    )
+    parser.add_argument(
         "--clock",
         choices=CLOCKS,
         default="auto",
@@ -109,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         repeats=args.repeats,
         batch_size=args.batch_size,
+        batch_sizes=args.batch_sizes,
         clock=args.clock,
         progress=progress.update,
     )
@@ -174,8 +183,13 @@ def format_table(profile: ModelProfile) -> str:
         saved=sum(layer.saved or 0 for layer in profile.layers),
     )
     rule = "-" * len(rows[0])
-    footer = f"max t_f (the paper's t^d, --arrival-interval auto) = {profile.max_forward_time * 1e3:.3f} ms"
-    return "\n".join([header, rule, *rows, rule, _row("", total), footer])
+    footer = [f"max t_f (the paper's t^d, --arrival-interval auto) = {profile.max_forward_time * 1e3:.3f} ms"]
+    for batch in profile.batch_sizes:
+        if batch != profile.base_batch:
+            times = profile.layer_times(batch)
+            t_f, t_b = sum(t for t, _ in times), sum(t for _, t in times)
+            footer.append(f"batch {batch}: Σt_f {t_f * 1e3:.3f} ms, Σt_b {t_b * 1e3:.3f} ms")
+    return "\n".join([header, rule, *rows, rule, _row("", total), *footer])
 
 
 def _row(index: str, layer: LayerProfile) -> str:
@@ -199,6 +213,17 @@ class _Progress:
     def close(self) -> None:
         if self.enabled:
             print(file=sys.stderr)
+
+
+def batch_sizes_type(text: str) -> tuple[int, ...]:
+    """``"1,10,20"`` → ``(1, 10, 20)`` (sorted, distinct, each >= 1)."""
+    try:
+        sizes = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        sizes = ()
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1 (e.g. 1,10,20), got {text!r}")
+    return sizes
 
 
 def _int_at_least(text: str, minimum: int) -> int:

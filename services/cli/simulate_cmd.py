@@ -8,25 +8,31 @@ Examples::
         --profile benchmarks/profiles/mnistnet.json --trace trace.csv
     ferret simulate --dataset mnist --model mnistnet --method zb --budget 40MiB --flush-every 4 \\
         --profile benchmarks/profiles/mnistnet.json
+    ferret simulate --dataset split-mnist --model mnistnet --method last-n --algorithm er --items 5000 \\
+        --profile benchmarks/profiles/mnistnet-batches.json
 
 Methods come from :data:`ferret_core.engine.METHODS`. Those that run on a planner's plan (Ferret, and the
 pipeline schedules, which take Ferret's partition L* and worker slots) plan with the planning options
-(``--budget``, ``--decay``, ...). Only Ferret applies ``--compensator`` by default (iter-fisher); the
-others apply none unless it is given.
+(``--budget``, ``--decay``, ...) for the OCL algorithm's step (its micro-batch's times and memory); the
+buffering methods (Random-N, Last-N, Camel) fit their mini-batch N to ``--budget``. Only Ferret applies
+``--compensator`` by default (iter-fisher); the others apply none unless it is given.
 
     ferret plan --model mnistnet --profile benchmarks/profiles/mnistnet.json --in-flight schedule \
         --compensator none --budget 40MiB --json > plan.json
     ferret simulate --dataset mnist --model mnistnet --method ferret --plan plan.json \
         --profile benchmarks/profiles/mnistnet.json --compensator iter-fisher      # an ablation on a fixed plan
 
-The stream is the dataset's training split in its stored order; every item is predicted by the master
-at its arrival (online accuracy), test accuracy is measured on the test split at the end. Images are
-resized (bilinear) to the model's input when ``--input-size`` differs from the dataset's, and a profile
-taken at another input shape is refused, so the plan and the run see the same shapes. Torch runs on
-``--threads`` threads (default 1) with denormals flushed, as the trainer does. With ``--profile`` the
-run is deterministic: the same seed gives the same JSON except ``wall_seconds``. The planner counts
-items in flight from a replay of this virtual clock's schedule (``--in-flight schedule``, the default
-here), which is exact for it.
+The stream is the dataset's training split in its stored order (for ``split-*`` with ``--items``: that
+many items taken evenly from every task, so the stream keeps its tasks); every item is predicted by the
+master at its arrival (online accuracy), test accuracy is measured on the test split at the end and, for
+streams with tasks, per task at every task boundary (``task_accuracy``, with forgetting). ``--algorithm``
+adds an OCL algorithm to any method; the methods that run a planner's plan plan for the algorithm's step
+(its micro-batch's times and memory). Images are resized (bilinear) to the model's input when
+``--input-size`` differs from the dataset's, and a profile taken at another input shape is refused, so
+the plan and the run see the same shapes. Torch runs on ``--threads`` threads (default 1) with denormals
+flushed, as the trainer does. With ``--profile`` the run is deterministic: the same seed gives the same
+JSON except ``wall_seconds``. The planner counts items in flight from a replay of this virtual clock's
+schedule (``--in-flight schedule``, the default here), which is exact for it.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import dataclasses
 import json
 import math
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +54,14 @@ from ferret_core.data import (
     DATASET_NAMES,
     RESIZE_METHOD,
     Dataset,
+    StreamItem,
     iter_stream,
     load_dataset,
     needs_resize,
     test_batches,
+    test_split,
 )
+from ferret_core.data.stream import resize_images
 from ferret_core.engine import (
     METHOD_NAMES,
     EngineSettings,
@@ -61,11 +71,17 @@ from ferret_core.engine import (
     StreamEngine,
     make_policy,
 )
+from ferret_core.engine.buffering import BUFFERING_METHODS, BufferingSettings
 from ferret_core.engine.methods import method
+from ferret_core.engine.steps import Algorithm
 from ferret_core.engine.trace import to_csv
 from ferret_core.errors import ConfigError
+from ferret_core.forgetting import TaskBoundaryAccuracy, task_tensor
 from ferret_core.memory_model import MemorySettings
+from ferret_core.ocl import ALGORITHM_NAMES, AlgorithmSettings, make_algorithm
+from ferret_core.ocl.planning import planning_memory, planning_profile
 from ferret_core.plan import Plan
+from ferret_core.planner import Planner
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel, build_model
 from services import strict_json
@@ -85,11 +101,12 @@ MOMENTUM = 0.9  # --optimizer momentum
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "simulate",
-        help="run one training method on a dataset stream (virtual clock)",
+        help="run one training method (and an OCL algorithm) on a dataset stream (virtual clock)",
         description=(
             "Stream a dataset through the engine on the virtual clock (stage times from the profile, "
-            "arrivals every t^d) with one method, and report online/test accuracy, counts, skipped items, "
-            "updates, measured and planned memory, staleness and the compensator's λ."
+            "arrivals every t^d) with one method and OCL algorithm, and report online/test accuracy (per "
+            "task at task boundaries for split-* streams), counts, skipped items, updates, measured and "
+            "planned memory, staleness and the compensator's λ."
         ),
     )
     parser.add_argument("--dataset", required=True, choices=DATASET_NAMES, metavar="NAME", help="dataset")
@@ -97,6 +114,9 @@ def register(subparsers: Any) -> None:
         "--data-root", type=Path, default=None, help="data folder (default ../shared/data, else ~/.cache/ferret/data)"
     )
     parser.add_argument("--method", required=True, choices=METHOD_NAMES, help="training method")
+    parser.add_argument(
+        "--algorithm", choices=ALGORITHM_NAMES, default="vanilla", help="OCL algorithm (default vanilla)"
+    )
     parser.add_argument(
         "--flush-every",
         type=positive_int,
@@ -112,6 +132,7 @@ def register(subparsers: Any) -> None:
         help="items that may wait for stage 0 per worker (Ferret and the pipeline schedules; default 1)",
     )
     add_planning_arguments(parser)
+    add_algorithm_arguments(parser)
     parser.add_argument("--items", type=non_negative_int, default=None, help="stream length (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="model initialisation and dataset seed (default 0)")
     parser.add_argument("--lr", type=positive_float, default=1e-3, help="SGD learning rate (default 1e-3)")
@@ -138,6 +159,78 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The buffering methods' and OCL algorithms' options (defaults: docs/ocl.md)."""
+    group = parser.add_argument_group("buffering methods (random-n, last-n, camel)")
+    defaults = BufferingSettings()
+    group.add_argument("--bskip-batch", type=positive_int, default=defaults.batch,
+                       help=f"N: items per mini-batch step (default {defaults.batch}; with --budget: the largest N "
+                       "that fits, up to this)")
+    group.add_argument("--bskip-window", type=positive_int, default=defaults.window,
+                       help=f"B: newest unprocessed items kept (default {defaults.window})")
+    group.add_argument("--camel-buffer", type=positive_int, default=defaults.camel_buffer,
+                       help=f"Camel's buffer of representative samples (default {defaults.camel_buffer})")
+    group.add_argument("--camel-replay", type=non_negative_int, default=None,
+                       help="items Camel replays per step (default: N)")
+    ocl = parser.add_argument_group("OCL algorithms (er, mir, lwf, mas)")
+    a = AlgorithmSettings()
+    ocl.add_argument("--replay-buffer", type=positive_int, default=a.buffer_size,
+                     help=f"ER/MIR buffer size in items (default {a.buffer_size}, the paper's)")
+    ocl.add_argument("--replay-batch", type=positive_int, default=None,
+                     help="ER/MIR items replayed per step (default: as many as the step admits)")
+    ocl.add_argument("--mir-candidates", type=positive_int, default=None,
+                     help="MIR candidates scored per step (default: 5 × the replayed items)")
+    ocl.add_argument("--lwf-every", type=positive_int, default=a.lwf_every,
+                     help=f"LwF teacher refresh period in trained items (default {a.lwf_every})")
+    ocl.add_argument("--mas-every", type=positive_int, default=a.mas_every,
+                     help=f"MAS importance refresh period in trained items (default {a.mas_every})")
+    ocl.add_argument("--mas-lambda", type=positive_float, default=a.mas_lambda,
+                     help=f"MAS penalty strength λ (default {a.mas_lambda:g})")
+
+
+def algorithm_settings(args: argparse.Namespace) -> AlgorithmSettings:
+    return AlgorithmSettings(
+        buffer_size=args.replay_buffer,
+        replay_batch=args.replay_batch,
+        mir_candidates=args.mir_candidates,
+        lwf_every=args.lwf_every,
+        mas_every=args.mas_every,
+        mas_lambda=args.mas_lambda,
+        seed=args.seed,
+    )
+
+
+def buffering_settings(args: argparse.Namespace) -> BufferingSettings:
+    return BufferingSettings(
+        batch=args.bskip_batch,
+        window=max(args.bskip_window, args.bskip_batch),
+        camel_buffer=args.camel_buffer,
+        camel_replay=args.camel_replay,
+        seed=args.seed,
+    )
+
+
+def step_batch_sizes(args: argparse.Namespace, algorithm: Algorithm) -> tuple[int, ...]:
+    """The mini-batch sizes the run's steps take once buffers are full (1, the admitted samples, the
+    step with its replayed samples, MIR's retrieval passes): what ``simulate`` profiles when it profiles
+    the model now; steps in between are interpolated (:meth:`ModelProfile.layer_times`)."""
+    new = buffering_settings(args).step_batch(args.method) if args.method in BUFFERING_METHODS else 1
+    shape = algorithm.steady_shape(new)
+    return tuple(sorted({1, new, shape.batch, *(batch for batch, _ in shape.overhead)}))
+
+
+def ferret_plan(args: argparse.Namespace, profile: ModelProfile, algorithm: Algorithm) -> Plan:
+    """The planner's plan (Ferret's, which the pipeline schedules run on too) for the algorithm's usual
+    step: its micro-batch's times (and LwF's second forward, MIR's retrieval) and memory (micro-batch
+    activations, replay buffer, teacher, importances), with the planning options as ``ferret plan`` reads
+    them (items in flight replayed on this virtual clock's schedule unless ``--in-flight`` says otherwise).
+    The arrival interval stays the stream's."""
+    shape = algorithm.steady_shape(1)
+    base = planner_from_args(args, profile, in_flight="schedule").settings
+    settings = dataclasses.replace(base, memory=planning_memory(base.memory, algorithm.footprint, shape))
+    return Planner(planning_profile(profile, shape), settings).plan(args.budget)
+
+
 def run(args: argparse.Namespace) -> int:
     model_from_profile(args)
     if args.model is None:
@@ -148,18 +241,25 @@ def run(args: argparse.Namespace) -> int:
     dataset = fewer_test_items(load_dataset(args.dataset, root, seed=args.seed), args.test_items)
     model = _model(args, dataset)
     args.num_classes = dataset.num_classes
-    profile = _profile(args, model)
+    algorithm = make_algorithm(args.algorithm, algorithm_settings(args))
+    profile = _profile(args, model, step_batch_sizes(args, algorithm))
     if profile.num_units != model.num_units:
         raise ConfigError(
             f"profile {args.profile} has {profile.num_units} units, {model.name} on {dataset.name} has "
             f"{model.num_units}; profile this model (ferret profile) or omit --profile"
         )
-    plan = _plan(args, model, profile)
+    if args.method == "camel" and args.algorithm != "vanilla":
+        raise ConfigError(
+            "camel brings its own anti-forgetting buffer and is not combined with an OCL algorithm (as in the "
+            "paper); use --algorithm vanilla with camel, or another method"
+        )
+    plan = _plan(args, model, profile, algorithm)
     arrival = plan.arrival_interval if plan is not None else args.arrival_interval.resolve(profile.max_forward_time)
-    result = simulate_dataset(args, model, dataset, profile, arrival, plan)
+    result, tasks = simulate_dataset(args, model, dataset, profile, arrival, plan, algorithm)
     if args.trace is not None and result.trace is not None:
         args.trace.write_text(to_csv(result.trace))
     report = _report(args, result, arrival, plan, dataset, model)
+    report["task_accuracy"] = None if tasks is None else tasks.to_dict()
     if args.json:
         print(strict_json.dumps(report, indent=2))
     else:
@@ -173,16 +273,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _profile(args: argparse.Namespace, model: ZooModel) -> ModelProfile:
-    """``--profile`` (refused when taken at another input shape), else a profile of the model run here."""
+def _profile(args: argparse.Namespace, model: ZooModel, batch_sizes: Sequence[int] = ()) -> ModelProfile:
+    """``--profile`` (refused when taken at another input shape), else a profile of the model run here,
+    with step times for the mini-batch ``batch_sizes`` too (:func:`step_batch_sizes`)."""
     if args.profile is not None:
         return load_or_profile(args, model.input_shape)
     from ferret_core.profiler import profile_model
 
-    return profile_model(model, device=args.device, dtype=args.dtype)
+    return profile_model(model, device=args.device, dtype=args.dtype, batch_sizes=batch_sizes)
 
 
-def _plan(args: argparse.Namespace, model: ZooModel, profile: ModelProfile) -> Plan | None:
+def _plan(args: argparse.Namespace, model: ZooModel, profile: ModelProfile, algorithm: Algorithm) -> Plan | None:
     if not method(args.method).needs_plan:
         if args.plan is not None:
             raise ConfigError(
@@ -191,7 +292,7 @@ def _plan(args: argparse.Namespace, model: ZooModel, profile: ModelProfile) -> P
             )
         return None
     if args.plan is None:
-        return planner_from_args(args, profile, in_flight="schedule").plan(args.budget)
+        return ferret_plan(args, profile, algorithm)
     try:
         plan = Plan.from_dict(json.loads(args.plan.read_text()))
     except (ValueError, KeyError, TypeError) as exc:
@@ -215,16 +316,23 @@ def simulate_dataset(
     profile: ModelProfile,
     arrival: float,
     plan: Plan | None,
-) -> SimulationResult:
+    algorithm: Algorithm | None = None,
+) -> tuple[SimulationResult, TaskBoundaryAccuracy | None]:
+    """The run's result, and the per-task test accuracy at task boundaries for streams with tasks."""
     if args.optimizer == "adam":
         raise ConfigError("the engine implements SGD and SGD with momentum; use --optimizer sgd or momentum")
     compensator = run_compensator(args)
+    buffering = args.method in BUFFERING_METHODS
+    footprint = (algorithm if algorithm is not None else make_algorithm("vanilla")).footprint
     options = MethodOptions(
         wait_slots=args.wait_slots,
         flush_every=args.flush_every,
         memory=MemorySettings(
             variant="engine", dtype=args.dtype, optimizer=args.optimizer, compensator=compensator
         ),
+        buffering=buffering_settings(args) if buffering else BufferingSettings(),
+        budget=args.budget if buffering else None,
+        footprint=footprint,
     )
     policy = make_policy(args.method, plan, profile=profile, options=options)
     setup = policy.setup(model.name, model.num_units, arrival)
@@ -235,17 +343,47 @@ def simulate_dataset(
         compensator_settings=CompensatorSettings(),
         keep_trace=True,
     )
-    engine = StreamEngine(model.units, setup, settings)
+    engine = StreamEngine(model.units, setup, settings, algorithm=algorithm)
     total = len(dataset.y_train) if args.items is None else min(args.items, len(dataset.y_train))
-    items = iter_stream(dataset, limit=total, seed=args.seed, input_shape=model.input_shape)
+    resize = needs_resize(dataset, model.input_shape)
+    size = (int(model.input_shape[1]), int(model.input_shape[2])) if resize else (0, 0)
+
+    def evaluate(x: torch.Tensor, y: torch.Tensor) -> float:  # a task's held-out items, resized like the stream
+        if not resize:
+            return engine.pipeline.evaluate(x, y)
+        correct = 0.0
+        for start in range(0, len(y), 100):
+            part = slice(start, start + 100)
+            correct += engine.pipeline.evaluate(resize_images(x[part], size), y[part]) * len(y[part])
+        return correct / len(y)
+
+    tasks = None
+    if dataset.num_tasks > 1 and dataset.tasks_test is not None:
+        test_x, test_y = test_split(dataset)  # TaskBoundaryAccuracy keeps only its first items per task
+        tasks = TaskBoundaryAccuracy(test_x, test_y, task_tensor(dataset.tasks_test), evaluate)
+        del test_x, test_y
+    stream_tasks: list[int] = []
+
+    def stream() -> Iterator[StreamItem]:
+        for item in iter_stream(dataset, limit=total, seed=args.seed, input_shape=model.input_shape, per_task=True):
+            stream_tasks.append(item.task)
+            yield item
+
+    def on_arrival(index: int) -> None:
+        if tasks is not None:  # at a new task's first arrival, before it is trained on
+            tasks.observe(stream_tasks[index])
+        bar.update(1)
+
     times = StageTimes.from_profile(profile, setup.plan.partition)
     with tqdm(total=total, desc=f"{args.method} on {dataset.name}", unit="item", file=sys.stderr) as bar:
-        result = engine.run_virtual(items, times, arrival, on_arrival=lambda _: bar.update(1))
+        result = engine.run_virtual(stream(), times, arrival, on_arrival=on_arrival)
+    if tasks is not None:
+        tasks.finish()
     correct = seen = 0.0
     for x, y in test_batches(dataset, model.input_shape):
         correct += engine.pipeline.evaluate(x, y) * len(y)
         seen += len(y)
-    return dataclasses.replace(result, tacc=correct / seen if seen else None)
+    return dataclasses.replace(result, tacc=correct / seen if seen else None), tasks
 
 
 def run_compensator(args: argparse.Namespace) -> str:
@@ -324,7 +462,7 @@ def format_report(report: dict[str, Any]) -> str:
 
     skipped = ", ".join(f"{k} {v}" for k, v in report["skipped"].items() if v) or "none"
     lines = [
-        f"{report['method']} on {report['dataset']} / {report['model']} "
+        f"{report['method']} + {report['algorithm']} on {report['dataset']} / {report['model']} "
         f"({report['items']} items, t^d = {report['arrival_interval'] * 1e3:.4g} ms, compensator "
         f"{report['compensator']}, seed {report['seed']})",
         f"  online accuracy  {report['oacc']:.2f} %",
@@ -340,6 +478,12 @@ def format_report(report: dict[str, Any]) -> str:
         f"  rel. correction  {fmt(report['relative_correction'])}",
         f"  wall time        {report['wall_seconds']:.2f} s",
     ]
+    tasks = report.get("task_accuracy")
+    if tasks:
+        for task, row in zip(tasks["after_task"], tasks["accuracy"], strict=True):
+            lines.append(f"  after task {task:<5} test accuracy by task {fmt(row)}")
+        forgetting = tasks["forgetting"]
+        lines.append(f"  forgetting       {'n/a' if forgetting is None else format(forgetting, '.2f') + ' points'}")
     return "\n".join(lines)
 
 

@@ -7,8 +7,9 @@ The live reading of a policy's :class:`~ferret_core.engine.policies.PolicySetup`
 * **Methods that run on the planner's plan** (the registry's ``needs_plan``: ``ferret``, and the pipeline
   schedules, which execute its partition and worker slots) run the plan the planner made for the budget,
   and re-plan on ``SetMemoryBudget`` and on a drifting measured arrival interval.
-* **Methods with a fixed plan** (not ``needs_plan``; today ``oracle`` and ``1-skip``: one worker,
-  one stage, no T1–T4) run that plan whatever the budget: a configured ``trainer.budget_bytes`` is a
+* **Methods with a fixed plan** (not ``needs_plan``; today ``oracle``, ``1-skip`` and the buffering
+  baselines ``random-n``, ``last-n``, ``camel``: one worker, one stage, no T1–T4) run that plan whatever
+  the budget: a configured ``trainer.budget_bytes`` is a
   config error at start-up, and ``SetMemoryBudget`` answers FAILED_PRECONDITION (:class:`BudgetNotPlanned`,
   the plan in force unchanged); a ``measured`` arrival interval re-plans nothing.
 * **Instant methods** (``instant``: every action takes no time on the virtual clock; today ``oracle``)
@@ -18,6 +19,12 @@ The live reading of a policy's :class:`~ferret_core.engine.policies.PolicySetup`
   and prediction-to-training delay. Use it to measure what training every item costs, not to serve.
 * ``1-skip`` keeps its rule on the wall clock: an item is trained only if the trainer is free when it
   arrives, else it is skipped as ``busy``.
+* ``random-n``, ``last-n``, ``camel`` run with the registry's default N, B and Camel buffer
+  (:class:`~ferret_core.engine.buffering.BufferingSettings`; their setup carries the feeder the wall
+  clock pulls mini-batches from when the trainer is free). Fitting N to a budget is ``ferret simulate``'s
+  (``MethodOptions.budget``); live, a budget is refused as for the other fixed plans. Every labelled
+  arrival enters their window (the admission rule below does not apply: the window's B bounds what
+  waits, evicting the oldest).
 
 **Admission by event time** (:mod:`ferret_core.engine.admission`, ``docs/service.md`` "Admission"): every
 method that is not instant judges an arrival by its event time, not by when Kafka delivered it: its

@@ -16,6 +16,10 @@ from services.trainer.learner import ArrivalOutcome
 # SkipReason → TrainingDecision. ``omitted`` (T3 omits every stage, which Alg. 2 never plans) has no value
 # of its own in the published contract: UNSPECIFIED. ``non_finite`` is decided during training, after the
 # prediction was published as dispatched: never a prediction's decision (counted in the status instead).
+# The buffering methods' reasons (``evicted``,
+# ``not_selected``, ``stream_end``) are decided after an item's prediction was published (its arrival is
+# DISPATCHED into the method's window, docs/ocl.md), so no Prediction carries them: UNSPECIFIED too, which
+# keeps the mapping total; the engine's counters count them, not per prediction (docs/service.md).
 DECISIONS: Mapping[SkipReason | None, int] = {
     None: messages_pb2.TRAINING_DECISION_DISPATCHED,
     SkipReason.BUSY: messages_pb2.TRAINING_DECISION_SKIPPED_BUSY,
@@ -23,6 +27,9 @@ DECISIONS: Mapping[SkipReason | None, int] = {
     SkipReason.NO_LABEL: messages_pb2.TRAINING_DECISION_SKIPPED_NO_LABEL,
     SkipReason.OMITTED: messages_pb2.TRAINING_DECISION_UNSPECIFIED,
     SkipReason.NON_FINITE: messages_pb2.TRAINING_DECISION_UNSPECIFIED,
+    SkipReason.EVICTED: messages_pb2.TRAINING_DECISION_UNSPECIFIED,
+    SkipReason.NOT_SELECTED: messages_pb2.TRAINING_DECISION_UNSPECIFIED,
+    SkipReason.STREAM_END: messages_pb2.TRAINING_DECISION_UNSPECIFIED,
 }
 
 

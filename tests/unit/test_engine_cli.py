@@ -17,11 +17,12 @@ ITEMS = "80"
 
 @pytest.fixture
 def profile(tmp_path: Path) -> Path:
-    """The digits MLP (64 → 256 → 128 → 10) with fixed times: a deterministic virtual clock."""
+    """The digits MLP (64 → 256 → 128 → 10) with fixed times: a deterministic virtual clock; a step of 20
+    items (Camel's default mini-batch with its replayed items) takes 8× one item's, interpolated below."""
     layers = (
-        LayerProfile("fc1", 2e-4, 4e-4, params=64 * 256 + 256, activations=256),
-        LayerProfile("fc2", 1e-4, 2e-4, params=256 * 128 + 128, activations=128),
-        LayerProfile("fc3", 5e-5, 1e-4, params=128 * 10 + 10, activations=10),
+        LayerProfile("fc1", 2e-4, 4e-4, params=64 * 256 + 256, activations=256, batch_times=((20, 16e-4, 32e-4),)),
+        LayerProfile("fc2", 1e-4, 2e-4, params=256 * 128 + 128, activations=128, batch_times=((20, 8e-4, 16e-4),)),
+        LayerProfile("fc3", 5e-5, 1e-4, params=128 * 10 + 10, activations=10, batch_times=((20, 4e-4, 8e-4),)),
     )
     path = tmp_path / "mlp-digits.json"
     ModelProfile("mlp", (1, 8, 8), layers).save(path)

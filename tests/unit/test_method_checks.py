@@ -1,7 +1,9 @@
 """One generic check suite over every registered method × every OCL algorithm, on a tiny stream (River's
 ``check_estimator`` is the model: ``river/checks/__init__.py`` yields the same few checks for every
 estimator). It is parametrized from the registries, so a method added to
-:data:`ferret_core.engine.METHODS` is checked without touching this file.
+:data:`ferret_core.engine.METHODS` or an algorithm added to :data:`ferret_core.ocl.ALGORITHM_NAMES` is
+checked without touching this file (Camel × a non-vanilla algorithm is refused by design, and checked
+to be).
 
 Checks: the same seed reproduces identical JSON; predicting before any learning works; the learned state
 round-trips through a snapshot; measured and planned memory are reported; trained + skipped = items.
@@ -29,15 +31,19 @@ from ferret_core.engine import (
     StreamEngine,
     make_policy,
 )
+from ferret_core.engine.buffering import BufferingSettings
 from ferret_core.engine.snapshot import engine_state, load_unit_weights, restore_engine_state, states_equal
-from ferret_core.planner import Planner
+from ferret_core.errors import ConfigError
+from ferret_core.ocl import ALGORITHM_NAMES, AlgorithmSettings, make_algorithm
+from ferret_core.ocl.planning import planning_memory, planning_profile
+from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.profiler import profile_model
 from ferret_core.zoo import ZooModel, build_model
 
-# The one place that names the OCL algorithms: replace with the core's algorithm registry (its names
-# tuple) once it exists (issue 8, part B); every check below then runs for each algorithm.
-ALGORITHMS: tuple[str, ...] = ("vanilla",)
+ALGORITHMS: tuple[str, ...] = ALGORITHM_NAMES  # every check runs for each OCL algorithm of the core's registry
+# the buffering methods' N and B, small so that the tiny stream trains several mini-batches
+BUFFERING = BufferingSettings(batch=4, window=8)
 
 ITEMS = 24
 FEATURES, CLASSES = 12, 3
@@ -55,9 +61,11 @@ def tiny_model(seed: int = 0) -> ZooModel:
 
 @cache
 def tiny_profile() -> ModelProfile:
-    """The tiny MLP's profile with fixed times (sizes measured, times made deterministic)."""
+    """The tiny MLP's profile with fixed times (sizes measured, times made deterministic), for steps of
+    up to 32 items too (mini-batches, replayed items, MIR's candidates)."""
     measured = profile_model(tiny_model(), warmup=0, repeats=1)
-    layers = tuple(dataclasses.replace(layer, t_f=1e-4 * (i + 1), t_b=2e-4 * (i + 1))
+    layers = tuple(dataclasses.replace(layer, t_f=1e-4 * (i + 1), t_b=2e-4 * (i + 1),
+                                       batch_times=((32, 8e-4 * (i + 1), 16e-4 * (i + 1)),))
                    for i, layer in enumerate(measured.layers))
     return dataclasses.replace(measured, layers=layers)
 
@@ -71,15 +79,20 @@ def tiny_stream(seed: int = 0, count: int = ITEMS) -> list[Item]:
 
 def build_engine(method: str, algorithm: str, *, seed: int = 0, model: ZooModel | None = None) -> StreamEngine:
     """The engine of ``method`` with ``algorithm`` over the tiny MLP (a fresh one of ``seed`` by default)."""
-    if algorithm != "vanilla":
-        raise NotImplementedError(f"wire the OCL algorithm {algorithm!r} into build_engine")
+    algo = make_algorithm(algorithm, AlgorithmSettings(buffer_size=16, seed=seed))
     profile = tiny_profile()
-    plan = Planner(profile).plan(None) if METHODS[method].needs_plan else None
     arrival = profile.max_forward_time
-    policy = make_policy(method, plan, profile=profile, options=MethodOptions())
+    plan = None
+    if METHODS[method].needs_plan:  # planned for the algorithm's step, as `ferret simulate` plans
+        shape = algo.steady_shape(1)
+        memory = planning_memory(PlannerSettings().memory, algo.footprint, shape)
+        settings = PlannerSettings(arrival_interval=arrival, memory=memory)
+        plan = Planner(planning_profile(profile, shape), settings).plan(None)
+    options = MethodOptions(buffering=dataclasses.replace(BUFFERING, seed=seed), footprint=algo.footprint)
+    policy = make_policy(method, plan, profile=profile, options=options)
     setup = policy.setup("mlp", profile.num_units, arrival)
     units = (model or tiny_model(seed)).units
-    return StreamEngine(units, setup, EngineSettings(lr=0.05))
+    return StreamEngine(units, setup, EngineSettings(lr=0.05), algorithm=algo)
 
 
 def run(engine: StreamEngine, items: list[Item]) -> SimulationResult:
@@ -164,7 +177,15 @@ CHECKS: tuple[Callable[[str, str], None], ...] = (
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("method", METHOD_NAMES)
 def test_method(method: str, algorithm: str, check: Callable[[str, str], None]) -> None:
+    if method == "camel" and algorithm != "vanilla":
+        pytest.skip("camel brings its own replay buffer and refuses an OCL algorithm (test below)")
     check(method, algorithm)
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "vanilla"])
+def test_camel_refuses_an_ocl_algorithm_when_built(algorithm: str) -> None:
+    with pytest.raises(ConfigError, match="camel"):
+        build_engine("camel", algorithm)
 
 
 def test_every_method_names_the_paper_it_follows() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ferret_core.engine import METHOD_NAMES, METHODS, MethodOptions, make_policy
+from ferret_core.engine import METHOD_NAMES, MethodOptions, make_policy
 from ferret_core.engine.methods import method
 from ferret_core.errors import ConfigError
 from tests.unit.test_engine_support import make_plan
@@ -12,14 +12,10 @@ from tests.unit.test_engine_support import make_plan
 # DESIGN §4 "Names": methods
 DESIGN_METHODS = ("oracle", "1-skip", "random-n", "last-n", "camel", "dapple", "zb", "hanayo-1w", "hanayo-2w",
                   "hanayo-3w", "pipedream", "pipedream-2bw", "ferret")
-# registered by issue 8 part B (buffering baselines), merged separately; drop this once they are in
-PART_B = {"random-n", "last-n", "camel"}
 
 
 def test_registered_names_are_designs_in_its_order() -> None:
-    assert set(METHOD_NAMES) <= set(DESIGN_METHODS)
-    assert set(DESIGN_METHODS) - set(METHOD_NAMES) <= PART_B
-    assert list(METHOD_NAMES) == [m for m in DESIGN_METHODS if m in METHODS]
+    assert METHOD_NAMES == DESIGN_METHODS
 
 
 @pytest.mark.parametrize("name", METHOD_NAMES)
@@ -73,3 +69,19 @@ def test_a_schedule_runs_on_a_layout_of_your_choice() -> None:
         layout_plan(plan, Partition((0, 1, 2)), 1)
     with pytest.raises(ConfigError, match="at least one worker slot"):
         layout_plan(plan, Partition((0, 3)), 0)
+
+
+def test_buffering_methods_take_their_settings_budget_and_footprint_from_the_options() -> None:
+    from ferret_core.engine.buffering import BufferingPolicy, BufferingSettings
+    from ferret_core.engine.steps import Footprint
+
+    footprint = Footprint(replay_items=7)
+    options = MethodOptions(buffering=BufferingSettings(batch=4, window=8), footprint=footprint)
+    for name in ("random-n", "last-n", "camel"):
+        policy = make_policy(name, options=options)
+        assert isinstance(policy, BufferingPolicy)
+        assert (policy.settings.batch, policy.settings.window, policy.footprint) == (4, 8, footprint)
+        setup = policy.setup("tiny", 3, 1.0)
+        assert setup.feeder is not None and setup.plan.num_workers == 1 and setup.plan.num_stages == 1
+        with pytest.raises(ConfigError, match="profile"):  # a budget fits N from the profile
+            make_policy(name, options=MethodOptions(budget=1 << 20))

@@ -8,17 +8,28 @@ import dataclasses
 import math
 import os
 from collections import defaultdict
+from collections.abc import Sequence
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
+from torch import Tensor, nn
 
-from ferret_core.engine import EngineSettings, Kind, StreamEngine, TraceError, TraceEvent, make_policy
+from ferret_core.engine import (
+    EngineSettings,
+    Kind,
+    SimulationResult,
+    StreamEngine,
+    TraceError,
+    TraceEvent,
+    make_policy,
+)
 from ferret_core.engine.methods import MethodOptions
+from ferret_core.engine.schedules.flush_pipeline import FlushPipeline
 from ferret_core.engine.schedules.split_backward import backward_root, input_gradient, weight_gradients
 from ferret_core.engine.stage_exec import backward, build_stages, forward_with_grad
+from ferret_core.engine.steps import Batch, PlainSteps, TrainingStep
 from ferret_core.engine.trace import TraceSemantics, check_trace, validate_trace
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Partition, Plan
@@ -269,3 +280,51 @@ def test_flush_groups_hold_m_items_per_pipeline() -> None:
         counts = _gradient_counts(list(r.trace or ()))
         assert counts[0] and all(c == 6 for c in counts[0])  # 2 pipelines × m = 3
         assert math.isclose(r.trained / max(1, len(counts[0])), 6, rel_tol=0.5)
+
+
+# ------------------------------------------------------------------------- with an OCL algorithm
+class _ScaledLoss(PlainSteps):
+    """Vanilla with its loss scaled by ``scale`` (an algorithm whose loss is not plain cross-entropy),
+    recording the step count each update's ``regularise`` is given, per stage."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+        self.counts: dict[int, list[int]] = defaultdict(list)
+
+    def step(self, new: Batch) -> TrainingStep:
+        plain = TrainingStep.plain(new)
+        return dataclasses.replace(plain, loss=lambda output: self.scale * plain.loss(output))
+
+    def regularise(self, stage: int, params: Sequence[Tensor], grads: list[Tensor], count: int) -> list[Tensor]:
+        self.counts[stage].append(count)
+        return grads
+
+
+def _run_with(method: str, algorithm: _ScaledLoss, lr: float) -> tuple[StreamEngine, SimulationResult]:
+    plan = make_plan(3, 2)
+    setup = make_policy(method, plan, options=MethodOptions(flush_every=2)).setup("tiny", 3, 1.0)
+    engine = StreamEngine(tiny_units(num_units=3), setup, EngineSettings(lr=lr, measure_memory=False),
+                          algorithm=algorithm)
+    return engine, engine.run_virtual(stream(24), uniform_times(3), 1.0)
+
+
+@pytest.mark.parametrize("method", SYNCHRONOUS + ASYNCHRONOUS)
+def test_schedules_back_propagate_the_algorithms_loss_and_count_its_steps(method: str) -> None:
+    """An algorithm's loss reaches the last stage (also through ZB's split B/W): loss × 2 at lr equals
+    loss × 1 at 2·lr under SGD; and each update tells ``regularise`` how many steps' gradients it sums
+    (a flush sums m per row), so the updates' counts add up to the stages' backward passes (less those
+    still pending at the stream's end)."""
+    doubled, _ = _run_with(method, _ScaledLoss(2.0), LR)
+    plain_algorithm = _ScaledLoss(1.0)
+    plain, _ = _run_with(method, plain_algorithm, 2 * LR)
+    for a, b in zip(doubled.pipeline.store.masters(), plain.pipeline.store.masters(), strict=True):
+        for x, y in zip(a.params, b.params, strict=True):
+            torch.testing.assert_close(x, y)
+    p = plain.pipeline
+    for j in range(3):
+        backwards = sum(row[j] for row in p.counters.backwards)
+        if isinstance(p, FlushPipeline):  # a group the stream's end left unflushed
+            left = sum(row[j] for row in p._held_steps)
+        else:
+            left = sum(row[j].count for row in p._buffers)
+        assert sum(plain_algorithm.counts[j]) == backwards - left and left < backwards

@@ -62,6 +62,8 @@ class FlushPipeline(Pipeline):
         super().__init__(plan, rules, programs, initial, **kwargs)  # type: ignore[arg-type]
         self.flush_rules = rules
         self.scheduler: FlushScheduler = FlushScheduler(rules)
+        # steps whose gradients each row's one pending buffer per stage sums (an algorithm's penalty scales by it)
+        self._held_steps = [[0] * plan.num_stages for _ in range(plan.num_workers)]
         self.trace_semantics = TraceSemantics(
             shared_updates=True,
             devices={(n, j): rules.device(n, j) for n in range(rules.num_workers) for j in range(rules.num_stages)}
@@ -88,6 +90,7 @@ class FlushPipeline(Pipeline):
 
     def _keep_gradient(self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion) -> bool:
         """Add the gradient into the row's group sum (compensated at the flush: always kept here)."""
+        self._held_steps[worker][stage] += 1
         pending = self._pending[worker][stage]
         if not pending:
             pending.append((list(grads), version))
@@ -117,13 +120,16 @@ class FlushPipeline(Pipeline):
             for row in self._pending:
                 row[j] = []
             summed = self._compensated_sum(j, pending)
+            steps = sum(row[j] for row in self._held_steps)
+            for held in self._held_steps:
+                held[j] = 0
             del pending
             if summed is None:  # every gradient of the group was non-finite (dropped): no update
                 with self.lock:
                     self.scheduler.flushed(j)
                 return
             total, stalenesses = summed
-            new_params = self._apply(a.worker, j, total)
+            new_params = self._apply(a.worker, j, total, steps)
             del total
             written = self.store.publish(j, new_params)
             del new_params
@@ -197,7 +203,7 @@ class FlushPipeline(Pipeline):
             raise ScheduleError(f"{a} on executor {a.worker}/{j}: the forward graph is gone")
         if j == self.num_stages - 1:
             with self._saving():
-                return backward_root(graph, target=item.target), None
+                return backward_root(graph, target=item.target, loss=item.loss), None
         grad_out = item.grad_outputs[j]
         if grad_out is None:
             raise ScheduleError(f"{a} on executor {a.worker}/{j}: no gradient from stage {j + 1}")
@@ -241,7 +247,8 @@ class FlushPipeline(Pipeline):
                 raise ScheduleError(f"{a} on executor {n}/{j}: no gradient from stage {j + 1}")
             grads, _ = backward(
                 graph,
-                target=item.target if last else None,
+                target=item.target if last and item.loss is None else None,
+                loss=item.loss if last else None,
                 grad_output=None if grad_out is None else grad_out.to(self._devices[j], non_blocking=True),
             )
         else:

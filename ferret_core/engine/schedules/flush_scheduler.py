@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from ferret_core.engine.actions import Action, Kind
 from ferret_core.engine.scheduler import Scheduler
+from ferret_core.engine.steps import UNIT_STEP, StepShape
 from ferret_core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -292,17 +293,20 @@ class FlushScheduler(Scheduler):
             out.update(self._members[self._device_of[executor]])
         return tuple(sorted(out))
 
-    def duration(self, action: Action, times: StageTimes, recompute: bool) -> tuple[float, float]:
+    def duration(
+        self, action: Action, times: StageTimes, recompute: bool, shape: StepShape = UNIT_STEP
+    ) -> tuple[float, float]:
         if not self.flush_rules.split_backward or action.kind is Kind.F:
-            return times.duration(action, recompute)
+            return times.duration(action, recompute, shape)
+        forward, backward = times.at_batch(shape.batch)
         j = action.stage
-        r = times.forward[j] if recompute else 0.0
+        r = forward[j] if recompute else 0.0
         share = self.flush_rules.input_share
         if action.kind is Kind.B:
-            return r, r + share * times.backward[j]
+            return r, r + share * backward[j]
         if j == self._lowest[action.item]:  # a lone W: the whole backward, after the recompute
-            return r, r + times.backward[j]
-        return 0.0, (1.0 - share) * times.backward[j]
+            return r, r + backward[j]
+        return 0.0, (1.0 - share) * backward[j]
 
     # ------------------------------------------------------------------------------------ queries
     def idle(self) -> bool:

@@ -15,6 +15,8 @@ charges the profile's t̂^b once, split between B and W (:class:`~ferret_core.en
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -23,9 +25,14 @@ from ferret_core.engine.stage_exec import StageGraph
 from ferret_core.errors import ConfigError
 
 
-def backward_root(graph: StageGraph, *, target: Tensor | None = None) -> Tensor:
-    """What the stage's backward starts from: the loss on the last stage (``target`` given), its output
-    elsewhere (paired with the output gradient from the stage above)."""
+def backward_root(
+    graph: StageGraph, *, target: Tensor | None = None, loss: Callable[[Tensor], Tensor] | None = None
+) -> Tensor:
+    """What the stage's backward starts from: the loss on the last stage (``loss`` of its output, e.g. an
+    OCL algorithm's, else cross-entropy against ``target``), its output elsewhere (paired with the output
+    gradient from the stage above)."""
+    if loss is not None:
+        return loss(graph.output)
     if target is None:
         return graph.output
     return F.cross_entropy(graph.output, target)
