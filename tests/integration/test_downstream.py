@@ -62,6 +62,9 @@ def live(bootstrap_servers: str, redis_url: str, tmp_path_factory: pytest.TempPa
         "FERRET_TRAINER_DATASET": "digits",
         "FERRET_TRAINER_MODEL": "mlp",
         "FERRET_TRAINER_MAX_WORKERS": "2",
+        # a fixed arrival interval (the paper's rate): no re-plan on the measured rate, so the one budget
+        # change is the one re-plan the metrics must show (real-rate planning is tested in test_trainer_process)
+        "FERRET_TRAINER_ARRIVAL_INTERVAL": "auto",
         "FERRET_CONTROL_LISTEN": f"127.0.0.1:{free_port()}",
         "FERRET_METRICS_PORT": str(metrics_port),
     }
