@@ -35,14 +35,38 @@ PROFILE = Path("benchmarks/profiles/mnistnet-batches.json")
 DATASET, MODEL = "split-mnist", "mnistnet"
 ALGORITHM_METHODS = ("1-skip", "last-n", "ferret")
 # the paper's Table 1, SplitMNIST/MNISTNet row: agm vs 1-Skip
-PAPER_AGM = {"oracle": 18.21, "random-n": 2.34, "last-n": 2.37, "camel": 3.3, "ferret M-": 6.11, "ferret M": 14.55,
-             "ferret M+": 17.05}
+PAPER_AGM = {
+    "oracle": 18.21,
+    "random-n": 2.34,
+    "last-n": 2.37,
+    "camel": 3.3,
+    "ferret M-": 6.11,
+    "ferret M": 14.55,
+    "ferret M+": 17.05,
+}
 
 
 def run_simulate(method: str, algorithm: str, items: int, extra: list[str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "services.cli.main", "simulate", "--dataset", DATASET, "--model", MODEL,
-           "--method", method, "--algorithm", algorithm, "--items", str(items), "--profile", str(PROFILE),
-           "--json", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "services.cli.main",
+        "simulate",
+        "--dataset",
+        DATASET,
+        "--model",
+        MODEL,
+        "--method",
+        method,
+        "--algorithm",
+        algorithm,
+        "--items",
+        str(items),
+        "--profile",
+        str(PROFILE),
+        "--json",
+        *extra,
+    ]
     command = " ".join(["ferret", *cmd[3:]])
     started = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
@@ -50,14 +74,23 @@ def run_simulate(method: str, algorithm: str, items: int, extra: list[str]) -> d
     if done.returncode != 0:
         error = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
         print(f"{method} + {algorithm}: FAILED ({done.returncode}): {error}", file=sys.stderr, flush=True)
-        return {"method": method, "algorithm": algorithm, "command": command, "error": error,
-                "process_seconds": seconds}
+        return {
+            "method": method,
+            "algorithm": algorithm,
+            "command": command,
+            "error": error,
+            "process_seconds": seconds,
+        }
     report: dict[str, Any] = json.loads(done.stdout)
     report["command"] = command
     report["process_seconds"] = seconds
     r = report
-    print(f"{method:<10} {algorithm:<8} oacc {r['oacc']:6.2f}  tacc {r['tacc']:6.2f}  trained {r['trained']:5d}  "
-          f"peak {r['peak_bytes'] / 2**20:8.2f} MiB  {seconds:6.1f} s", file=sys.stderr, flush=True)
+    print(
+        f"{method:<10} {algorithm:<8} oacc {r['oacc']:6.2f}  tacc {r['tacc']:6.2f}  trained {r['trained']:5d}  "
+        f"peak {r['peak_bytes'] / 2**20:8.2f} MiB  {seconds:6.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     return report
 
 
@@ -66,6 +99,13 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=5000)
     parser.add_argument("--part", choices=("all", "methods", "algorithms"), default="all")
     parser.add_argument("--table-only", action="store_true", help="re-render results/methods.md from the JSON")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=METHOD_NAMES,
+        default=None,
+        help="with --part methods: run only these and replace their rows in the existing JSON (default: every method)",
+    )
     args = parser.parse_args()
     path = RESULTS / "methods.json"
     if args.table_only:
@@ -75,7 +115,10 @@ def main() -> None:
         summary.update(items=args.items, dataset=DATASET, model=MODEL, profile=str(PROFILE))
         if args.part in ("all", "methods"):
             load = [os.getloadavg()[0]]
-            summary["methods"] = [run_simulate(m, "vanilla", args.items, []) for m in METHOD_NAMES]
+            chosen = args.methods or METHOD_NAMES
+            fresh = {m: run_simulate(m, "vanilla", args.items, []) for m in chosen}
+            kept = {r["method"]: r for r in summary.get("methods", [])} if args.methods else {}
+            summary["methods"] = [fresh.get(m) or kept[m] for m in METHOD_NAMES if m in fresh or m in kept]
             summary["load_average_methods"] = [*load, os.getloadavg()[0]]
         if args.part in ("all", "algorithms"):
             load = [os.getloadavg()[0]]
@@ -109,8 +152,13 @@ def tables(summary: dict[str, Any]) -> str:
         "",
     ]
     lines += _table(methods, key="method")
-    lines += ["", "Paper (Table 1, SplitMNIST/MNISTNet, agm vs 1-Skip): "
-              + ", ".join(f"{k} {v}" for k, v in PAPER_AGM.items()) + ".", ""]
+    lines += [
+        "",
+        "Paper (Table 1, SplitMNIST/MNISTNet, agm vs 1-Skip): "
+        + ", ".join(f"{k} {v}" for k, v in PAPER_AGM.items())
+        + ".",
+        "",
+    ]
     lines += ["### OCL algorithms under 1-Skip, Last-N and Ferret (M+, no compensation)", ""]
     lines += _table(algorithms, key="algorithm")
     return "\n".join(lines)
