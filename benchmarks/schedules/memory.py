@@ -55,7 +55,9 @@ def stream(shape: tuple[int, ...], classes: int, count: int) -> list[Item]:
 
 
 def measure(name: str, budget_name: str, method: str, items: int) -> dict[str, object]:
-    profile = ModelProfile.load(PROFILES / f"{name}.json")
+    # the profile with mini-batch step times (the buffering methods train steps of N items), else the plain one
+    batches = PROFILES / f"{name}-batches.json"
+    profile = ModelProfile.load(batches if batches.exists() else PROFILES / f"{name}.json")
     planner = Planner(profile, PlannerSettings(memory=COUNTED))
     low, high = planner.min_feasible_bytes, planner.plan(None).predicted_bytes
     fraction = BUDGETS[budget_name]
