@@ -23,7 +23,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,6 +33,10 @@ from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.staleness import staleness_bound
 from ferret_core.zoo import build_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.support import stream
 
 HERE = Path(__file__).resolve().parent
 PROFILES = HERE.parent / "profiles"
@@ -51,17 +54,6 @@ MODELS = {
 FRACTIONS = (0.0, 0.33, 0.66, 1.0)  # of the way from the minimum feasible to unconstrained bytes
 COMPENSATOR = "iter-fisher"
 MIN_ITEMS = 30
-
-
-@dataclass(frozen=True)
-class Item:
-    x: torch.Tensor
-    y: int | None
-
-
-def stream(shape: tuple[int, ...], classes: int, count: int) -> list[Item]:
-    g = torch.Generator().manual_seed(0)
-    return [Item(torch.rand(shape, generator=g), int(torch.randint(classes, (1,), generator=g))) for _ in range(count)]
 
 
 def items_for(plan_workers: int, stages: int, ring: int) -> int:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,10 @@ from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.support import simulate_json  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 PROFILE = ROOT / "benchmarks" / "profiles" / "mnistnet.json"
 # the paper's Table 1, MNIST/MNISTNet row (agm against 1-Skip) and its oracle/1-skip oacc (appendix)
@@ -30,16 +32,8 @@ PAPER_AGM = {"oracle": 27.32, "ferret M+": 26.34, "ferret M": 16.26, "ferret M-"
 
 
 def run_simulate(method: str, items: int, extra: list[str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "services.cli.main", "simulate", "--dataset", "mnist", "--model", "mnistnet",
-           "--method", method, "--items", str(items), "--profile", str(PROFILE), "--json", *extra]
-    started = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    report: dict[str, Any] = json.loads(done.stdout)
-    report["command"] = " ".join(["ferret", *cmd[3:]])
-    report["process_seconds"] = time.perf_counter() - started
-    return report
+    return simulate_json(["--dataset", "mnist", "--model", "mnistnet", "--method", method, "--items", str(items),
+                          "--profile", str(PROFILE), *extra])
 
 
 def main() -> None:

@@ -26,7 +26,6 @@ import dataclasses
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,10 @@ from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import build_model
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.support import stream
+
 HERE = Path(__file__).resolve().parent
 PROFILES = HERE.parent / "profiles"
 RESULTS = HERE / "results"
@@ -49,17 +52,6 @@ MODELS = ("mnistnet", "convnet")
 ITEMS = 300
 LARGEST = 50  # the largest profiled batch size
 COMMAND = ".venv/bin/python benchmarks/methods/memory.py"
-
-
-@dataclass(frozen=True)
-class Item:
-    x: torch.Tensor
-    y: int | None
-
-
-def stream(shape: tuple[int, ...], classes: int, count: int) -> list[Item]:
-    g = torch.Generator().manual_seed(0)
-    return [Item(torch.rand(shape, generator=g), int(torch.randint(classes, (1,), generator=g))) for _ in range(count)]
 
 
 ALGORITHMS = AlgorithmSettings(lwf_every=50, mas_every=50)

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,6 +31,10 @@ from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import build_model
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.support import stream
+
 HERE = Path(__file__).resolve().parent
 PROFILES = HERE.parent / "profiles"
 RESULTS = HERE / "results"
@@ -41,17 +44,6 @@ METHODS = METHOD_NAMES  # every registered method
 # runs apply none) — the same settings for Ferret's planner as for the schedules' and the sequential methods'
 COUNTED = MemorySettings(variant="engine", compensator="none")
 BUDGETS = {"M-": 0.0, "M": 0.5, "M+": None}  # fraction of the way from the minimum feasible to unconstrained
-
-
-@dataclass(frozen=True)
-class Item:
-    x: torch.Tensor
-    y: int | None
-
-
-def stream(shape: tuple[int, ...], classes: int, count: int) -> list[Item]:
-    g = torch.Generator().manual_seed(0)
-    return [Item(torch.rand(shape, generator=g), int(torch.randint(classes, (1,), generator=g))) for _ in range(count)]
 
 
 def measure(name: str, budget_name: str, method: str, items: int) -> dict[str, object]:

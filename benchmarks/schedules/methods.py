@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,10 @@ from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.support import simulate_json  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 PROFILE = ROOT / "benchmarks" / "profiles" / "mnistnet.json"
 METHODS = ("oracle", "1-skip", "dapple", "zb", "hanayo-1w", "hanayo-2w", "hanayo-3w", "pipedream", "pipedream-2bw",
@@ -38,17 +40,9 @@ PAPER_AGM = {"dapple": 0.0, "zb": 6.79, "hanayo-1w": 2.44, "hanayo-2w": 5.0, "ha
 
 
 def run_simulate(method: str, items: int, budget: int) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "services.cli.main", "simulate", "--dataset", "mnist", "--model", "mnistnet",
-           "--method", method, "--items", str(items), "--profile", str(PROFILE.relative_to(ROOT)),
-           "--budget", str(budget), "--compensator", "none", "--json"]
-    started = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    report: dict[str, Any] = json.loads(done.stdout)
-    report["command"] = " ".join(["ferret", *cmd[3:]])
-    report["process_seconds"] = time.perf_counter() - started
-    return report
+    return simulate_json(["--dataset", "mnist", "--model", "mnistnet", "--method", method, "--items", str(items),
+                          "--profile", str(PROFILE.relative_to(ROOT)), "--budget", str(budget),
+                          "--compensator", "none"])
 
 
 def main() -> None:

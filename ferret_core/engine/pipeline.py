@@ -350,20 +350,7 @@ class Pipeline:
             raise ConfigError(f"{a} on executor {n}/{j}: no stash (the item's F at stage {j} did not run)")
         input_grad = j > item.lowest
         if self.plan.workers[n].recompute:
-            x = item.inputs[j]
-            if x is None:
-                raise ConfigError(f"{a} on executor {n}/{j}: the stage input kept for recomputation is gone")
-            with self._saving():
-                item.graphs[j] = forward_with_grad(self._runners[(n, j)], version, x, input_grad=input_grad)
-            item.inputs[j] = None
-            del x
-            self.end_of_action()
-            t_split = stamps.split()
-            with self.lock:
-                self.counters.recomputes[n][j] += 1
-                self._record(Kind.R, a, version.version, None, t0, t_split)
-                self._sample()
-            t0 = t_split
+            t0 = self._recompute(a, item, version, stamps, t0)
         graph_ = item.graphs[j]
         if graph_ is None:
             raise ConfigError(f"{a} on executor {n}/{j}: the forward graph is gone")
@@ -395,6 +382,25 @@ class Pipeline:
         self._after_gradient(a, stamps, t_end)
         if j == item.lowest:
             self._finish_item(item)
+
+    def _recompute(self, a: Action, item: InFlightItem, version: StageVersion, stamps: Stamps, t0: float) -> float:
+        """T1 before the first backward action of a stage: rebuild the graph on the stash from the kept
+        stage input; returns when R ended (B's start)."""
+        n, j = a.worker, a.stage
+        x = item.inputs[j]
+        if x is None:
+            raise ConfigError(f"{a} on executor {n}/{j}: the stage input kept for recomputation is gone")
+        with self._saving():
+            item.graphs[j] = forward_with_grad(self._runners[(n, j)], version, x, input_grad=j > item.lowest)
+        item.inputs[j] = None
+        del x
+        self.end_of_action()
+        t_split = stamps.split()
+        with self.lock:
+            self.counters.recomputes[n][j] += 1
+            self._record(Kind.R, a, version.version, None, t0, t_split)
+            self._sample()
+        return t_split
 
     def _offer_gradient(self, a: Action, grads: Sequence[Tensor], version: StageVersion) -> None:
         """Keep action ``a``'s parameter gradients (:meth:`_keep_gradient`) when they are finite; a

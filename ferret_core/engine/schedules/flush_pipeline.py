@@ -34,7 +34,7 @@ from ferret_core.engine.memory import StorageKey, storage_keys
 from ferret_core.engine.pipeline import Pipeline, all_finite
 from ferret_core.engine.schedules.flush_scheduler import FlushRules, FlushScheduler
 from ferret_core.engine.schedules.split_backward import backward_root, input_gradient, weight_gradients
-from ferret_core.engine.stage_exec import StageProgram, backward, forward_with_grad
+from ferret_core.engine.stage_exec import StageProgram, backward
 from ferret_core.engine.state import InFlightItem, Stamps
 from ferret_core.engine.trace import TraceSemantics
 from ferret_core.engine.versions import StageVersion
@@ -169,24 +169,6 @@ class FlushPipeline(Pipeline):
         return None if total is None else (total, stalenesses)
 
     # ------------------------------------------------------------------------------ split backward
-    def _recompute(self, a: Action, item: InFlightItem, version: StageVersion, stamps: Stamps, t0: float) -> float:
-        """T1 before the first backward action of a stage: rebuild the graph on the stash; the R/B time."""
-        n, j = a.worker, a.stage
-        x = item.inputs[j]
-        if x is None:
-            raise ScheduleError(f"{a} on executor {n}/{j}: the stage input kept for recomputation is gone")
-        with self._saving():
-            item.graphs[j] = forward_with_grad(self._runners[(n, j)], version, x, input_grad=j > item.lowest)
-        item.inputs[j] = None
-        del x
-        self.end_of_action()
-        t_split = stamps.split()
-        with self.lock:
-            self.counters.recomputes[n][j] += 1
-            self._record(Kind.R, a, version.version, None, t0, t_split)
-            self._sample()
-        return t_split
-
     def _start_backward(self, a: Action, item: InFlightItem, stamps: Stamps) -> tuple[StageVersion, float]:
         version = item.stashes[a.stage]
         if version is None:

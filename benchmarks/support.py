@@ -1,0 +1,46 @@
+"""What several benchmark scripts share: a synthetic labelled stream for memory measurements and a
+``ferret simulate --json`` run in its own process. Scripts import it after putting the repository root on
+``sys.path`` (they run as files: ``python benchmarks/<topic>/<script>.py``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Item:
+    """One stream item as the engine takes it."""
+
+    x: torch.Tensor
+    y: int | None
+
+
+def stream(shape: tuple[int, ...], classes: int, count: int) -> list[Item]:
+    """``count`` uniform random inputs of ``shape`` with random labels (seed 0): memory depends on shapes,
+    not on the values."""
+    g = torch.Generator().manual_seed(0)
+    return [Item(torch.rand(shape, generator=g), int(torch.randint(classes, (1,), generator=g))) for _ in range(count)]
+
+
+def simulate_json(args: list[str]) -> dict[str, Any]:
+    """``ferret simulate ARGS --json`` in a fresh process from the repository root: its report plus the
+    ``command`` (as a user would type it) and ``process_seconds``; exits with its stderr when it fails."""
+    cmd = [sys.executable, "-m", "services.cli.main", "simulate", *args, "--json"]
+    started = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    report: dict[str, Any] = json.loads(done.stdout)
+    report["command"] = " ".join(["ferret", *cmd[3:]])
+    report["process_seconds"] = time.perf_counter() - started
+    return report
