@@ -213,6 +213,8 @@ class PredictionReader:
         return True
 
     def close(self) -> None:
+        if self._stop.is_set():  # closed already
+            return
         self._stop.set()
         self._thread.join(5)
         self._consumer.close()

@@ -1,0 +1,50 @@
+"""Where a record's latency goes: an optional per-record trace of the record path (a diagnosis aid for
+the latency benchmarks, off by default).
+
+Set ``FERRET_TRACE_RECORD_PATH=/some/file.jsonl`` in the trainer's environment and every valid sample
+adds one JSON line with wall-clock stamps in ms (``time.time()``): ``event`` (the producer's event time),
+``fetched`` (the loop's ``consume()`` returned the batch holding it), ``arrive`` / ``predicted`` (the
+learner's ``arrive`` called / returned: the prediction executor's queue, the forward pass and the
+dispatch), ``published`` (handed to the producer), and ``batch`` / ``position`` (the batch's size and the
+record's place in it: records of one batch wait for each other's predictions). Every pause of the loop
+(``calls.serve``: re-plans, snapshots, restores; periodic snapshots) adds a ``{"pause": ms, "at": ms}``
+line. Reading it: ``fetched − event`` is the Kafka hop plus the loop's backlog, ``arrive − fetched`` the
+wait for the batch's earlier records, ``predicted − arrive`` the prediction itself, ``published −
+predicted`` building and producing the Prediction (``latency_ms`` = ``published − event``).
+
+Read from the environment (not the config) because it is a measurement aid, not a setting of the service.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import IO
+
+TRACE_ENV = "FERRET_TRACE_RECORD_PATH"
+
+
+def wall_ms() -> float:
+    return time.time() * 1000.0
+
+
+class PathTrace:
+    """Appends one JSON line per traced record or pause; :meth:`from_env` gives ``None`` when off."""
+
+    def __init__(self, path: str) -> None:
+        self._file: IO[str] = open(path, "a", buffering=1 << 16)  # noqa: SIM115 (closed by close())
+
+    @classmethod
+    def from_env(cls) -> PathTrace | None:
+        path = os.environ.get(TRACE_ENV)
+        return cls(path) if path else None
+
+    def record(self, stamps: dict[str, float | int | str | None]) -> None:
+        self._file.write(json.dumps(stamps, separators=(",", ":")) + "\n")
+
+    def pause(self, began_ms: float, ended_ms: float, what: str) -> None:
+        self.record({"pause": round(ended_ms - began_ms, 3), "at": round(began_ms, 3), "what": what})
+
+    def close(self) -> None:
+        self._file.close()
