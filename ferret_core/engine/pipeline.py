@@ -182,13 +182,21 @@ class Pipeline:
         """The master's ``k`` most probable classes for one sample as (class, softmax probability), most
         probable first (all classes when the model has fewer than ``k``). Ties keep the lower class first,
         so entry 0 is the argmax, the predicted class."""
+        return self.predict_top_k_batch(x.unsqueeze(0), k)[0]
+
+    def predict_top_k_batch(self, xs: Tensor, k: int) -> list[tuple[tuple[int, float], ...]]:
+        """:meth:`predict_top_k` for every sample of the batch ``xs`` (first dimension), in one forward
+        pass on the same master version: how the wall clock predicts arrivals that queued up together
+        (a consumer batch after a pause) without each waiting for the previous one's forward."""
         if k < 1:
             raise ConfigError(f"top-k needs k >= 1, got {k}")
-        logits = predict_logits(self._predict_runners, self.store.masters(), x.unsqueeze(0))
-        probs = torch.softmax(logits[0].float(), dim=0)
-        values, classes = torch.sort(probs, descending=True, stable=True)
-        n = min(k, probs.numel())
-        return tuple(zip(classes[:n].tolist(), values[:n].tolist(), strict=True))
+        logits = predict_logits(self._predict_runners, self.store.masters(), xs)
+        probs = torch.softmax(logits.float(), dim=1)
+        values, classes = torch.sort(probs, dim=1, descending=True, stable=True)
+        n = min(k, probs.shape[1])
+        return [
+            tuple(zip(c, v, strict=True)) for c, v in zip(classes[:, :n].tolist(), values[:, :n].tolist(), strict=True)
+        ]
 
     def dispatch(
         self,

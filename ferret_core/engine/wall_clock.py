@@ -4,7 +4,11 @@ One thread per live (worker, stage) executor asks :class:`~ferret_core.engine.sc
 its next action, runs it through :meth:`Pipeline.execute` outside the lock, and reports it finished.
 Predictions run on an executor of their own: :meth:`WallClock.submit` queues an arrival, the prediction
 thread predicts it with the master and dispatches it, in submission order, so the caller (the Kafka
-trainer, or :meth:`WallClock.run_stream`) pushes arrivals as they come.
+trainer, or :meth:`WallClock.run_stream`) pushes arrivals as they come. Arrivals that queued up together
+(a consumer batch after a pause or a re-plan) are predicted in one forward pass, up to
+:data:`PREDICT_BATCH` at a time, on the same master version, then dispatched one by one in order: a
+backlog of k items is caught up in about one forward pass instead of k (measured in
+``benchmarks/service/results/latency_path-*.md``).
 
 Admission. With ``admission`` settings, an arrival submitted with its ``event_time`` is admitted by event
 time (:mod:`ferret_core.engine.admission`): its worker takes it iff its queue holds fewer than
@@ -60,6 +64,8 @@ from ferret_core.errors import ConfigError, FerretError
 from ferret_core.staleness import staleness_bound
 
 log = logging.getLogger("ferret.admission")
+
+PREDICT_BATCH = 64  # queued arrivals predicted in one forward pass
 
 # How far a compensator's delta ring may grow past the schedule's staleness bound on the wall clock
 # (which runs stages as fast as their executors do, so a gradient may be staler than the bound).
@@ -259,14 +265,46 @@ class WallClock:
 
     def _prediction_loop(self) -> None:
         with self._stream_for(0):
-            p = self.pipeline
             while True:
                 entry = self._queue.get()
                 if entry is None:
                     return
-                index, x, y, event_time, future = entry
+                batch = [entry]
+                closing = False
+                while len(batch) < PREDICT_BATCH:  # what queued up meanwhile: one forward pass for all
+                    try:
+                        more = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        closing = True
+                        break
+                    batch.append(more)
                 try:
-                    top_k = p.predict_top_k(x, self.top_k)
+                    self._predict(batch)
+                except BaseException as exc:
+                    self._fail_queued(exc)
+                    raise
+                if closing:
+                    return
+
+    def _predict(self, batch: list[_Entry]) -> None:
+        """Predict every entry (one forward pass per run of equally shaped inputs), then dispatch them in
+        submission order, each under the lock, and settle its future."""
+        p = self.pipeline
+        start = 0
+        while start < len(batch):
+            end = start + 1
+            while end < len(batch) and batch[end][1].shape == batch[start][1].shape:
+                end += 1
+            group = batch[start:end]
+            try:
+                if len(group) == 1:
+                    top_ks = [p.predict_top_k(group[0][1], self.top_k)]
+                else:
+                    top_ks = p.predict_top_k_batch(torch.stack([e[1] for e in group]), self.top_k)
+                for offset, (index, x, y, event_time, future) in enumerate(group):
+                    top_k = top_ks[offset]
                     prediction, confidence = top_k[0]
                     with self._cv:
                         skipped = p.dispatch(index, x, y, prediction, self._admit_rule(event_time))
@@ -274,10 +312,23 @@ class WallClock:
                         worker = p.worker_of(index) if skipped is None else None
                         self._dispatched += 1
                         self._cv.notify_all()
-                except BaseException as exc:
-                    future.set_exception(exc)
-                    raise
-                future.set_result(Arrival(index, prediction, skipped, confidence, worker, top_k))
+                    future.set_result(Arrival(index, prediction, skipped, confidence, worker, top_k))
+            except BaseException as exc:
+                for entry in batch[start:]:
+                    if not entry[4].done():
+                        entry[4].set_exception(exc)
+                raise
+            start = end
+
+    def _fail_queued(self, exc: BaseException) -> None:
+        """The prediction thread failed: every arrival still queued gets the failure (none waits forever)."""
+        while True:
+            try:
+                entry = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if entry is not None and not entry[4].done():
+                entry[4].set_exception(exc)
 
     def _admit_rule(self, event_time: float | None) -> Callable[[int], bool] | None:
         """Admission by event time for one arrival (None: the policy's slot rule decides)."""

@@ -14,7 +14,7 @@ restarts empty).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -91,20 +91,39 @@ class EngineLearner:
 
     # -- the record path's call ------------------------------------------------------------------------
     def arrive(self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None) -> ArrivalOutcome:
+        return self.submit(item, x, y, event_time_ms)()
+
+    def submit(
+        self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None
+    ) -> Callable[[], ArrivalOutcome]:
+        """Queue the item on the wall clock's prediction executor (arrivals queued together are predicted
+        in one forward pass); the returned call waits for its prediction and dispatch."""
         event_time = None if event_time_ms is None else event_time_ms / 1000.0
         try:
-            arrival = self.clock.submit(x, y, index=item, event_time=event_time).result(PREDICTION_TIMEOUT_S)
-        except Exception as exc:  # name the item whose action failed (it may have arrived earlier)
-            failed = self.engine.pipeline.failed_item
-            raise LearnerFailed(item if failed is None else failed, exc) from exc
-        return ArrivalOutcome(
-            predicted_class=arrival.prediction,
-            confidence=arrival.confidence,
-            model_version=self._model_version(),
-            skipped=arrival.skipped,
-            worker=arrival.worker,
-            top_k=arrival.top_k[: self.top_k],
-        )
+            future = self.clock.submit(x, y, index=item, event_time=event_time)
+        except Exception as exc:
+            raise self._failed(item, exc) from exc
+
+        def outcome() -> ArrivalOutcome:
+            try:
+                arrival = future.result(PREDICTION_TIMEOUT_S)
+            except Exception as exc:
+                raise self._failed(item, exc) from exc
+            return ArrivalOutcome(
+                predicted_class=arrival.prediction,
+                confidence=arrival.confidence,
+                model_version=self._model_version(),
+                skipped=arrival.skipped,
+                worker=arrival.worker,
+                top_k=arrival.top_k[: self.top_k],
+            )
+
+        return outcome
+
+    def _failed(self, item: int, exc: Exception) -> LearnerFailed:
+        """Name the item whose action failed (it may have arrived earlier)."""
+        failed = self.engine.pipeline.failed_item
+        return LearnerFailed(item if failed is None else failed, exc)
 
     def drain(self, timeout: float | None = None) -> None:
         self.clock.drain(timeout)

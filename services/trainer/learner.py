@@ -10,7 +10,7 @@ exactly the work the weights reflect (DESIGN §4).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -65,6 +65,11 @@ class LearnerStats:
     non_finite: int = 0  # items whose non-finite loss or gradient was dropped (skipped ``non_finite``)
 
 
+def settled(outcome: ArrivalOutcome) -> Callable[[], ArrivalOutcome]:
+    """A :meth:`Learner.submit` result that is already decided."""
+    return lambda: outcome
+
+
 class Learner(Protocol):
     """The learning engine as the trainer drives it (the loop thread calls ``arrive``)."""
 
@@ -77,6 +82,15 @@ class Learner(Protocol):
         """Predict item i (the trainer's counter of valid arrivals) with the master, then dispatch it or
         skip it; return as soon as that is decided (training goes on in the background). ``event_time_ms``
         (the producer's stamp): admission judges the item by it, not by when Kafka delivered it."""
+        ...
+
+    def submit(
+        self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None
+    ) -> Callable[[], ArrivalOutcome]:
+        """:meth:`arrive` in two halves: queue the item now, return a call that waits for its outcome.
+        The record path submits a whole consumer batch before waiting for the first outcome, so a backlog
+        is predicted together (items are predicted and dispatched in submission order). A learner with
+        nothing to queue returns its settled outcome (:func:`settled`)."""
         ...
 
     def drain(self, timeout: float | None = None) -> None:

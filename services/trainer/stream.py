@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import cast
@@ -53,6 +53,7 @@ from services.trainer.ledger import OffsetLedger
 from services.trainer.loop_calls import LoopCalls
 from services.trainer.methods import DELIVERY_ITEMS
 from services.trainer.partitions import COMMIT_INTERVAL_S, PartitionOwner
+from services.trainer.path_trace import PathTrace, wall_ms
 from services.trainer.predictions import HEADERS as PREDICTION_HEADERS
 from services.trainer.predictions import prediction_message
 from services.trainer.publisher import MessageTooLarge, ProducerLike, Publisher, too_large
@@ -100,6 +101,17 @@ class Record:
         return cls(message, message.topic() or "", int(message.partition() or 0), int(message.offset() or 0))
 
 
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A sample handed to the learner whose outcome the record path has not published yet."""
+
+    record: Record
+    sample: ValidSample
+    item: int
+    outcome: Callable[[], ArrivalOutcome]  # waits for the prediction and decision
+    stamps: dict[str, float | int | str | None] | None  # the path trace's (None: tracing off)
+
+
 class RecordStream:
     """The loop and the record path (module docstring). Implements the checkpoints' ``StreamEnds``."""
 
@@ -139,6 +151,8 @@ class RecordStream:
         self.lag = self.partitions.lag
         self._blame: OrderedDict[int, tuple[int, int]] = OrderedDict()  # item -> (partition, offset)
         self.max_message_bytes = int(kafka.properties.get("message.max.bytes", DEFAULT_MESSAGE_LIMIT))
+        self.trace = PathTrace.from_env()  # off unless FERRET_TRACE_RECORD_PATH is set (path_trace.py)
+        self._stamps: dict[str, float | int | str | None] = {}
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -154,19 +168,30 @@ class RecordStream:
         self.lifecycle.state = TrainerState.RUNNING
         committed = time.monotonic()
         try:
+            trace = self.trace
             while not stop.is_set():
+                began = wall_ms() if trace is not None else 0.0
                 self.calls.serve(self.paused)  # re-plans, snapshots, restores asked by the control plane
-                for message in self._next_batch(consumer):
-                    self.process(message)
+                if trace is not None and wall_ms() - began > 1.0:
+                    trace.pause(began, wall_ms(), "control call")
+                batch = self._next_batch(consumer)
+                if trace is not None:
+                    self._stamps = {"fetched": round(wall_ms(), 3), "batch": len(batch)}
+                self.process_batch(batch)
                 publisher.poll(0)  # delivery callbacks: they finish offsets
                 if time.monotonic() - committed >= COMMIT_INTERVAL_S:
                     self.partitions.commit()
                     self.partitions.measure_lag()
                     committed = time.monotonic()
                 if self.checkpoints.due():
+                    began = wall_ms()
                     with self.paused():
                         self.checkpoints.save_periodic(self)
+                    if trace is not None:
+                        trace.pause(began, wall_ms(), "periodic snapshot")
         finally:
+            if self.trace is not None:
+                self.trace.close()
             self.lifecycle.state = TrainerState.STOPPING
             try:
                 self.checkpoints.shutdown(self)
@@ -209,25 +234,50 @@ class RecordStream:
 
     # -- one record's path ----------------------------------------------------------------------------
     def process(self, message: Message) -> None:
-        """Consume → decode → arrive → publish; the offset is finished when the outcome is durable."""
-        record = Record.of(message)
-        error = message.error()
-        if error is not None:
-            return self._broker_error(record, error)
-        if record.topic == self.topics.labels:
-            return self._join_label(record)
+        """One record's path (:meth:`process_batch` of one)."""
+        self.process_batch([message])
+
+    def process_batch(self, messages: Sequence[Message]) -> None:
+        """Consume → decode → arrive → publish for each record, in order; the offset is finished when the
+        outcome is durable. The samples of a batch are all handed to the learner (steps 1–3) before the
+        first one's outcome is awaited and published (step 4), so a backlog's predictions run together
+        (the learner predicts what queued up in one forward pass) instead of each waiting for the
+        previous record's round trip. A label or a broker event first settles the samples before it."""
+        pending: list[_Pending] = []
+        for position, message in enumerate(messages):
+            record = Record.of(message)
+            if message.error() is None and record.topic != self.topics.labels:
+                staged = self._stage(record, position)
+                if staged is not None:
+                    pending.append(staged)
+                continue
+            self._settle(pending)
+            pending = []
+            error = message.error()
+            if error is not None:
+                self._broker_error(record, error)
+            elif record.topic == self.topics.labels:
+                self._join_label(record)
+        self._settle(pending)
+
+    def _stage(self, record: Record, position: int) -> _Pending | None:
         self._receive(record)  # 1. counted; its offset is pending until its outcome is durable
         poisoned = self.policy.poisoned(*_where(record))  # it made the trainer stop too often: dead letter
         if poisoned is not None:
-            return self._fail(poisoned, record)
+            self._fail(poisoned, record)
+            return None
         sample = self._decode(record)  # 2. a valid sample, else the error policy (dead letter)
         if sample is None:
             return None
-        arrived = self._arrive(record, sample)  # 3. predicted, then dispatched or skipped
-        if arrived is None:
-            return None
-        failpoint("trainer.mid-record")  # trained, its outcome not yet published
-        return self._publish(record, sample, *arrived)  # 4. produced; its delivery finishes the offset
+        return self._arrive(record, sample, position)  # 3. handed to the learner: predicted, then dispatched
+
+    def _settle(self, pending: Sequence[_Pending]) -> None:
+        for staged in pending:
+            outcome = self._outcome(staged)  # 3. its prediction and decision
+            if outcome is None:
+                continue
+            failpoint("trainer.mid-record")  # trained, its outcome not yet published
+            self._publish(staged.record, staged.sample, staged.item, outcome, staged.stamps)  # 4. produced
 
     def _receive(self, record: Record) -> None:
         self.counters.add("items_received")
@@ -241,23 +291,45 @@ class RecordStream:
             return None
         return decoded
 
-    def _arrive(self, record: Record, sample: ValidSample) -> tuple[int, ArrivalOutcome] | None:
+    def _arrive(self, record: Record, sample: ValidSample, position: int = 0) -> _Pending | None:
         item = self.counters.next_item(sample.event_time_ms)
         self.hooks.on_arrival(sample.event_time_ms, record.partition, record.message.headers())
         self.partitions.lag.consumed(record.partition, record.offset, sample.event_time_ms)
         self._blame[item] = (record.partition, record.offset)
         if len(self._blame) > BLAMED_ITEMS:
             self._blame.popitem(last=False)
+        stamps = None if self.trace is None else {**self._stamps, "position": position, "arrive": round(wall_ms(), 3)}
         try:
-            return item, self.learner.arrive(item, sample.x, sample.label, sample.event_time_ms)
+            outcome = self.learner.submit(item, sample.x, sample.label, sample.event_time_ms)
         except Exception as exc:
-            # blame the record whose item the failing pipeline action ran (LearnerFailed.item), else this one
-            partition, offset = self._blame.get(getattr(exc, "item", item), (record.partition, record.offset))
-            reason = type(exc.__cause__ or exc).__name__
-            self._fail(RecordFailure(Step.ARRIVE, record.topic, partition, offset, reason, str(exc), exc), record)
+            self._learner_failed(exc, record, item)
             return None
+        return _Pending(record, sample, item, outcome, stamps)
 
-    def _publish(self, record: Record, sample: ValidSample, item: int, outcome: ArrivalOutcome) -> None:
+    def _outcome(self, staged: _Pending) -> ArrivalOutcome | None:
+        try:
+            outcome = staged.outcome()
+        except Exception as exc:
+            self._learner_failed(exc, staged.record, staged.item)
+            return None
+        if staged.stamps is not None:
+            staged.stamps["predicted"] = round(wall_ms(), 3)
+        return outcome
+
+    def _learner_failed(self, exc: Exception, record: Record, item: int) -> None:
+        # blame the record whose item the failing pipeline action ran (LearnerFailed.item), else this one
+        partition, offset = self._blame.get(getattr(exc, "item", item), (record.partition, record.offset))
+        reason = type(exc.__cause__ or exc).__name__
+        self._fail(RecordFailure(Step.ARRIVE, record.topic, partition, offset, reason, str(exc), exc), record)
+
+    def _publish(
+        self,
+        record: Record,
+        sample: ValidSample,
+        item: int,
+        outcome: ArrivalOutcome,
+        stamps: dict[str, float | int | str | None] | None = None,
+    ) -> None:
         online_accuracy = self.counters.count_arrival(outcome, sample.label)
         if sample.label is None:
             self.labels.remember(sample.sample_id, outcome.predicted_class)
@@ -293,6 +365,11 @@ class RecordStream:
             self._fail(RecordFailure(Step.PUBLISH, *_where(record), type(exc).__name__, str(exc), exc), record)
             return
         self.ledger.mark_predicted(record.partition, record.offset)
+        if self.trace is not None and stamps is not None:
+            skipped = None if outcome.skipped is None else outcome.skipped.value
+            self.trace.record(
+                {**stamps, "event": sample.event_time_ms, "published": round(wall_ms(), 3), "skipped": skipped}
+            )
 
     def _delivered(
         self, err: KafkaError | None, msg: Message | None, record: Record, duplicate: bool, latency: float

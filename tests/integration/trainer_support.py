@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ from ferret_core.plan import Partition, Plan, WorkerConfig
 from services.codec import encode_sample
 from services.config import Settings, load_settings
 from services.proto_gen.ferret.v1 import messages_pb2
-from services.trainer.learner import ArrivalOutcome, LearnerStats
+from services.trainer.learner import ArrivalOutcome, LearnerStats, settled
 
 
 class LinearLearner:
@@ -33,6 +33,11 @@ class LinearLearner:
         self.plan = one_stage_plan()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+
+    def submit(
+        self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None
+    ) -> Callable[[], ArrivalOutcome]:
+        return settled(self.arrive(item, x, y, event_time_ms))
 
     def arrive(self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None) -> ArrivalOutcome:
         with self._lock:

@@ -24,7 +24,7 @@ from services.proto_gen.ferret.v1 import messages_pb2
 from services.trainer.checkpoints import Checkpoints, CheckpointTimeout
 from services.trainer.counters import StreamCounters
 from services.trainer.failures import Decision, ErrorPolicy, RecordFailure, RecordPathStopped, Step
-from services.trainer.learner import ArrivalOutcome, LearnerStats
+from services.trainer.learner import ArrivalOutcome, LearnerStats, settled
 from services.trainer.loop_calls import LoopCalls
 from services.trainer.predictions import DECISIONS
 from services.trainer.runner import TrainerParts, assemble
@@ -141,6 +141,11 @@ class ScriptedLearner:
         self.arrived: list[int] = []
         self.drain_timeout: float | None = None
         self.slow_drain = False
+
+    def submit(
+        self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None
+    ) -> Callable[[], ArrivalOutcome]:
+        return settled(self.arrive(item, x, y, event_time_ms))
 
     def arrive(self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None) -> ArrivalOutcome:
         if self.error is not None:
@@ -360,3 +365,58 @@ class _nullcontext:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+class DeferredLearner(ScriptedLearner):
+    """Records when each item is submitted and when its outcome is awaited."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, int]] = []
+
+    def submit(
+        self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None
+    ) -> Callable[[], ArrivalOutcome]:
+        self.events.append(("submit", item))
+
+        def outcome() -> ArrivalOutcome:
+            self.events.append(("outcome", item))
+            return self.arrive(item, x, y, event_time_ms)
+
+        return outcome
+
+
+def test_a_batch_is_handed_to_the_learner_before_its_first_outcome_is_awaited() -> None:
+    # a backlog's predictions run together: no record waits for the previous record's round trip
+    learner = DeferredLearner()
+    parts, producer, _ = parts_for(learner)
+    batch = [FakeMessage(TOPICS.samples, 0, seq, sample(seq)) for seq in range(3)]
+    parts.stream.process_batch(batch)  # type: ignore[arg-type]
+    assert learner.events == [
+        ("submit", 0),
+        ("submit", 1),
+        ("submit", 2),
+        ("outcome", 0),
+        ("outcome", 1),
+        ("outcome", 2),
+    ]
+    producer.poll()
+    assert [p.item for p in predictions(producer)] == [0, 1, 2]  # published in order
+    assert parts.stream.ledger.resume_offsets() == {0: 3}  # nothing lost
+
+
+def test_a_label_in_a_batch_settles_the_samples_before_it() -> None:
+    learner = DeferredLearner()
+    parts, producer, _ = parts_for(learner)
+    unlabelled = encode_sample(np.zeros((1, 8, 8), np.uint8), stream="digits", sequence=0, label=None, event_time_ms=1)
+    label = messages_pb2.Label(sample_id=unlabelled.id, label=3)
+    batch = [
+        FakeMessage(TOPICS.samples, 0, 0, unlabelled.SerializeToString()),
+        FakeMessage(TOPICS.labels, 0, 0, label.SerializeToString()),
+        FakeMessage(TOPICS.samples, 0, 1, sample(1)),
+    ]
+    parts.stream.process_batch(batch)  # type: ignore[arg-type]
+    assert learner.events == [("submit", 0), ("outcome", 0), ("submit", 1), ("outcome", 1)]
+    producer.poll()
+    status = parts.port.status()
+    assert status.predictions_published == 2 and status.labels_joined == 1  # the label found its prediction
