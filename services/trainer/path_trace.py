@@ -3,14 +3,15 @@ the latency benchmarks, off by default).
 
 Set ``FERRET_TRACE_RECORD_PATH=/some/file.jsonl`` in the trainer's environment and every valid sample
 adds one JSON line with wall-clock stamps in ms (``time.time()``): ``event`` (the producer's event time),
-``fetched`` (the loop's ``consume()`` returned the batch holding it), ``arrive`` / ``predicted`` (the
-learner's ``arrive`` called / returned: the prediction executor's queue, the forward pass and the
-dispatch), ``published`` (handed to the producer), and ``batch`` / ``position`` (the batch's size and the
-record's place in it: records of one batch wait for each other's predictions). Every pause of the loop
+``fetched`` (the loop's ``consume()`` returned the batch holding it), ``arrive`` / ``predicted`` (handed
+to the learner's ``submit`` / its outcome returned: the prediction executor's queue, the forward pass and
+the dispatch), ``published`` (handed to the producer), and ``batch`` / ``position`` (the batch's size and
+the record's place in it). The loop hands a whole batch to the learner before awaiting the first outcome,
+so waiting for a batch's earlier records shows in ``predicted − arrive``; before that change (commit
+b10499b; the ``-before`` results) it showed in ``arrive − fetched``. Every pause of the loop
 (``calls.serve``: re-plans, snapshots, restores; periodic snapshots) adds a ``{"pause": ms, "at": ms}``
-line. Reading it: ``fetched − event`` is the Kafka hop plus the loop's backlog, ``arrive − fetched`` the
-wait for the batch's earlier records, ``predicted − arrive`` the prediction itself, ``published −
-predicted`` building and producing the Prediction (``latency_ms`` = ``published − event``).
+line. Reading it: ``fetched − event`` is the Kafka hop plus the loop's backlog, ``published − predicted``
+building and producing the Prediction (``latency_ms`` = ``published − event``).
 
 Read from the environment (not the config) because it is a measurement aid, not a setting of the service.
 """
