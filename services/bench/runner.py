@@ -20,6 +20,7 @@ from services.bench.specs import RunSpec, Setting
 
 REPO = Path(__file__).resolve().parents[2]
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+DECODED_CACHE = REPO / "out" / "cache"  # decoded images (CIFAR-10 JPEG) kept between runs (git-ignored)
 
 
 class RunFailedError(FerretError, RuntimeError):
@@ -42,6 +43,8 @@ def simulate_argv(
         "--method", arm.method,
         "--items", str(run.items),
         "--seed", str(run.seed),
+        "--lr", f"{run.setting.lr:g}",
+        "--cache-dir", str(DECODED_CACHE),
         "--json",
     ]  # fmt: skip
     if run.test_items is not None:

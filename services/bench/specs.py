@@ -22,11 +22,13 @@ PLANNED_LABELS: frozenset[str] = frozenset(BUDGET_LABELS) - {"none"}
 @dataclass(frozen=True)
 class Setting:
     """A stream and a model: ``dataset`` and ``model`` as ``ferret simulate`` names them, the committed
-    ``profile`` whose stage times drive the virtual clock (a path relative to the repository)."""
+    ``profile`` whose stage times drive the virtual clock (a path relative to the repository), and the SGD
+    learning rate ``lr`` every method of the setting runs with (``ferret simulate --lr``)."""
 
     dataset: str
     model: str
     profile: str
+    lr: float = 1e-3
 
     @property
     def id(self) -> str:
@@ -79,7 +81,8 @@ class RunSpec:
         """What identifies the run in the CSV (``--resume`` skips keys it finds there)."""
         tests = "all" if self.test_items is None else self.test_items
         return (
-            f"{self.experiment}|{self.setting.id}|{self.arm.label}|{self.arm.budget}|{self.items}|{tests}|{self.seed}"
+            f"{self.experiment}|{self.setting.id}|lr{self.setting.lr:g}|{self.arm.label}|{self.arm.budget}|"
+            f"{self.items}|{tests}|{self.seed}"
         )
 
 

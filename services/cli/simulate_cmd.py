@@ -113,6 +113,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--data-root", type=Path, default=None, help="data folder (default ../shared/data, else ~/.cache/ferret/data)"
     )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="keep decoded images (CIFAR-10 JPEG, image folders) here as .npz, so the next run skips the decode "
+        "(default: none, decode every run)",
+    )
     parser.add_argument("--method", required=True, choices=METHOD_NAMES, help="training method")
     parser.add_argument(
         "--algorithm", choices=ALGORITHM_NAMES, default="vanilla", help="OCL algorithm (default vanilla)"
@@ -238,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)  # a repeated sample drove MNISTNet from 3 to 28 ms per step (DESIGN §5)
     root = args.data_root if args.data_root is not None else default_data_root()
-    dataset = fewer_test_items(load_dataset(args.dataset, root, seed=args.seed), args.test_items)
+    loaded = load_dataset(args.dataset, root, seed=args.seed, cache_dir=args.cache_dir)
+    dataset = fewer_test_items(loaded, args.test_items)
     model = _model(args, dataset)
     args.num_classes = dataset.num_classes
     algorithm = make_algorithm(args.algorithm, algorithm_settings(args))
