@@ -214,3 +214,37 @@ def test_every_report_and_plot_renders_from_rows(name: str, tmp_path: Path) -> N
         assert "Ferret M above Random-N, Last-N and Camel on" in text and "paper's ratio" in text
         assert plots.oacc_vs_memory(rows, tmp_path / "o.png", "t")
     assert reports.settings_of(rows) == [s.id for s in spec.settings]
+
+
+def test_memory_to_reach_reads_the_least_memory_reaching_the_common_target() -> None:
+    from services.bench.reports import memory_to_reach, rate_and_oacc
+
+    def point(budget: str, oacc: float, mib: float, rate: float | None = None) -> tuple[str, Cell, Cell, Cell]:
+        return budget, Cell(oacc, 0.0, 5), Cell(mib, 0.0, 5), Cell.of([] if rate is None else [rate])
+
+    points = {
+        "dapple": [point("M-", 20.0, 10.0), point("M", 30.0, 40.0), point("M+", 31.0, 80.0)],
+        "ferret": [point("M-", 25.0, 8.0, 1.0), point("M", 35.0, 12.0, 3.0), point("M+", 34.0, 70.0, 2.0)],
+    }
+    target, need, ratio = memory_to_reach(points)
+    assert target == 31.0  # dapple's best; Ferret first reaches it at 12 MiB
+    assert need == {"dapple": 80.0, "ferret": 12.0}
+    assert ratio == pytest.approx(80.0 / 12.0)
+    assert memory_to_reach({"dapple": points["dapple"]})[2] is None
+    pairs = rate_and_oacc(points["ferret"])
+    assert pairs == [(1.0, 25.0), (3.0, 35.0), (2.0, 34.0)]
+    assert spearman(*zip(*pairs, strict=True)) == pytest.approx(1.0)
+    assert rate_and_oacc(points["dapple"]) == []  # no plan's R_F: not in the figure
+
+
+def test_short_stream_settings_pass_their_learning_rate_to_every_run() -> None:
+    from services.bench.runner import simulate_argv
+
+    spec = experiment("overall", preset("standard"))
+    rates = {(r.setting.model, r.setting.lr) for r in spec.expand()}
+    assert rates == {("mnistnet", 0.02), ("convnet", 0.05), ("mlp", 0.05)}  # one lr per setting, every method
+    run = spec.expand()[0]
+    argv = simulate_argv(run, None)
+    assert argv[argv.index("--lr") + 1] == "0.02" and "--cache-dir" in argv
+    assert "|lr0.02|" in run.key
+    assert {s.lr for s in PRESETS["full"].overall} == {1e-3}  # the paper's protocol
