@@ -20,6 +20,7 @@ from services.bench.specs import RunSpec, Setting
 
 REPO = Path(__file__).resolve().parents[2]
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+MEASURE_TEST_ITEMS = 100  # test items of the budget-M measurement run
 DECODED_CACHE = REPO / "out" / "cache"  # decoded images (CIFAR-10 JPEG) kept between runs (git-ignored)
 
 
@@ -110,7 +111,9 @@ def measure_m(setting: Setting, items: int, data_root: Path | None) -> int:
     from services.bench.specs import Arm
 
     arm = Arm("pipedream-2bw", "pipedream-2bw", "M+", compensator="none")
-    run = RunSpec("budget", setting, arm, 0, items, test_items=1)  # only its memory is read
+    # only its memory is read; enough test items that every task of a split-* stream has some (with one,
+    # ferret_core.forgetting's per-task matrix raises IndexError)
+    run = RunSpec("budget", setting, arm, 0, items, test_items=MEASURE_TEST_ITEMS)
     report = run_simulate(simulate_argv(run, None, data_root=data_root))
     return int(report["peak_bytes"])
 
