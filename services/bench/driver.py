@@ -54,6 +54,7 @@ class BenchOptions:
     only_available: bool = False
     data_root: Path | None = None
     command: str = "ferret bench"
+    tables_only: bool = False  # write tables.md and plots from the CSV there; run nothing
 
 
 @dataclass(frozen=True)
@@ -77,14 +78,19 @@ def run_experiment(name: str, options: BenchOptions, capabilities: Capabilities,
     else:
         caps.check(spec)
     folder = options.out / name
-    table = RunsCsv(folder / "runs.csv", resume=options.resume)
+    if options.tables_only and not (folder / "runs.csv").exists():
+        raise ConfigError(f"--tables-only: no {folder / 'runs.csv'} to make tables from; run the experiment first")
+    table = RunsCsv(folder / "runs.csv", resume=options.resume or options.tables_only)
     start = time.monotonic()
     runs = spec.expand()
     done = table.keys()
-    todo = [r for r in runs if r.key not in done]
+    todo = [] if options.tables_only else [r for r in runs if r.key not in done]
     print(describe(options.preset, spec), flush=True)
-    budgets = _budgets(spec, folder, options, cli)
-    plans = _fixed_plans(spec, folder, budgets, cli)
+    if options.tables_only:
+        budgets, plans = load_budgets(folder / "budgets.json"), {}
+    else:
+        budgets = _budgets(spec, folder, options, cli)
+        plans = _fixed_plans(spec, folder, budgets, cli)
     progress = Progress(len(todo), label=f"{name} ({options.preset.name})")
 
     def task(run: RunSpec) -> tuple[str, Callable[[], None]]:
@@ -102,9 +108,8 @@ def run_experiment(name: str, options: BenchOptions, capabilities: Capabilities,
 
     failed = run_pool([task(r) for r in todo], jobs=options.jobs, progress=progress, failures=folder / "failures.log")
     _write_outputs(name, spec, table, budgets, folder, options, left_out)
-    return BenchOutcome(
-        folder, len(todo) - failed, len(runs) - len(todo), failed, time.monotonic() - start, tuple(left_out)
-    )
+    skipped = sum(r.key in done for r in runs)
+    return BenchOutcome(folder, len(todo) - failed, skipped, failed, time.monotonic() - start, tuple(left_out))
 
 
 def _with_profile(spec: ExperimentSpec, profile: Path | None) -> ExperimentSpec:

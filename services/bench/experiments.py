@@ -111,13 +111,14 @@ PRESETS: dict[str, Preset] = {
         items=250,
         seeds=5,
         test_items=300,
-        overall=(S_MNIST, S_FMNIST, S_CIFAR10, S_SPLIT_MNIST, S_SPLIT_FMNIST, S_SPLIT_CIFAR10, S_DIGITS),
+        # most telling first (a run stopped early still has them): CIFAR-10 stays at chance over 250 items
+        overall=(S_MNIST, S_SPLIT_MNIST, S_DIGITS, S_FMNIST, S_SPLIT_FMNIST, S_CIFAR10, S_SPLIT_CIFAR10),
         algorithms=(S_SPLIT_MNIST,),
-        pipelines=(S_MNIST, S_SPLIT_MNIST, S_DIGITS),
-        compensation=(S_MNIST, S_SPLIT_MNIST, S_DIGITS),
+        pipelines=(S_DIGITS, S_MNIST, S_SPLIT_MNIST),
+        compensation=(S_DIGITS, S_MNIST, S_SPLIT_MNIST),
         sweep_strategies=("dapple", "ferret"),
         algorithm_methods=("1-skip", "camel", "ferret-M"),
-        compensators=("none", "step-aware", "gap-aware", "fisher", "iter-fisher"),
+        compensators=("none", "step-aware", "gap-aware", "iter-fisher"),
         note="the preset the issue's goals are judged on, sized to run all four experiments in about 45 minutes "
         "on 2 shared CPU cores with --jobs 2: 250 items per stream, test accuracy on 300 evenly spaced test "
         "items, 5 seeds; lr 0.02 on MNISTNet, 0.05 on ConvNet and the digits MLP (the paper's 1e-3 barely "

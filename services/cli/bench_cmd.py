@@ -62,6 +62,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--out", type=Path, default=Path("out/bench"), help="output folder (default out/bench)")
     parser.add_argument("--resume", action="store_true", help="continue OUT/NAME/runs.csv, skipping runs it has")
     parser.add_argument(
+        "--tables-only",
+        action="store_true",
+        help="write tables.md and the plots from OUT/NAME/runs.csv as it is (e.g. after an interrupted run); run "
+        "nothing",
+    )
+    parser.add_argument(
         "--only-available",
         action="store_true",
         help="leave out arms whose method/algorithm/compensator this checkout lacks (listed in "
@@ -105,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         only_available=args.only_available,
         data_root=args.data_root,
         command=_command(args),
+        tables_only=args.tables_only,
     )
     from services.cli.main import build_parser, main
 

@@ -166,6 +166,11 @@ def test_same_command_twice_gives_identical_tables(tmp_path: Path) -> None:
     assert "| mnist/mnistnet |" in tables[0] and "|   paper |" in tables[0]
     again = run_experiment("overall", dataclasses.replace(options, resume=True), caps, main)
     assert again.ran == 0 and again.skipped == 2
+    (out / "overall" / "tables.md").unlink()
+    redrawn = run_experiment("overall", dataclasses.replace(options, tables_only=True), caps, main)
+    assert redrawn.ran == 0 and (out / "overall" / "tables.md").read_text() == tables[1]
+    with pytest.raises(ConfigError, match="--tables-only"):
+        run_experiment("overall", dataclasses.replace(options, out=tmp_path / "none", tables_only=True), caps, main)
 
 
 def test_simulate_test_items_are_evenly_spaced_over_the_test_split() -> None:
