@@ -13,9 +13,10 @@ per second per worker, the pipeline's pace, whatever the stream brings; when Σ_
 that never arrive. Then every configuration that trains every arriving item (all N workers live, no
 back-propagation omission, N·t^d ≥ its worker time) reaches the most R_F the stream allows, and they tie:
 the smallest of them is chosen (the tie rule above), which is one unsplit worker unless the budget
-says otherwise. Configurations that skip items rank below them, by R_F. Re-planning under a new budget reuses the paths,
-so the control plane can answer quickly. An infeasible budget raises :class:`InfeasibleBudgetError` with
-the minimum feasible bytes over all partitions and c^r (DESIGN §3.7).
+says otherwise. Configurations that skip items rank below them, by R_F.
+
+Re-planning under a new budget reuses the paths, so the control plane can answer quickly. An infeasible
+budget raises :class:`InfeasibleBudgetError` with the minimum feasible bytes over all partitions and c^r (DESIGN §3.7).
 """
 
 from __future__ import annotations
@@ -194,7 +195,8 @@ class Planner:
         return self.min_feasible_bytes
 
     def plan(self, budget_bytes: int | None = None) -> Plan:
-        """The plan with the highest R_F within ``budget_bytes`` (None: unconstrained, the paper's M+)."""
+        """The plan with the highest R_F within ``budget_bytes`` (None: unconstrained, the paper's M+), ties
+        and a stream one unsplit worker keeps up with decided by :meth:`rank` (the module docstring)."""
         if budget_bytes is not None and budget_bytes < 0:
             raise ConfigError(f"memory budget must be >= 0 bytes, got {budget_bytes}")
         options = self.options(budget_bytes)
