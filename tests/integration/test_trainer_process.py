@@ -112,7 +112,7 @@ def test_budget_change_mid_stream_from_another_process(trainer_env: dict[str, st
     client = ControlClient(trainer.target)
     try:
         before = json.loads(client.get_plan().plan_json)
-        assert before["arrival_interval"] == pytest.approx(0.005)
+        assert before["arrival_interval"] < 0.001  # the paper's rate, max_i t̂_i^f (fixed)
         ids = produce_digits(bootstrap, topics.samples, 150, spacing_ms=5)
         wait_status(client, "predictions_published", 100)
 
