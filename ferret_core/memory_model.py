@@ -34,7 +34,14 @@ Extras (both variants, counted once, not per worker): optimizer state (slots × 
 (Iter-Fisher: v_r, v_a = 2ΣW when λ is tuned plus the delta ring Σ_i bound_i·|w_i| sized by the
 staleness bound; ``iter-fisher-lean``: v_r, v_a only, nothing with η_λ = 0; Gap-Aware: ΣW), the prediction path's
 activations (max_l input_l + output_l), and the OCL algorithm's state (replay buffer items, LwF's teacher
-ΣW, MAS importances and anchor 2ΣW). ``extras=False`` leaves eq. ferret-svre alone;
+ΣW, MAS importances and anchor 2ΣW).
+
+**Plus the admission queue (ours, not in the paper).** With ``MemorySettings.admission_queue`` set (the
+trainer's planner), every live worker adds K × (input + label) elements, K = max(⌈(W + D)/(N·t^d)⌉,
+⌈B/N⌉) (:mod:`ferret_core.admission_queue`): the inputs admitted items hold while they wait for the
+worker's first stage. It is a per-worker term in both variants (in ``paper`` next to eq. ferret-svre's
+M_F worker term, like the accumulation buffers), so S4 (worker removal) frees it.
+``extras=False`` leaves eq. ferret-svre alone (and the queue, when one is set);
 ``count_elements=True`` reports elements instead of bytes (the paper's unit, used by golden tests).
 
 API for planners and policies that build on it (all in elements unless named ``bytes``):
@@ -47,10 +54,12 @@ activation peak, :meth:`MemoryModel.worker_elements` / :meth:`MemoryModel.worker
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ferret_core.admission_queue import AdmissionQueue
 from ferret_core.cost_model import StageGeometry, paper_worker_elements
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan, WorkerConfig
@@ -80,6 +89,9 @@ class MemorySettings:
     teacher_copy: bool = False  # LwF
     importances: bool = False  # MAS
     micro_batch: int = 1  # items per pipeline step (ER/MIR: the item plus its replayed items)
+    # the wall clock's admission queue, K items (input + label) per live worker (ours, not in the paper);
+    # None: not counted (the virtual clock admits by its own wait_slots)
+    admission_queue: AdmissionQueue | None = None
 
     def __post_init__(self) -> None:
         if self.variant not in MEMORY_VARIANTS:
@@ -154,6 +166,15 @@ class MemoryModel:
             profile.input_elements * batch, geometry.outputs, geometry.graph_internal, label * batch
         )
         self._fixed = self._fixed_extras(profile) if settings.extras else {}
+        self._queue_slot_elements = profile.input_elements + label  # one waiting item: its input and label
+        self.queue_slots = 0  # K per live worker (0: the admission queue is not counted)
+        if settings.admission_queue is not None:
+            if settings.admission_queue.max_wait_s is None or arrival_interval is None or num_slots is None:
+                raise ConfigError(
+                    "counting the admission queue needs its W resolved (AdmissionQueue.resolved(decay)), the "
+                    "arrival interval and the worker slots N"
+                )
+            self.queue_slots = settings.admission_queue.slots(arrival_interval, num_slots)
         self._ring = settings.extras and settings.compensator in COMPENSATORS_WITH_RING
         self._residency: dict[tuple[bool, tuple[int, ...]], Residency] = {}
 
@@ -161,6 +182,8 @@ class MemoryModel:
     def for_plan(cls, plan: Plan, profile: ModelProfile, settings: MemorySettings) -> MemoryModel:
         """The model for an existing plan (its partition, arrival interval and worker slots)."""
         geometry = StageGeometry.from_profile(profile, plan.partition)
+        if settings.admission_queue is not None:
+            settings = dataclasses.replace(settings, admission_queue=settings.admission_queue.resolved(plan.decay))
         return cls(geometry, profile, settings, arrival_interval=plan.arrival_interval, num_slots=plan.num_workers)
 
     # -- per worker and stage ---------------------------------------------------------------------
@@ -190,11 +213,25 @@ class MemoryModel:
             return {}
         g = self.geometry
         buffers = sum(w for w, a in zip(g.weights, worker.accumulation, strict=True) if a > 1)
+        queue = self.queue_elements(worker)
         if not self._engine:
-            paper = paper_worker_elements(g, worker.recompute, worker.accumulation, worker.omission)
-            return {"workers": paper, "accumulation_buffers": buffers if self.settings.extras else 0}
-        versions = sum(self.stage_versions(worker, j) * g.weights[j] for j in range(g.num_stages))
-        return {"versions": versions, "activations": self.residency(worker).peak, "accumulation_buffers": buffers}
+            paper = paper_worker_elements(
+                g, worker.recompute, worker.accumulation, worker.omission
+            )  # M_F, eq. ferret-svre
+            parts = {"workers": paper, "accumulation_buffers": buffers if self.settings.extras else 0}
+        else:
+            versions = sum(self.stage_versions(worker, j) * g.weights[j] for j in range(g.num_stages))
+            parts = {"versions": versions, "activations": self.residency(worker).peak, "accumulation_buffers": buffers}
+        if queue:
+            parts["admission_queue"] = queue  # plus the queue (ours, not in the paper)
+        return parts
+
+    def queue_elements(self, worker: WorkerConfig) -> int:
+        """Worker n's admission queue (ours, not in the paper): K waiting items' inputs and labels, K =
+        max(⌈(W + D)/(N·t^d)⌉, ⌈B/N⌉) (:mod:`ferret_core.admission_queue`); 0 when removed or not counted."""
+        if not worker.live:
+            return 0
+        return self.queue_slots * self._queue_slot_elements
 
     def worker_elements(self, worker: WorkerConfig) -> int:
         """Worker n's term, in elements (0 when removed)."""

@@ -3,13 +3,25 @@
 ``Planner(profile, settings)`` enumerates the candidate partitions once and, lazily, the greedy path of
 each (partition, c^r); ``plan(budget)`` then picks, over all of them, the configuration with the highest
 R_F whose bytes fit the budget (Alg. 2's ``search`` takes the better of c^r = 0 and 1; Alg. 3 the best
-partition; ties go to the smaller cap, then c^r = 0). Re-planning under a new budget reuses the paths,
-so the control plane can answer quickly. An infeasible budget raises :class:`InfeasibleBudgetError` with
-the minimum feasible bytes over all partitions and c^r (DESIGN §3.7).
+partition). Alg. 3 keeps a partition only if its R_F is strictly higher (``R > R*``), so the paper leaves
+equal R_F undecided; we break ties toward less memory: fewer bytes, then fewer stages, fewer live
+workers, c^r = 0 (:meth:`Planner.options`, ``docs/planner.md`` reading 10).
+
+**A stream one unsplit worker keeps up with.** Eq. ferret-svre's R_F counts 1/(t^f + t^b + c^r t^f) items
+per second per worker, the pipeline's pace, whatever the stream brings; when Σ_i (t̂_i^f + t̂_i^b) ≤ t^d
+(one worker, one stage, no T1 trains every item as it arrives) a split pipeline's higher R_F is items
+that never arrive. Then every configuration that trains every arriving item (all N workers live, no
+back-propagation omission, N·t^d ≥ its worker time) reaches the most R_F the stream allows, and they tie:
+the smallest of them is chosen (the tie rule above), which is one unsplit worker unless the budget
+says otherwise. Configurations that skip items rank below them, by R_F.
+
+Re-planning under a new budget reuses the paths, so the control plane can answer quickly. An infeasible
+budget raises :class:`InfeasibleBudgetError` with the minimum feasible bytes over all partitions and c^r (DESIGN §3.7).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -52,6 +64,26 @@ class PlannerSettings:
 
 
 @dataclass(frozen=True)
+class PlanOption:
+    """One (partition, c^r)'s configuration within a budget, as :meth:`Planner.plan` compares them:
+    ``every_item``: all its workers live, no omission, and N·t^d ≥ its worker time (it trains every
+    arriving item at every stage)."""
+
+    index: int
+    rate: float
+    bytes: int
+    stages: int
+    live_workers: int
+    recompute: bool
+    every_item: bool
+
+
+def _rounded(rate: float) -> float:
+    """R_F rounded to 12 significant digits, so float noise does not break a tie."""
+    return float(f"{rate:.12g}")
+
+
+@dataclass(frozen=True)
 class _Candidate:
     cap: float
     geometry: StageGeometry
@@ -75,6 +107,10 @@ class Planner:
                 "arrival interval resolved to 0 (every unit's t_f is 0 in the profile); give one explicitly"
             )
         self.decay = self.settings.decay if self.settings.decay is not None else default_decay(profile)
+        memory_settings = self.settings.memory
+        if memory_settings.admission_queue is not None:  # W = ln 2 / c of this plan's decay
+            queue = memory_settings.admission_queue.resolved(self.decay)
+            memory_settings = dataclasses.replace(memory_settings, admission_queue=queue)
         self._candidates: list[_Candidate] = []
         for cap, partition in candidate_partitions(profile):
             geometry = StageGeometry.from_profile(profile, partition)
@@ -84,10 +120,54 @@ class Planner:
                 if self.settings.max_workers is not None:
                     n = min(n, self.settings.max_workers)
                 memory = MemoryModel(
-                    geometry, profile, self.settings.memory, arrival_interval=self.arrival_interval, num_slots=n
+                    geometry, profile, memory_settings, arrival_interval=self.arrival_interval, num_slots=n
                 )
                 self._candidates.append(_Candidate(cap, geometry, memory, rate, recompute, n))
         self._paths: dict[int, SearchPath] = {}
+
+    @property
+    def stream_bound(self) -> bool:
+        """Whether one worker with one stage and no T1 trains every item as it arrives: Σ_i (t̂_i^f + t̂_i^b)
+        ≤ t^d (the module docstring). Then R_F's pace 1/(t^f + t^b) is bounded by the stream's."""
+        return self.profile.sequential_time <= self.arrival_interval * (1.0 + 1e-12)
+
+    def options(self, budget_bytes: int | None = None) -> list[PlanOption]:
+        """Each (partition, c^r)'s best configuration within ``budget_bytes`` (None: unconstrained), as
+        the plan's choice compares them; :meth:`plan` takes the first of ``sorted(options, key=rank)``."""
+        out: list[PlanOption] = []
+        for index, cand in enumerate(self._candidates):
+            path = self._path(index)
+            point = path.first_within(budget_bytes)
+            if point is None:
+                continue
+            workers = path.workers_at(point)
+            live = [w for w in workers if w.live]
+            keeps_up = cand.num_workers * self.arrival_interval >= cand.geometry.worker_time(cand.recompute) * (
+                1 - 1e-9
+            )
+            every_item = keeps_up and len(live) == len(workers) and all(not any(w.omission) for w in live)
+            out.append(
+                PlanOption(
+                    index, point.rate, point.bytes, cand.geometry.num_stages, len(live), cand.recompute, every_item
+                )
+            )
+        return out
+
+    def rank(self, option: PlanOption) -> tuple[float, ...]:
+        """Sort key of :meth:`options`, best first: when :attr:`stream_bound`, configurations training every
+        arriving item first, tied among themselves; then R_F descending (equal within 1e-12, relative);
+        ties: fewer bytes, fewer stages, fewer live workers, c^r = 0, the candidate order."""
+        tied = self.stream_bound and option.every_item
+        rate = 0.0 if tied else -_rounded(option.rate)
+        return (
+            0.0 if tied or not self.stream_bound else 1.0,
+            rate,
+            option.bytes,
+            option.stages,
+            option.live_workers,
+            float(option.recompute),
+            option.index,
+        )
 
     @property
     def partitions(self) -> list[Partition]:
@@ -115,19 +195,19 @@ class Planner:
         return self.min_feasible_bytes
 
     def plan(self, budget_bytes: int | None = None) -> Plan:
-        """The plan with the highest R_F within ``budget_bytes`` (None: unconstrained, the paper's M+)."""
+        """The plan with the highest R_F within ``budget_bytes`` (None: unconstrained, the paper's M+), ties
+        and a stream one unsplit worker keeps up with decided by :meth:`rank` (the module docstring)."""
         if budget_bytes is not None and budget_bytes < 0:
             raise ConfigError(f"memory budget must be >= 0 bytes, got {budget_bytes}")
-        best: tuple[int, PathPoint] | None = None
-        for index in range(len(self._candidates)):
-            point = self._path(index).first_within(budget_bytes)
-            if point is not None and (best is None or point.rate > best[1].rate):
-                best = (index, point)
+        options = self.options(budget_bytes)
         minimum = self.min_feasible_bytes
-        if best is None:
+        if not options:
             assert budget_bytes is not None
             raise InfeasibleBudgetError(budget_bytes, minimum)
-        return self._build_plan(best[0], best[1], budget_bytes, minimum)
+        best = min(options, key=self.rank)
+        point = self._path(best.index).first_within(budget_bytes)
+        assert point is not None
+        return self._build_plan(best.index, point, budget_bytes, minimum)
 
     def _build_plan(self, index: int, point: PathPoint, budget: int | None, minimum: int) -> Plan:
         cand = self._candidates[index]

@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import harness as h  # noqa: E402
-from confluent_kafka import Consumer  # noqa: E402
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition  # noqa: E402
 
 from ferret_core.data import Dataset, load_dataset  # noqa: E402
 from services.cli.produce_cmd import default_data_root  # noqa: E402
@@ -72,25 +72,39 @@ class LiveService(h.Service):
         env = super().trainer_env()
         env["FERRET_TRAINER_DATASET"] = self.dataset
         env["FERRET_TRAINER_METHOD"] = self.method
-        if self.dataset != "mnist":  # the committed profiles are MNIST's: profile at start-up instead
-            env.pop("FERRET_TRAINER_PROFILE")
+        env["FERRET_TRAINER_PROFILE"] = str(profile_path(self.dataset, self.model))
         return env
 
 
+def profile_path(dataset: str, model: str) -> Path:
+    """The committed profile of ``model`` at ``dataset``'s input: ``benchmarks/profiles/{model}.json`` is
+    MNIST's (28×28); other datasets have ``{model}-{dataset}.json`` (digits: MLP on 8×8, made with
+    ``ferret profile --model mlp --in-features 64``, benchmarks/profiles/README.md)."""
+    name = f"{model}.json" if dataset == "mnist" else f"{model}-{dataset}.json"
+    path = ROOT / "benchmarks" / "profiles" / name
+    if not path.exists():
+        raise SystemExit(f"no committed profile {path} for {model} on {dataset}: make it with `ferret profile`")
+    return path
+
+
 def read_predictions(bootstrap: str, topic: str, stream: str, expected: int, timeout: float) -> list[Any]:
-    """Every distinct prediction of ``stream`` on ``topic``, read from the beginning by a fresh group."""
+    """Every distinct prediction of ``stream`` on ``topic``, read from the beginning of every partition.
+
+    The partitions are assigned, not subscribed: a fresh consumer group's join cost ~20 s per read on the
+    local broker (two reads per run: most of a run's time, and why the first committed run hit its 900 s
+    limit in the 4× row)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"live-reader-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
         }
     )
-    consumer.subscribe([topic])
     seen: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
     try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         while len(seen) < expected and time.monotonic() < deadline:
             for message in consumer.consume(500, 0.2):
                 if message.error():
@@ -123,8 +137,11 @@ def run_ferret(
 ) -> dict[str, Any]:
     config = "ferret" if method == "ferret" and budget is None else ("ferret-60%" if method == "ferret" else method)
     stream = f"s{uuid.uuid4().hex[:6]}"
+    t0 = time.monotonic()
+    phases: dict[str, float] = {}
     with LiveService(dataset_name, model, method, budget) as service:
         assert service.client is not None
+        phases["start_s"] = time.monotonic() - t0
         sampler = h.Sampler(service.client, service.pids, interval=0.5)
         try:
             kafka = service.settings.kafka
@@ -134,6 +151,7 @@ def run_ferret(
                 < WARMUP_ITEMS
             ):
                 raise RuntimeError(f"{config} at {rate:.0f}/s: the warm-up stream was not predicted within 60 s")
+            phases["warm_up_s"] = time.monotonic() - t0 - phases["start_s"]
             time.sleep(SETTLE_S)
             began = time.monotonic()
             report = SampleProducer(
@@ -143,13 +161,17 @@ def run_ferret(
             if not report.ok:
                 raise RuntimeError(f"{config} at {rate:.0f}/s: {report.failure_reason()}")
             produced = time.monotonic()  # CPU shares over the stream (+1 s), not the read-back's group join
+            phases["produce_s"] = produced - began
             preds = read_predictions(kafka.bootstrap_servers, kafka.topics.predictions, stream, report.produced, 180)
             ended = time.monotonic()
+            phases["read_back_s"] = ended - produced
             status = service.client.get_status()
             plan = json.loads(service.client.get_plan().plan_json)
             window = sampler.between(began, min(ended, produced + 1.0))
         finally:
             sampler.close()
+        stopping = time.monotonic()
+    phases["stop_s"] = time.monotonic() - stopping
     labelled = [p for p in preds if p.has_label]
     latencies = [p.latency_ms for p in preds]
     peak = max([s.status["measured_bytes"] for s in window] + [status.measured_bytes])
@@ -167,6 +189,7 @@ def run_ferret(
         compensations_truncated=status.counters.get("compensations_truncated", 0),
         plan=f"{plan['num_stages']}×{plan['live_workers']}", arrival_interval_ms=1000 * plan["arrival_interval"],
         min_feasible_bytes=plan["min_feasible_bytes"],
+        phases_s={k: round(v, 2) for k, v in phases.items()}, total_s=round(time.monotonic() - t0, 2),
         load_average=h.load_average(),
     )  # fmt: skip
 

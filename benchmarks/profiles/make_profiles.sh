@@ -17,7 +17,7 @@ profile() {  # profile FILE ARGS...
 }
 
 profile mlp.json           --model mlp                          --warmup 5 --repeats 50
-profile mlp-digits.json    --model mlp --in-features 64         --warmup 5 --repeats 50  # sklearn digits (ferret bench)
+profile mlp-digits.json    --model mlp --in-features 64         --warmup 5 --repeats 50  # sklearn digits 8x8 (ferret bench, benchmarks/live)
 profile mnistnet.json      --model mnistnet                     --warmup 5 --repeats 50
 profile convnet.json       --model convnet                      --warmup 5 --repeats 50
 profile resnet18-32.json   --model resnet18  --input-size 32    --warmup 5 --repeats 30

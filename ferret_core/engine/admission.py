@@ -30,7 +30,8 @@ item's event time and its delivery that is not backlog; B: the most records one 
 The B term is what lets a worker that keeps up catch up after a pause (start-up, a re-plan's drain, a
 snapshot): the backlog arrives in deliveries of up to B items whose event times say the worker was free,
 and the consumer hands them over faster than one worker trains them. The queue holds K inputs per
-live worker (:func:`queue_bytes`); the planner does not add them to the plan's bytes yet. A full queue
+live worker (:func:`queue_bytes`, :mod:`ferret_core.admission_queue`), and the planner counts them in the
+plan's bytes when its memory settings carry the queue (the trainer's do). A full queue
 makes an item ``busy`` whatever the rule says (it guards memory when the measured service time lags a slowdown).
 
 Everything here is bookkeeping on numbers: the wall clock calls it under its lock.
@@ -44,9 +45,19 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from ferret_core.admission_queue import MAX_QUEUE_SLOTS, max_wait, queue_bytes, queue_slots
 from ferret_core.errors import ConfigError
 
-MAX_QUEUE_SLOTS = 4096  # a finite bound even when W is infinite (c = 0)
+__all__ = [
+    "MAX_QUEUE_SLOTS",
+    "AdmissionSettings",
+    "EventTimeAdmission",
+    "ServiceTimes",
+    "max_wait",
+    "queue_bytes",
+    "queue_slots",
+]
+
 # Admitted items remembered per worker to place a late-delivered item by its event time (halved when full).
 RETAINED_ITEMS = 1024
 
@@ -67,37 +78,6 @@ class AdmissionSettings:
                 f"need max_wait_s >= 0, queue_slots >= 1 and initial_service_s >= 0, got {self.max_wait_s}, "
                 f"{self.queue_slots}, {self.initial_service_s}"
             )
-
-
-def max_wait(decay: float) -> float:
-    """W = ln 2 / c seconds: an item's data value e^{−c·t} halves after W (``inf`` for c = 0)."""
-    if not (math.isfinite(decay) and decay >= 0):
-        raise ConfigError(f"decay constant c must be finite and >= 0, got {decay}")
-    return math.inf if decay == 0 else math.log(2.0) / decay
-
-
-def queue_slots(
-    max_wait_s: float, delivery_s: float, arrival_interval: float, num_workers: int, delivery_items: int = 1
-) -> int:
-    """K = max(⌈(W + D) / (N·t^d)⌉, ⌈B / N⌉), at least 1 and at most :data:`MAX_QUEUE_SLOTS`: the items that
-    reach one worker (every N-th item, one every N·t^d seconds) while an item waits W, plus one delivery's
-    spread D; and at least one worker's share of a delivery of B (``delivery_items``) records."""
-    if max_wait_s < 0 or delivery_s < 0 or not arrival_interval > 0 or num_workers < 1 or delivery_items < 1:
-        raise ConfigError(
-            f"need W >= 0, D >= 0, t^d > 0, N >= 1 and B >= 1, got W={max_wait_s}, D={delivery_s}, "
-            f"t^d={arrival_interval}, N={num_workers}, B={delivery_items}"
-        )
-    span = max_wait_s + delivery_s
-    if not math.isfinite(span):
-        return MAX_QUEUE_SLOTS
-    by_time = math.ceil(span / (num_workers * arrival_interval) - 1e-9)
-    by_delivery = math.ceil(delivery_items / num_workers)
-    return max(1, min(MAX_QUEUE_SLOTS, max(by_time, by_delivery)))
-
-
-def queue_bytes(slots: int, live_workers: int, input_elements: int, dtype_bytes: int) -> int:
-    """Bytes of the admission queues: K inputs per live worker (the added term of the plan's byte model)."""
-    return slots * live_workers * input_elements * dtype_bytes
 
 
 class _Timeline:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ferret_core.admission_queue import AdmissionQueue
 from ferret_core.data import dataset_spec
 from ferret_core.errors import ConfigError
 from ferret_core.memory_model import MemorySettings
@@ -45,7 +46,13 @@ from services.trainer.labels import LateLabelJoin
 from services.trainer.learner import Learner
 from services.trainer.ledger import OffsetLedger
 from services.trainer.loop_calls import LoopCalls
-from services.trainer.methods import FixedPlan, budget_methods, plans_for_budget
+from services.trainer.methods import (
+    DELIVERY_ITEMS,
+    DELIVERY_SPREAD_S,
+    FixedPlan,
+    budget_methods,
+    plans_for_budget,
+)
 from services.trainer.metrics import TrainerMetrics
 from services.trainer.service import Trainer
 from services.trainer.state import Lifecycle, PlanInForce
@@ -226,7 +233,9 @@ def make_planner(settings: Settings, profile: ModelProfile) -> Planner:
     """The start-up planner, for :func:`startup_interval`."""
     t = settings.trainer
     max_workers = t.max_workers if t.max_workers is not None else max(1, os.cpu_count() or 1)
-    memory = MemorySettings(compensator=t.compensator)
+    # the wall clock's admission queue is part of the plan's bytes (K inputs per live worker, docs/service.md)
+    queue = AdmissionQueue(DELIVERY_SPREAD_S, DELIVERY_ITEMS)
+    memory = MemorySettings(compensator=t.compensator, admission_queue=queue)
     planner_settings = PlannerSettings(
         arrival_interval=startup_interval(settings, profile),
         decay=t.decay,

@@ -75,3 +75,24 @@ def test_stashes_are_freed_when_no_item_references_them() -> None:
     assert p.in_flight() == 0
     assert list(p._stash_storages()) == []
     assert p.meter is not None and p.meter.sample() <= result.peak_bytes  # type: ignore[operator]
+
+
+def test_the_meter_counts_queued_items_as_the_plan_does() -> None:
+    """Items admitted but not started (the wall clock's admission queue) hold their input and label: the
+    measured bytes grow by exactly the planner's queue term per item, K × (input + label) (issue 7 D)."""
+    from ferret_core.residency import LABEL_BYTES
+    from tests.unit.test_engine_support import IN_FEATURES
+
+    plan = make_plan(1, 1)
+    setup = FerretPolicy(plan).setup("tiny", 1, 1.0)
+    engine = StreamEngine(tiny_units(num_units=1), setup, EngineSettings(keep_trace=False, validate=False))
+    pipeline = engine.pipeline
+    assert pipeline.meter is not None
+    before = pipeline.meter.sample()
+    queued = 7
+    with pipeline.lock:
+        for index, item in enumerate(stream(queued)):
+            assert pipeline.dispatch(index, item.x, item.y, 0, admit=lambda worker: True) is None
+    assert pipeline.scheduler.waiting(0) == queued  # nothing ran: all wait for the first stage
+    per_item = IN_FEATURES * 4 + LABEL_BYTES  # the planner's (input + label) elements × 4 bytes
+    assert pipeline.meter.sample() - before == queued * per_item

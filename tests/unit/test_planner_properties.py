@@ -64,9 +64,18 @@ def test_plan_fits_and_partition_covers_every_unit(planner: Planner, fraction: f
 
 @given(planners(), st.floats(0.0, 1.0), st.floats(0.0, 1.0))
 def test_more_budget_never_lowers_the_rate(planner: Planner, f1: float, f2: float) -> None:
+    """More budget never gives a worse plan in the planner's order: a lower R_F, or (when one unsplit
+    worker keeps up with the stream, docs/planner.md reading 10) one that trains fewer items."""
     low, high = sorted((_budget(planner, f1), _budget(planner, f2)))
-    assert planner.plan(high).adaptation_rate >= planner.plan(low).adaptation_rate
-    assert planner.plan(None).adaptation_rate >= planner.plan(high).adaptation_rate
+
+    def best(budget: int | None) -> tuple[float, ...]:
+        return min(planner.rank(o) for o in planner.options(budget))[:2]
+
+    assert best(high) <= best(low)
+    assert best(None) <= best(high)
+    if not planner.stream_bound:  # then the order is R_F's
+        assert planner.plan(high).adaptation_rate >= planner.plan(low).adaptation_rate
+        assert planner.plan(None).adaptation_rate >= planner.plan(high).adaptation_rate
 
 
 @given(planners())
