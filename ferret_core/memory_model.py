@@ -21,19 +21,23 @@ Two variants (``MemorySettings.variant``):
   (the trainer's wall clock); ``"schedule"`` — a replay of the worker's schedule on the profile's stage
   times at the plan's arrival interval, which is what the virtual clock runs (``ferret simulate``,
   ``ferret bench``; it needs ``arrival_interval`` and ``num_slots``). Shared terms: no master copy (the
-  master always is the replica of the worker that updated it last; replicas share its storage), one
-  gradient between a B and its update (max_j |w_j|, or Σ_j |w_j| under ``cap``: stages update
-  concurrently on the wall clock), under ``schedule`` with T1 one recomputed graph max_j (internal_j +
-  output_j) (one action runs at a time; ``cap`` counts one per stage and worker), and the extras below.
+  master always is the replica of the worker that updated it last; replicas share its storage), the
+  transient terms — one gradient between a B and its update (max_j |w_j|, or Σ_j |w_j| under ``cap``:
+  stages update concurrently on the wall clock), the prediction path's activations (max_l input_l +
+  output_l) and, under ``schedule`` with T1, one recomputed graph max_j (internal_j + output_j) (``cap``
+  counts one per stage and worker) — and the extras below. Under ``schedule`` the transient terms count
+  as their **max** (:meth:`MemoryModel.transient_elements`: one action runs at a time, and at a sample
+  point at most one of them is alive; breakdown entry ``transient_max``), under ``cap`` as their sum.
 * ``paper``: eq. ferret-svre exactly, per worker Σ_i (1 + ⌈(P−i−1)/c^a⌉ − c^o)(|w_i| + |a_i| −
   c^r·Σ|â_l|), plus the extras and a master copy ΣW and one accumulation buffer per c^a > 1. It is the
   *paper's* planning model, kept to reproduce the paper: it credits T2 with freeing activations the
   engine keeps and is not a bound on measured memory (MobileNet-224 measured 1.97× a plan it "fit").
 
 Extras (both variants, counted once, not per worker): optimizer state (slots × ΣW), compensator state
-(Iter-Fisher: v_r, v_a = 2ΣW when λ is tuned plus the delta ring Σ_i bound_i·|w_i| sized by the
-staleness bound; ``iter-fisher-lean``: v_r, v_a only, nothing with η_λ = 0; Gap-Aware: ΣW), the prediction path's
-activations (max_l input_l + output_l), and the OCL algorithm's state (replay buffer items, LwF's teacher
+(any compensator but ``none``: 8 bytes per stage of statistics; Iter-Fisher: v_r, v_a = 2ΣW when λ is tuned plus the delta ring Σ_i bound_i·|w_i| sized by the
+staleness bound; ``iter-fisher-lean``: v_r, v_a only, nothing with η_λ = 0; Gap-Aware: ΣW), the
+transient terms above (``paper``: their sum, with max_j |w_j| as the gradient), and the OCL algorithm's
+state (replay buffer items, LwF's teacher
 ΣW, MAS importances and anchor 2ΣW). ``extras=False`` leaves eq. ferret-svre alone;
 ``count_elements=True`` reports elements instead of bytes (the paper's unit, used by golden tests).
 
@@ -62,6 +66,7 @@ MEMORY_VARIANTS = ("engine", "paper")
 IN_FLIGHT_MODES = ("cap", "schedule")
 COMPENSATORS_WITH_RING = ("iter-fisher", "iter-fisher-cf")
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
+CORRECTION_SUM_BYTES = 8  # a compensator's device-side float64 statistics accumulator (compensation/base.py)
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,7 @@ class MemoryModel:
             profile.input_elements * batch, geometry.outputs, geometry.graph_internal, label * batch
         )
         self._fixed = self._fixed_extras(profile) if settings.extras else {}
+        self._transients = self._transient_extras(profile) if settings.extras else {}
         self._ring = settings.extras and settings.compensator in COMPENSATORS_WITH_RING
         self._residency: dict[tuple[bool, tuple[int, ...]], Residency] = {}
 
@@ -205,21 +211,17 @@ class MemoryModel:
         s = self.settings
         g = self.geometry
         total_w = g.total_weights
-        outputs = [layer.activations for layer in profile.layers]
-        inputs = [profile.input_elements, *outputs[:-1]]
         extras: dict[str, int] = {}
         if not self._engine:
             extras["master_copy"] = total_w
-            extras["transient_gradient"] = max(g.weights)
-        else:
-            extras["transient_gradient"] = max(g.weights) if self._schedule else total_w
         extras["optimizer_state"] = OPTIMIZER_SLOTS[s.optimizer] * total_w
-        extras["prediction_path"] = max(i + o for i, o in zip(inputs, outputs, strict=True))
         tuned = s.compensator in (*COMPENSATORS_WITH_RING, "iter-fisher-lean") and s.lambda_tuning
         if tuned or s.compensator == "iter-fisher-cf":
             extras["compensator_moments"] = 2 * total_w  # v_r, v_a of Alg. 1
         if s.compensator == "gap-aware":
             extras["compensator_moments"] = total_w
+        if s.compensator != "none":  # each stage's float64 sum of relative corrections, on the device
+            extras["compensator_counters"] = g.num_stages * -(-CORRECTION_SUM_BYTES // dtype_bytes(s.dtype))
         if s.replay_items:
             extras["replay_buffer"] = s.replay_items * profile.input_elements
         if s.teacher_copy:
@@ -227,6 +229,38 @@ class MemoryModel:
         if s.importances:
             extras["mas_importances"] = 2 * total_w
         return extras
+
+    def _transient_extras(self, profile: ModelProfile) -> dict[str, int]:
+        """The gradient between a B and its update (``schedule``: max_j |w_j|, one action at a time;
+        ``cap`` and ``paper``: Σ_j |w_j|, resp. max_j) and the prediction path, max_l (input_l + output_l)."""
+        g = self.geometry
+        outputs = [layer.activations for layer in profile.layers]
+        inputs = [profile.input_elements, *outputs[:-1]]
+        gradient = max(g.weights) if self._schedule or not self._engine else g.total_weights
+        return {
+            "transient_gradient": gradient,
+            "prediction_path": max(i + o for i, o in zip(inputs, outputs, strict=True)),
+        }
+
+    def transient_parts(self, recompute: bool) -> dict[str, int]:
+        """The terms held only around one action or one prediction: the transient gradient, the
+        prediction path and (``schedule`` with T1) the recomputed graph, in elements."""
+        parts = dict(self._transients)
+        regraph = self.recompute_graph_elements(recompute)
+        if regraph:
+            parts["recompute_graph"] = regraph
+        return parts
+
+    def transient_elements(self, recompute: bool) -> int:
+        """The transient terms as the engine can hold them at once. ``schedule`` (the virtual clock) —
+        their **max**: one action runs at a time and memory is sampled after it, so at a sample point at
+        most one is alive: after an R the recomputed graph (no gradient is pending: with c^a = 1 a B's
+        update runs inside the B's action, with c^a > 1 the sum is an accumulation buffer, counted per
+        worker), after a B its gradient (the R's graph was freed by that B), and a prediction runs between
+        actions, when neither is. ``cap`` (the wall clock: stages and the prediction thread run
+        concurrently) and ``paper``: their sum."""
+        parts = self.transient_parts(recompute).values()
+        return max(parts, default=0) if self._schedule else sum(parts)
 
     @property
     def has_ring(self) -> bool:
@@ -254,7 +288,7 @@ class MemoryModel:
 
     def shared_elements(self, workers: Sequence[WorkerConfig]) -> int:
         recompute = any(w.live and w.recompute for w in workers)
-        return self.fixed_elements + self.ring_elements(workers) + self.recompute_graph_elements(recompute)
+        return self.fixed_elements + self.ring_elements(workers) + self.transient_elements(recompute)
 
     # -- totals -----------------------------------------------------------------------------------
     def total(self, workers: Sequence[WorkerConfig]) -> int:
@@ -270,9 +304,12 @@ class MemoryModel:
             for name, value in self.worker_breakdown(worker).items():
                 parts[name] = parts.get(name, 0) + value * unit
         parts.update({name: value * unit for name, value in self._fixed.items()})
-        regraph = self.recompute_graph_elements(any(w.live and w.recompute for w in workers))
-        if regraph:
-            parts["recompute_graph"] = regraph * unit
+        recompute = any(w.live and w.recompute for w in workers)
+        if self._schedule:  # one entry: the largest transient (they never coexist at a sample point)
+            if self._transients:
+                parts["transient_max"] = self.transient_elements(recompute) * unit
+        else:
+            parts.update({name: value * unit for name, value in self.transient_parts(recompute).items()})
         if self._ring:
             parts["compensator_ring"] = self.ring_elements(workers) * unit
         return parts
