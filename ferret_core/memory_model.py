@@ -34,11 +34,11 @@ Two variants (``MemorySettings.variant``):
   engine keeps and is not a bound on measured memory (MobileNet-224 measured 1.97× a plan it "fit").
 
 Extras (both variants, counted once, not per worker): optimizer state (slots × ΣW), compensator state
-(any compensator but ``none``: 8 bytes per stage of statistics; Iter-Fisher: v_r, v_a = 2ΣW when λ is tuned plus the delta ring Σ_i bound_i·|w_i| sized by the
-staleness bound; ``iter-fisher-lean``: v_r, v_a only, nothing with η_λ = 0; Gap-Aware: ΣW), the
-transient terms above (``paper``: their sum, with max_j |w_j| as the gradient), and the OCL algorithm's
-state (replay buffer items, LwF's teacher
-ΣW, MAS importances and anchor 2ΣW). ``extras=False`` leaves eq. ferret-svre alone;
+(any compensator but ``none``: 8 bytes per stage of statistics; Iter-Fisher: v_r, v_a = 2ΣW when λ is
+tuned plus the delta ring Σ_i bound_i·|w_i| sized by the staleness bound; ``iter-fisher-lean``: v_r, v_a
+only, nothing with η_λ = 0; Gap-Aware: ΣW), the transient terms above (``paper``: their sum, with
+max_j |w_j| as the gradient), and the OCL algorithm's state (replay buffer items, LwF's teacher ΣW, MAS
+importances and anchor 2ΣW). ``extras=False`` leaves eq. ferret-svre alone;
 ``count_elements=True`` reports elements instead of bytes (the paper's unit, used by golden tests).
 
 API for planners and policies that build on it (all in elements unless named ``bytes``):
@@ -79,7 +79,7 @@ class MemorySettings:
     extras: bool = True
     count_elements: bool = False
     optimizer: str = "sgd"
-    compensator: str = "iter-fisher"
+    compensator: str = "iter-fisher-lean"  # the planner's default (docs/planner.md); "iter-fisher" is Alg. 1
     lambda_tuning: bool = True  # η_λ > 0: Iter-Fisher keeps v_r and v_a (Alg. 1)
     replay_items: int = 0  # ER / MIR buffer size (the paper uses 5000)
     teacher_copy: bool = False  # LwF
