@@ -197,6 +197,7 @@ def test_planned_bytes_hold_on_an_activation_heavy_model() -> None:
             _, measured = run(plan, units, profile, items, "fisher")
             assert measured <= plan.predicted_bytes, (memory.in_flight, fraction, measured, plan.predicted_bytes)
             if memory.in_flight == "schedule" and any(w.recompute for w in plan.workers):
-                # the transient terms (gradient, prediction path, recomputed graph) count as their max: one is
-                # alive at a sample; summed, they left 19 % of this T1 plan unused (MobileNet-224: 21 %)
-                assert measured >= 0.9 * plan.predicted_bytes, (fraction, measured, plan.predicted_bytes)
+                # the gradient and the recomputed graph count as their max (one is alive at a sample); summed,
+                # the gradient was slack too. What is left unused here is the prediction path (kept summed)
+                slack = plan.predicted_bytes - measured
+                assert slack <= plan.memory_breakdown["prediction_path"] + 64, (fraction, slack, plan.memory_breakdown)
