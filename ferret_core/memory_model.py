@@ -21,20 +21,25 @@ Two variants (``MemorySettings.variant``):
   (the trainer's wall clock); ``"schedule"`` — a replay of the worker's schedule on the profile's stage
   times at the plan's arrival interval, which is what the virtual clock runs (``ferret simulate``,
   ``ferret bench``; it needs ``arrival_interval`` and ``num_slots``). Shared terms: no master copy (the
-  master always is the replica of the worker that updated it last; replicas share its storage), one
-  gradient between a B and its update (max_j |w_j|, or Σ_j |w_j| under ``cap``: stages update
-  concurrently on the wall clock), under ``schedule`` with T1 one recomputed graph max_j (internal_j +
-  output_j) (one action runs at a time; ``cap`` counts one per stage and worker), and the extras below.
+  master always is the replica of the worker that updated it last; replicas share its storage), the
+  transient terms — one gradient between a B and its update (max_j |w_j|, or Σ_j |w_j| under ``cap``:
+  stages update concurrently on the wall clock), the prediction path's activations (max_l input_l +
+  output_l) and, under ``schedule`` with T1, one recomputed graph max_j (internal_j + output_j) (``cap``
+  counts one per stage and worker) — and the extras below. Under ``schedule`` the gradient and the
+  recomputed graph count as their **max** (:meth:`MemoryModel.transient_elements`: one action runs at a
+  time, and at a sample point at most one of them is alive; breakdown entry ``transient_max``), plus the
+  prediction path; under ``cap`` all three are summed.
 * ``paper``: eq. ferret-svre exactly, per worker Σ_i (1 + ⌈(P−i−1)/c^a⌉ − c^o)(|w_i| + |a_i| −
   c^r·Σ|â_l|), plus the extras and a master copy ΣW and one accumulation buffer per c^a > 1. It is the
   *paper's* planning model, kept to reproduce the paper: it credits T2 with freeing activations the
   engine keeps and is not a bound on measured memory (MobileNet-224 measured 1.97× a plan it "fit").
 
 Extras (both variants, counted once, not per worker): optimizer state (slots × ΣW), compensator state
-(Iter-Fisher: v_r, v_a = 2ΣW when λ is tuned plus the delta ring Σ_i bound_i·|w_i| sized by the
-staleness bound; ``iter-fisher-lean``: v_r, v_a only, nothing with η_λ = 0; Gap-Aware: ΣW), the prediction path's
-activations (max_l input_l + output_l), and the OCL algorithm's state (replay buffer items, LwF's teacher
-ΣW, MAS importances and anchor 2ΣW).
+(any compensator but ``none``: 8 bytes per stage of statistics; Iter-Fisher: v_r, v_a = 2ΣW when λ is
+tuned plus the delta ring Σ_i bound_i·|w_i| sized by the staleness bound; ``iter-fisher-lean``: v_r, v_a
+only, nothing with η_λ = 0; Gap-Aware: ΣW), the transient terms above (``paper``: their sum, with
+max_j |w_j| as the gradient), and the OCL algorithm's state (replay buffer items, LwF's teacher ΣW, MAS
+importances and anchor 2ΣW).
 
 **Plus the admission queue (ours, not in the paper).** With ``MemorySettings.admission_queue`` set (the
 trainer's planner), every live worker adds K × (input + label) elements, K = max(⌈(W + D)/(N·t^d)⌉,
@@ -71,6 +76,7 @@ MEMORY_VARIANTS = ("engine", "paper")
 IN_FLIGHT_MODES = ("cap", "schedule")
 COMPENSATORS_WITH_RING = ("iter-fisher", "iter-fisher-cf")
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
+CORRECTION_SUM_BYTES = 8  # a compensator's device-side float64 statistics accumulator (compensation/base.py)
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,7 @@ class MemorySettings:
     extras: bool = True
     count_elements: bool = False
     optimizer: str = "sgd"
-    compensator: str = "iter-fisher"
+    compensator: str = "iter-fisher-lean"  # the planner's default (docs/planner.md); "iter-fisher" is Alg. 1
     lambda_tuning: bool = True  # η_λ > 0: Iter-Fisher keeps v_r and v_a (Alg. 1)
     replay_items: int = 0  # ER / MIR buffer size (the paper uses 5000)
     teacher_copy: bool = False  # LwF
@@ -166,6 +172,7 @@ class MemoryModel:
             profile.input_elements * batch, geometry.outputs, geometry.graph_internal, label * batch
         )
         self._fixed = self._fixed_extras(profile) if settings.extras else {}
+        self._transients = self._transient_extras(profile) if settings.extras else {}
         self._queue_slot_elements = profile.input_elements + label  # one waiting item: its input and label
         self.queue_slots = 0  # K per live worker (0: the admission queue is not counted)
         if settings.admission_queue is not None:
@@ -242,21 +249,17 @@ class MemoryModel:
         s = self.settings
         g = self.geometry
         total_w = g.total_weights
-        outputs = [layer.activations for layer in profile.layers]
-        inputs = [profile.input_elements, *outputs[:-1]]
         extras: dict[str, int] = {}
         if not self._engine:
             extras["master_copy"] = total_w
-            extras["transient_gradient"] = max(g.weights)
-        else:
-            extras["transient_gradient"] = max(g.weights) if self._schedule else total_w
         extras["optimizer_state"] = OPTIMIZER_SLOTS[s.optimizer] * total_w
-        extras["prediction_path"] = max(i + o for i, o in zip(inputs, outputs, strict=True))
         tuned = s.compensator in (*COMPENSATORS_WITH_RING, "iter-fisher-lean") and s.lambda_tuning
         if tuned or s.compensator == "iter-fisher-cf":
             extras["compensator_moments"] = 2 * total_w  # v_r, v_a of Alg. 1
         if s.compensator == "gap-aware":
             extras["compensator_moments"] = total_w
+        if s.compensator != "none":  # each stage's float64 sum of relative corrections, on the device
+            extras["compensator_counters"] = g.num_stages * -(-CORRECTION_SUM_BYTES // dtype_bytes(s.dtype))
         if s.replay_items:
             extras["replay_buffer"] = s.replay_items * profile.input_elements
         if s.teacher_copy:
@@ -264,6 +267,44 @@ class MemoryModel:
         if s.importances:
             extras["mas_importances"] = 2 * total_w
         return extras
+
+    def _transient_extras(self, profile: ModelProfile) -> dict[str, int]:
+        """The gradient between a B and its update (``schedule``: max_j |w_j|, one action at a time;
+        ``cap`` and ``paper``: Σ_j |w_j|, resp. max_j) and the prediction path, max_l (input_l + output_l)."""
+        g = self.geometry
+        outputs = [layer.activations for layer in profile.layers]
+        inputs = [profile.input_elements, *outputs[:-1]]
+        gradient = max(g.weights) if self._schedule or not self._engine else g.total_weights
+        return {
+            "transient_gradient": gradient,
+            "prediction_path": max(i + o for i, o in zip(inputs, outputs, strict=True)),
+        }
+
+    def transient_parts(self, recompute: bool) -> dict[str, int]:
+        """The terms held only around one action or one prediction: the transient gradient, the
+        prediction path and (``schedule`` with T1) the recomputed graph, in elements."""
+        parts = dict(self._transients)
+        regraph = self.recompute_graph_elements(recompute)
+        if regraph:
+            parts["recompute_graph"] = regraph
+        return parts
+
+    def transient_elements(self, recompute: bool) -> int:
+        """The transient terms as the engine can hold them at once. ``schedule`` (the virtual clock):
+        the **max** of the gradient and the recomputed graph — one action runs at a time and memory is
+        sampled after it, so at a sample point at most one of them is alive: after an R its graph (no
+        gradient is pending: with c^a = 1 a B's update runs inside the B's action, with c^a > 1 the sum
+        is an accumulation buffer, counted per worker), after a B its gradient (that B freed the R's
+        graph) — plus the prediction path. A prediction runs between actions and is never sampled, but
+        taken into the max it left one zoo plan (MNISTNet, 2 stages, T3+T4) measured 3,160 bytes (one
+        input and its label) above the prediction: an under-count of the activations' replay that this
+        term covered, not diagnosed yet (issue 13), so it stays summed. ``cap`` (the wall clock: stages
+        and the prediction thread run concurrently) and ``paper``: all summed."""
+        parts = self.transient_parts(recompute)
+        if not self._schedule:
+            return sum(parts.values())
+        path = parts.pop("prediction_path", 0)
+        return path + max(parts.values(), default=0)
 
     @property
     def has_ring(self) -> bool:
@@ -291,7 +332,7 @@ class MemoryModel:
 
     def shared_elements(self, workers: Sequence[WorkerConfig]) -> int:
         recompute = any(w.live and w.recompute for w in workers)
-        return self.fixed_elements + self.ring_elements(workers) + self.recompute_graph_elements(recompute)
+        return self.fixed_elements + self.ring_elements(workers) + self.transient_elements(recompute)
 
     # -- totals -----------------------------------------------------------------------------------
     def total(self, workers: Sequence[WorkerConfig]) -> int:
@@ -307,9 +348,15 @@ class MemoryModel:
             for name, value in self.worker_breakdown(worker).items():
                 parts[name] = parts.get(name, 0) + value * unit
         parts.update({name: value * unit for name, value in self._fixed.items()})
-        regraph = self.recompute_graph_elements(any(w.live and w.recompute for w in workers))
-        if regraph:
-            parts["recompute_graph"] = regraph * unit
+        recompute = any(w.live and w.recompute for w in workers)
+        if self._schedule:  # the larger of gradient and recomputed graph (never both at a sample), the path
+            transients = self.transient_parts(recompute)
+            if transients:
+                path = transients.pop("prediction_path", 0)
+                parts["prediction_path"] = path * unit
+                parts["transient_max"] = max(transients.values(), default=0) * unit
+        else:
+            parts.update({name: value * unit for name, value in self.transient_parts(recompute).items()})
         if self._ring:
             parts["compensator_ring"] = self.ring_elements(workers) * unit
         return parts

@@ -135,7 +135,7 @@ def search_path(rate_model: RateModel, memory_model: MemoryModel, num_workers: i
     elems = [memory_model.worker_elements(w) for w in workers]
     paper = [paper_worker_elements(geometry, w.recompute, w.accumulation, w.omission) for w in workers]
     ring = _RingAccount(memory_model, workers) if memory_model.has_ring else None
-    fixed = memory_model.fixed_elements + memory_model.recompute_graph_elements(recompute)  # c^r is the path's
+    fixed = memory_model.fixed_elements + memory_model.transient_elements(recompute)  # c^r is the path's
     shared = fixed + (ring.elements if ring else 0)
     cache: dict[int, list[_Candidate]] = {}
     steps: list[PlanStep] = []

@@ -42,5 +42,7 @@ echo "== ruff" >&2
 .venv/bin/ruff check .
 echo "== mypy (strict on ferret_core)" >&2
 .venv/bin/mypy ferret_core
+echo "== mypy (services, default strictness)" >&2
+.venv/bin/mypy services
 echo "== pytest" >&2
 .venv/bin/python -m pytest "$@"

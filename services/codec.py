@@ -391,7 +391,7 @@ class KafkaRecord(Protocol):
     def partition(self) -> int | None: ...
     def offset(self) -> int | None: ...
     def value(self) -> bytes | None: ...
-    def headers(self) -> list[tuple[str, bytes | None]] | None: ...
+    def headers(self) -> list[tuple[str, str | bytes | None]] | dict[str, str | bytes | None] | None: ...
 
 
 Headers = list[tuple[str, bytes]]
@@ -428,8 +428,12 @@ def dead_letter_record(
         DLQ_OFFSET: str(record.offset()),
         DLQ_TIME_MS: str(now_ms() if time_ms is None else time_ms),
     }
+    received = record.headers() or []
+    pairs = received.items() if isinstance(received, dict) else received  # confluent-kafka gives either
     original = [
-        (k, v if v is not None else b"") for k, v in (record.headers() or []) if not k.startswith("ferret.dlq.")
+        (k, b"" if v is None else v.encode() if isinstance(v, str) else v)
+        for k, v in pairs
+        if not k.startswith("ferret.dlq.")
     ]
 
     def size(headers: Headers, key: bytes | None, value: bytes | None) -> int:

@@ -13,7 +13,7 @@ header (written before it existed) is read as the topic's message.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from google.protobuf.message import Message
@@ -49,11 +49,12 @@ class ContentType:
         return self.media_type if self.message_type is None else f"{self.media_type}; messageType={self.message_type}"
 
 
-def parse(headers: Headers | None) -> ContentType | None:
+def parse(headers: Headers | Mapping[str, bytes | str | None] | None) -> ContentType | None:
     """The ``content-type`` among a record's headers, or None when it has none. Names compare
     case-insensitively (as HTTP's); the last such header wins."""
     value: bytes | str | None = None
-    for name, data in headers or ():
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()  # confluent-kafka gives either
+    for name, data in pairs:
         if name.lower() == HEADER:
             value = data
     if value is None:

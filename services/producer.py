@@ -53,7 +53,7 @@ _MAX_WAIT_S = 0.05  # longest single wait, so a stop request is seen quickly
 _PROGRESS_EVERY_S = 0.1
 # Every record names its message (services.content_type; docs/predictions.md "Record headers").
 SAMPLE_HEADERS = [content_type.header(Sample)]
-LABEL_HEADERS = [content_type.header(Label)]
+LABEL_HEADERS: list[tuple[str, HeaderValue]] = [content_type.header(Label)]
 
 
 class ProducerError(FerretError, RuntimeError):

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ferret_core.memory_model import MemorySettings
 from ferret_core.metrics import agm
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
@@ -47,7 +48,7 @@ def main() -> None:
         print(table(summary))
         return
     profile = ModelProfile.load(PROFILE)
-    planner = Planner(profile, PlannerSettings())
+    planner = Planner(profile, PlannerSettings(memory=MemorySettings(compensator="iter-fisher")))  # as committed
     low, high = planner.min_feasible_bytes, planner.plan(None).predicted_bytes
     budgets = [low + (high - low) // 3, low + 2 * (high - low) // 3]
     runs: list[tuple[str, str, list[str]]] = [

@@ -27,6 +27,7 @@ import torch
 
 from ferret_core.data import iter_stream, load_dataset
 from ferret_core.engine import EngineSettings, FerretPolicy, StageTimes, StreamEngine
+from ferret_core.memory_model import MemorySettings
 from ferret_core.plan import Plan
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
@@ -71,7 +72,7 @@ def main() -> None:
     torch.set_flush_denormal(True)
     items = list(iter_stream(load_dataset("mnist", args.data_root), limit=args.items))
     profile = ModelProfile.load(PROFILE)
-    planner = Planner(profile, PlannerSettings())
+    planner = Planner(profile, PlannerSettings(memory=MemorySettings(compensator="iter-fisher")))  # as committed
     unconstrained = planner.plan(None)
     low, high = planner.min_feasible_bytes, unconstrained.predicted_bytes
     two_stage = planner.plan(low + 2 * (high - low) // 3)

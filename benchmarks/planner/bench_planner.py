@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from ferret_core.memory_model import MemorySettings
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 
@@ -79,7 +80,8 @@ def decay_study(name: str) -> list[dict[str, object]]:
     period = profile.sequential_time  # T: one sequential forward + backward of the whole model
     out = []
     for label, decay in (("0", 0.0), ("ln2/T", math.log(2) / period), ("10·ln2/T", 10 * math.log(2) / period)):
-        planner = Planner(profile, PlannerSettings(decay=decay))
+        # compensator pinned to what the committed results counted (the planner default before issue 13)
+        planner = Planner(profile, PlannerSettings(decay=decay, memory=MemorySettings(compensator="iter-fisher")))
         low, high = planner.min_feasible_bytes, planner.plan(None).predicted_bytes
         for budget_label, budget in (("unconstrained", None), ("mid", int(math.sqrt(low * high)))):
             plan = planner.plan(budget)

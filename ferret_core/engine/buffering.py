@@ -18,8 +18,11 @@ Random-N, Last-N and Coreset sampler". Here, for all three:
 Camel (Li, Shen, Chen, SIGMOD 2022) also replays: its step is the weighted coreset of N plus R samples
 (``--camel-replay``, default N) drawn from its buffer of past representative samples
 (``--camel-buffer``, default 5000 as the paper's replay buffers), which then takes the coreset
-(:mod:`ferret_core.engine.coreset` states what is simplified). Camel brings its own anti-forgetting
-component and, as in the paper, is not combined with the OCL algorithms.
+(:mod:`ferret_core.engine.coreset` states what is simplified). A step whose loss or gradient is
+non-finite evicts its blamed samples from that buffer again (the step's ``held`` rows; the engine
+decides the blame, :meth:`ferret_core.engine.pipeline.Pipeline._count_non_finite`). The B-Skip window
+needs no such care: it is emptied at every draw, so a sample is trained at most once. Camel brings its
+own anti-forgetting component and, as in the paper, is not combined with the OCL algorithms.
 
 Memory: :func:`buffering_bytes` is the byte model of what these methods hold (the plan's
 ``predicted_bytes``); the engine measures the same things independently (the window and Camel's buffer
@@ -159,15 +162,15 @@ class CamelFeeder(WindowFeeder):
         self._window.clear()
         window = Batch.stack([x for _, x, _ in items], [y for _, _, y in items])
         rows, weights = select_coreset(window.x, window.y, self.settings.batch)
-        replay_x, replay_y = self.buffer.sample(self.settings.replay)
+        replay_x, replay_y, replay_held = self.buffer.sample(self.settings.replay)
         new, old = len(rows), int(replay_y.shape[0])
         share = new / (new + old)
         x = window.x[rows] if old == 0 else torch.cat([window.x[rows], replay_x])
         y = window.y[rows] if old == 0 else torch.cat([window.y[rows], replay_y])
         step_weights = torch.cat([weights * share, torch.full((old,), (1 - share) / max(old, 1))])
-        for r in rows:
-            self.buffer.add(window.x[r], int(window.y[r]))
-        return Fed(Batch(x, y, step_weights, replayed=old), max(items[r][0] for r in rows), len(items) - new)
+        held = tuple(self.buffer.add(window.x[r], int(window.y[r])) for r in rows) + replay_held
+        batch = Batch(x, y, step_weights, replayed=old, held=held)
+        return Fed(batch, max(items[r][0] for r in rows), len(items) - new)
 
     def state_tensors(self) -> Iterator[Tensor]:
         yield from super().state_tensors()

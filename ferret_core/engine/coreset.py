@@ -12,7 +12,10 @@ representative samples.
 * :class:`RepresentativeBuffer` — Camel keeps a buffer of past representative samples, updated as new data
   arrive. Here: a fixed-capacity buffer that takes each selected sample; when full, the class holding the
   most samples gives up its most redundant one (the smallest distance to its nearest same-class
-  neighbour), which keeps the buffer class-balanced and spread out.
+  neighbour), which keeps the buffer class-balanced and spread out. A sample whose step's loss or
+  gradient turned out non-finite is evicted again (:meth:`RepresentativeBuffer.evict`, called by the
+  engine through the step's :class:`~ferret_core.engine.steps.Held` rows): kept, it would be replayed
+  in, and poison, every later step it is drawn for.
 
 Simplifications, stated: distances are taken in the raw input space (flattened, as given to the model),
 not in the model's feature space (no extra forward pass, so no extra virtual time); the buffer keeps
@@ -29,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ferret_core.engine.steps import Held
 from ferret_core.errors import ConfigError
 
 
@@ -76,10 +80,13 @@ class RepresentativeBuffer:
         self._y = torch.zeros(capacity, dtype=torch.long)
         self._nn_dist = torch.full((capacity,), float("inf"))
         self._nn_index = torch.full((capacity,), -1, dtype=torch.int32)
+        self._stamps = [0] * capacity  # the insertion number of each slot's sample (bookkeeping)
+        self._added = 0
         self._generator = torch.Generator().manual_seed(seed)
 
-    def add(self, x: Tensor, y: int) -> None:
-        """Insert one sample (``x`` without batch dimension)."""
+    def add(self, x: Tensor, y: int) -> Held | None:
+        """Insert one sample (``x`` without batch dimension); returns where it is held (``None``: it was
+        the most redundant sample, not taken)."""
         if self._x is None:
             self._x = torch.zeros((self.capacity, *x.shape), dtype=torch.float32)
         if self.size < self.capacity:
@@ -88,19 +95,44 @@ class RepresentativeBuffer:
         else:
             slot = self._victim(x, y)
             if slot < 0:
-                return
+                return None
             self._remove(slot)
         self._x[slot] = x
         self._y[slot] = y
         self._link(slot)
+        self._added += 1
+        self._stamps[slot] = self._added
+        return Held(self, slot, self._added)
 
-    def sample(self, count: int) -> tuple[Tensor, Tensor]:
-        """``min(count, size)`` samples drawn uniformly without replacement (seeded)."""
+    def sample(self, count: int) -> tuple[Tensor, Tensor, tuple[Held, ...]]:
+        """``min(count, size)`` samples drawn uniformly without replacement (seeded), and where each is held."""
         k = min(count, self.size)
         if self._x is None or k == 0:
-            return torch.empty(0), torch.empty(0, dtype=torch.long)
+            return torch.empty(0), torch.empty(0, dtype=torch.long), ()
         rows = torch.randperm(self.size, generator=self._generator)[:k].sort().values
-        return self._x[rows].clone(), self._y[rows].clone()
+        held = tuple(Held(self, slot, self._stamps[slot]) for slot in rows.tolist())
+        return self._x[rows].clone(), self._y[rows].clone(), held
+
+    def evict(self, slot: int, stamp: int) -> bool:
+        """Remove the sample inserted as ``stamp`` (``slot`` where it went in; found by its stamp when it
+        has moved since); the last held sample moves into the hole. False when it is no longer held."""
+        if not (slot < self.size and self._stamps[slot] == stamp):
+            live = self._stamps[: self.size]
+            if stamp not in live:
+                return False
+            slot = live.index(stamp)
+        assert self._x is not None
+        self._remove(slot)
+        last = self.size - 1
+        if slot != last:
+            self._x[slot] = self._x[last]
+            self._y[slot] = self._y[last]
+            self._nn_dist[slot], self._nn_index[slot] = self._nn_dist[last], self._nn_index[last]
+            self._stamps[slot] = self._stamps[last]
+            self._nn_index[: self.size][self._nn_index[: self.size] == last] = slot
+        self._y[last], self._nn_dist[last], self._nn_index[last], self._stamps[last] = 0, float("inf"), -1, 0
+        self.size = last
+        return True
 
     def _same_class(self, y: int, exclude: int = -1) -> Tensor:
         rows = torch.nonzero(self._y[: self.size] == y).flatten()
@@ -167,6 +199,8 @@ class RepresentativeBuffer:
             "y": self._y.clone(),
             "nn_dist": self._nn_dist.clone(),
             "nn_index": self._nn_index.clone(),
+            "stamps": list(self._stamps),
+            "added": self._added,
             "generator": self._generator.get_state(),
         }
 
@@ -178,4 +212,7 @@ class RepresentativeBuffer:
         self._y = state["y"].clone()
         self._nn_dist = state["nn_dist"].clone()
         self._nn_index = state["nn_index"].clone()
+        # states saved before eviction existed carry no stamps: number the held samples afresh
+        self._stamps = list(state.get("stamps") or [i + 1 for i in range(self.capacity)])
+        self._added = int(state.get("added", self.capacity))
         self._generator.set_state(state["generator"])

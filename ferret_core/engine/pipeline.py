@@ -43,6 +43,9 @@ Per worker n and stage j (plan semantics, T1–T4):
 * **Non-finite** values never reach the weights: a gradient that holds NaN or ±inf when B computes it
   (a non-finite loss makes every gradient of the item so), or that compensation makes non-finite, is
   dropped instead of accumulated; the item is counted once as skipped ``non_finite`` (not trained).
+  The samples of its step that a buffer keeps for replay (ER/MIR's reservoir, Camel's buffer; the
+  step's ``held`` rows) are evicted there, the rows whose output was non-finite if the last stage
+  singles them out, else all: a poisoned sample is trained, and dropped, once.
 
 Memory is sampled (independently, :mod:`ferret_core.engine.memory`) after every F, after every R (the
 recomputed graph alive), after every B's gradients are computed (before the update) and after every U.
@@ -261,7 +264,7 @@ class Pipeline:
         target = step.batch.y.to(self._devices[-1])
         item = InFlightItem(
             index, worker, lowest, target, [None] * p, [None] * p, [None] * p, [None] * p,
-            loss=step.loss, samples=step.samples, shape=step.shape,
+            loss=step.loss, samples=step.samples, shape=step.shape, held=step.batch.held,
         )
         item.inputs[0] = step.batch.x.to(self._devices[0])
         self._items[index] = item
@@ -364,6 +367,8 @@ class Pipeline:
             raise ConfigError(f"{a} on executor {n}/{j}: the forward graph is gone")
         item.graphs[j] = None
         if j == self.num_stages - 1:
+            if item.held:  # rows a buffer keeps: which of them to blame if the step turns out non-finite
+                item.bad_rows = ~torch.isfinite(graph_.output.detach()).flatten(1).all(dim=1).cpu()
             grads, grad_in = backward(graph_, loss=item.loss) if item.loss else backward(graph_, target=item.target)
         else:
             grad_out = item.grad_outputs[j]
@@ -472,6 +477,8 @@ class Pipeline:
                 self._non_finite.add(index)
                 item = self._items.get(index)
                 count = item.samples if item is not None else 1  # a mini-batch step drops all its samples
+                if item is not None:
+                    _evict_blamed(item)
             self.counters.skipped[SkipReason.NON_FINITE.value] += count
 
     def _update(self, a: Action, stamps: Stamps, t0: float) -> None:
@@ -607,6 +614,21 @@ class Pipeline:
     def _compensator_storages(self) -> Iterator[StorageKey]:
         for compensator in self.compensators:
             yield from compensator.state_storages()
+
+
+def _evict_blamed(item: InFlightItem) -> None:
+    """A dropped step's blamed samples leave the buffers that keep them (ER/MIR's reservoir, Camel's
+    buffer), so no later step replays them: the rows whose output was non-finite at the last stage's B,
+    or every row when that singles none out (all rows or none non-finite, or a drop before that B).
+    Call under the pipeline's lock (the buffers change under it)."""
+    bad = item.bad_rows
+    rows: Sequence[int] = range(len(item.held))
+    if bad is not None and bool(bad.any()) and not bool(bad.all()):
+        rows = bad.nonzero().flatten().tolist()
+    for row in rows:
+        held = item.held[row]
+        if held is not None:
+            held.buffer.evict(held.slot, held.stamp)
 
 
 def all_finite(tensors: Sequence[Tensor]) -> bool:

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ferret_core.engine.actions import SkipReason
 from ferret_core.engine.stage_exec import StageGraph
-from ferret_core.engine.steps import UNIT_STEP, LossFn, StepShape
+from ferret_core.engine.steps import UNIT_STEP, Held, LossFn, StepShape
 from ferret_core.engine.versions import StageVersion
 from ferret_core.errors import ConfigError
 
@@ -61,6 +61,8 @@ class InFlightItem:
     loss: LossFn | None = None  # the last stage's loss (None: cross-entropy against ``target``)
     samples: int = 1  # stream items it trains
     shape: StepShape = UNIT_STEP  # its cost on the virtual clock
+    held: tuple[Held | None, ...] = ()  # where buffers keep the step's rows (evicted if it is non-finite)
+    bad_rows: Tensor | None = None  # rows whose output was non-finite at the last stage's B (the blame)
 
     def tensors(self) -> Iterator[Tensor]:
         yield self.target

@@ -81,16 +81,39 @@ class Footprint:
 NO_FOOTPRINT = Footprint()
 
 
+class Evicting(Protocol):
+    """A buffer that keeps samples across steps (ER/MIR's reservoir, Camel's representative buffer) and
+    can give one up again."""
+
+    def evict(self, slot: int, stamp: int) -> bool:
+        """Remove the sample that took ``slot`` with ``stamp`` (wherever it has moved since); False when it
+        is no longer held."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Where a step's sample is kept for later steps: its ``buffer``, the ``slot`` it took and that
+    insertion's ``stamp`` (unique per buffer), so that a step whose loss or gradient turns out non-finite
+    can evict the sample instead of replaying it in every later step."""
+
+    buffer: Evicting
+    slot: int
+    stamp: int
+
+
 @dataclass(frozen=True, eq=False)
 class Batch:
     """Samples to train on: ``x`` (b, *shape), ``y`` (b,) int64 class labels, optional per-sample loss
-    ``weights`` (b,) summing to 1 (Camel's coreset weights; ``None``: the mean), and how many of the rows,
-    the last ones, are ``replayed`` from a buffer rather than stream items."""
+    ``weights`` (b,) summing to 1 (Camel's coreset weights; ``None``: the mean), how many of the rows,
+    the last ones, are ``replayed`` from a buffer rather than stream items, and per row where a buffer
+    keeps that sample (``held``: empty, or one :class:`Held` or ``None`` per row)."""
 
     x: Tensor
     y: Tensor
     weights: Tensor | None = None
     replayed: int = 0
+    held: tuple[Held | None, ...] = ()
 
     def __post_init__(self) -> None:
         if self.x.shape[0] != self.y.shape[0] or self.y.dim() != 1:
@@ -99,6 +122,10 @@ class Batch:
             )
         if self.weights is not None and self.weights.shape != self.y.shape:
             raise ConfigError(f"batch weights must have shape {tuple(self.y.shape)}, got {tuple(self.weights.shape)}")
+        if self.held and len(self.held) != self.y.shape[0]:
+            raise ConfigError(
+                f"a batch of {self.y.shape[0]} rows needs no held entries or one per row, got {len(self.held)}"
+            )
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -123,7 +150,16 @@ class Batch:
             raise ConfigError("weighted batches (Camel) are not combined with an algorithm's replayed items")
         x = torch.cat([self.x, replay.x.to(self.x.device)])
         y = torch.cat([self.y, replay.y.to(self.y.device)])
-        return Batch(x, y, replayed=self.replayed + len(replay))
+        held = self.held_rows() + replay.held_rows() if self.held or replay.held else ()
+        return Batch(x, y, replayed=self.replayed + len(replay), held=held)
+
+    def held_rows(self) -> tuple[Held | None, ...]:
+        """:attr:`held`, one entry per row (``None`` where no buffer keeps the row)."""
+        return self.held or (None,) * len(self)
+
+    def holding(self, held: tuple[Held | None, ...]) -> Batch:
+        """The same samples with ``held`` in place of :attr:`held`."""
+        return Batch(self.x, self.y, self.weights, self.replayed, held)
 
 
 def cross_entropy(batch: Batch) -> LossFn:

@@ -55,7 +55,8 @@ class ExperienceReplay(_Stateless):
     incoming and memory batches) drawn uniformly from a reservoir buffer of
     ``buffer_size`` (5000, the paper's setting) past samples; the buffer then takes the admitted samples
     (:class:`~ferret_core.ocl.reservoir.ReservoirBuffer`). Only samples a method admits for training enter
-    the buffer (a skipped item was never processed)."""
+    the buffer (a skipped item was never processed); a sample whose step's loss or gradient turns out
+    non-finite is evicted again (the step's ``held`` rows), so it is never replayed."""
 
     name = "er"
 
@@ -76,7 +77,7 @@ class ExperienceReplay(_Stateless):
 
     def step(self, new: Batch) -> TrainingStep:
         replay, overhead = self._replayed(new)
-        self.buffer.add(new)
+        new = new.holding(self.buffer.add(new))  # evicted again if the step turns out non-finite
         batch = new if replay is None else new.with_replay(replay)
         shape = StepShape(batch=len(batch), overhead=overhead)
         return TrainingStep(batch, cross_entropy(batch), new.stream_items, shape)
@@ -126,7 +127,8 @@ class MaximallyInterferedRetrieval(ExperienceReplay):
         del virtual
         chosen = interference(pre.cpu(), post.cpu(), self.settings.replayed(len(new)))
         c = len(pool)
-        return Batch(pool.x[chosen], pool.y[chosen]), ((len(new), True), (c, False), (c, False))
+        held = tuple(pool.held[i] for i in chosen.tolist()) if pool.held else ()
+        return Batch(pool.x[chosen], pool.y[chosen], held=held), ((len(new), True), (c, False), (c, False))
 
 
 class LearningWithoutForgetting(_Stateless):

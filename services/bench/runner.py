@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ferret_core.engine import METHODS
 from ferret_core.errors import FerretError
 from services.bench.budgets import Budgets
 from services.bench.progress import Progress
@@ -22,6 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 MEASURE_TEST_ITEMS = 100  # test items of the budget-M measurement run
 DECODED_CACHE = REPO / "out" / "cache"  # decoded images (CIFAR-10 JPEG) kept between runs (git-ignored)
+PAPER_COMPENSATOR = "iter-fisher"  # what the paper's Ferret runs (Algorithm 1): pinned for its tables
 
 
 class RunFailedError(FerretError, RuntimeError):
@@ -54,6 +56,9 @@ def simulate_argv(
         argv += ["--algorithm", arm.algorithm]
     if arm.compensator is not None:
         argv += ["--compensator", arm.compensator]
+    elif arm.method in METHODS and METHODS[arm.method].compensates:  # the paper's Ferret: Algorithm 1, whatever
+        # the CLI's default is (iter-fisher-lean since issue 13)
+        argv += ["--compensator", PAPER_COMPENSATOR]
     if plan_file is not None:
         argv += ["--plan", str(plan_file)]
     elif budget_bytes is not None:

@@ -19,7 +19,9 @@ from services.models import MODEL_HELP, build_model_for, check_model_spec, is_fa
 from services.units import ArrivalInterval, format_bytes
 
 COMPENSATOR_CHOICES = COMPENSATOR_NAMES
-PLANNER_COMPENSATOR = "iter-fisher"  # what the planner counts when --compensator is not given
+# what the planner counts and simulate applies to Ferret when --compensator is not given: the lean variant
+# gave Iter-Fisher's accuracy at 20 % of its state bytes (docs/planner.md); "iter-fisher" is Algorithm 1
+PLANNER_COMPENSATOR = "iter-fisher-lean"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

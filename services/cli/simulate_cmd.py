@@ -15,7 +15,8 @@ Methods come from :data:`ferret_core.engine.METHODS`. Those that run on a planne
 pipeline schedules, which take Ferret's partition L* and worker slots) plan with the planning options
 (``--budget``, ``--decay``, ...) for the OCL algorithm's step (its micro-batch's times and memory); the
 buffering methods (Random-N, Last-N, Camel) fit their mini-batch N to ``--budget``. Only Ferret applies
-``--compensator`` by default (iter-fisher); the others apply none unless it is given.
+``--compensator`` by default (iter-fisher-lean; ``--compensator iter-fisher`` is the paper's Algorithm 1); the
+others apply none unless it is given.
 
     ferret plan --model mnistnet --profile benchmarks/profiles/mnistnet.json --in-flight schedule \
         --compensator none --budget 40MiB --json > plan.json
@@ -395,7 +396,7 @@ def simulate_dataset(
 
 
 def run_compensator(args: argparse.Namespace) -> str:
-    """The compensator the run applies: ``--compensator`` when given, else iter-fisher for the methods
+    """The compensator the run applies: ``--compensator`` when given, else iter-fisher-lean for the methods
     that compensate by default (Ferret) and none for the others (never stale, or compared without
     compensation as in the paper's pipeline table)."""
     if args.compensator is not None:

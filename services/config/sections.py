@@ -306,7 +306,7 @@ class TrainerSettings(Section):
     num_classes: int | None = field(default=None, metadata=meta(check=between(1, None, "an integer")))
     weights: Path | None = field(default=None, metadata=meta(check=check_file))
     method: str = field(default="ferret", metadata=meta(check=one_of(METHOD_NAMES)))
-    compensator: str = field(default="iter-fisher", metadata=meta(check=one_of(COMPENSATOR_NAMES)))
+    compensator: str = field(default="iter-fisher-lean", metadata=meta(check=one_of(COMPENSATOR_NAMES)))
     budget_bytes: int | None = field(
         default=None, metadata=meta(parse=parse_budget, expected=_BUDGET, check=between(1, None, "bytes"))
     )

@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
@@ -52,7 +52,7 @@ def iter_predictions(
     idle_timeout: float = 2.0,
     skip_invalid: bool = False,
     config: Mapping[str, Any] | None = None,
-) -> Iterator[PredictionRecord]:
+) -> Generator[PredictionRecord, None, None]:
     """Yield the predictions of ``<topic_prefix>.predictions`` in each partition's order.
 
     ``from_beginning``: start at the first record (else at the end: only new ones). ``follow``: keep

@@ -14,6 +14,7 @@ restarts empty).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ from ferret_core.profiler import resolve_device
 from ferret_core.zoo import ZooModel
 from services.config import Settings
 from services.failpoints import failpoint, is_enabled
-from services.trainer.learner import ArrivalOutcome, LearnerFailed, LearnerStats
+from services.trainer.learner import ArrivalOutcome, LearnerFailed, LearnerStats, ModelDivergedError
 from services.trainer.methods import live_setup, not_planned, plans_for_budget
 
 PREDICTION_TIMEOUT_S = 60.0
@@ -109,6 +110,8 @@ class EngineLearner:
                 arrival = future.result(PREDICTION_TIMEOUT_S)
             except Exception as exc:
                 raise self._failed(item, exc) from exc
+            if not all(math.isfinite(p) for p in (arrival.confidence, *(p for _, p in arrival.top_k))):
+                raise ModelDivergedError(item, self._largest_weight(), self.engine_settings.lr)
             return ArrivalOutcome(
                 predicted_class=arrival.prediction,
                 confidence=arrival.confidence,
@@ -124,6 +127,11 @@ class EngineLearner:
         """Name the item whose action failed (it may have arrived earlier)."""
         failed = self.engine.pipeline.failed_item
         return LearnerFailed(item if failed is None else failed, exc)
+
+    def _largest_weight(self) -> float:
+        """The largest |value| of the master's parameters (versions are immutable: safe while training)."""
+        masters = self.engine.pipeline.store.masters()
+        return max((float(t.detach().abs().max()) for v in masters for t in v.params if t.numel()), default=0.0)
 
     def drain(self, timeout: float | None = None) -> None:
         self.clock.drain(timeout)

@@ -45,10 +45,11 @@ class RedisFailureLog:
             log.warning("record failures: Redis unavailable (%s); counting in memory", exc)
             return
         self._loaded = True
-        for field, raw in entries.items():  # type: ignore[union-attr]
+        for field, raw in entries.items():
             try:
                 entry = json.loads(raw)
-                self._memory.put(field.decode(), int(entry["count"]), str(entry["error"]))
+                name = field.decode() if isinstance(field, bytes) else field
+                self._memory.put(name, int(entry["count"]), str(entry["error"]))
             except (ValueError, KeyError, TypeError, UnicodeDecodeError):
                 log.warning("record failures: ignoring the malformed entry %r", field[:80])
 

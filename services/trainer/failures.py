@@ -28,6 +28,8 @@ overrides the step's):
 ``deliver``                    HOLD         a prediction was not delivered: read it again after a restart
 ``dead_letter``, ``too_large`` SKIP         even the truncated dead letter is refused: given up, logged
 ``dead_letter``                HOLD         a dead letter was not delivered: read the record again after a restart
+``arrive``, model diverged     DEAD_LETTER  reason ``ModelDivergedError``: the master's output is not finite
+                                            (training diverged), no prediction to publish; DLQ with the fix
 ``arrive``                     STOP         the learner failed (a pipeline thread raised): the trainer cannot learn on
 ``publish``                    STOP         the producer refused a prediction (after its rebuild, or a full queue
                                             for :data:`services.trainer.publisher.QUEUE_FULL_WAIT_S`)
@@ -102,6 +104,7 @@ class RecordPathStopped(FerretError, RuntimeError):
 
 POISON = "poison"  # the reason of a record that failed max_failures times
 TOO_LARGE = "too_large"
+MODEL_DIVERGED = "ModelDivergedError"  # services.trainer.learner.ModelDivergedError (reason: the class name)
 DEFAULT_MAX_FAILURES = 3
 
 Rule = Step | tuple[Step, str]
@@ -110,6 +113,7 @@ DEFAULT_RULES: Mapping[Rule, Decision] = {
     (Step.PUBLISH, TOO_LARGE): Decision.DEAD_LETTER,
     (Step.DELIVER, TOO_LARGE): Decision.DEAD_LETTER,
     (Step.DEAD_LETTER, TOO_LARGE): Decision.SKIP,
+    (Step.ARRIVE, MODEL_DIVERGED): Decision.DEAD_LETTER,
     Step.RECEIVE: Decision.DEAD_LETTER,
     Step.CONSUME: Decision.SKIP,
     Step.DECODE: Decision.DEAD_LETTER,

@@ -31,6 +31,23 @@ class LearnerFailed(FerretError, RuntimeError):
         self.item = item
 
 
+class ModelDivergedError(FerretError, ArithmeticError):
+    """The master's output for an in-range input is not finite although its weights are: training has
+    diverged (weights grown until a forward pass overflows float32; docs/reliability.md). The record path
+    dead-letters the record (reason ``ModelDivergedError``; no prediction with a NaN confidence is ever
+    published) and the stream goes on; the message names the largest weight and the fix."""
+
+    def __init__(self, item: int, largest_weight: float, lr: float) -> None:
+        super().__init__(
+            f"the model diverged: its output for item {item} is not finite (largest |weight| {largest_weight:.3g}, "
+            f"trainer.lr {lr:g}); expected finite logits. Lower trainer.lr, or scale the inputs down "
+            f"(trainer.input_normaliser: minmax, or a smaller trainer.input_range), then restore a snapshot from "
+            f"before the divergence and replay the dead letters"
+        )
+        self.item = item
+        self.largest_weight = largest_weight
+
+
 @dataclass(frozen=True, slots=True)
 class ArrivalOutcome:
     """One item's prediction and training decision: dispatched to ``worker``, or ``skipped`` with the

@@ -44,7 +44,7 @@ class OffsetLedger:
             if pending is None or offset not in pending:
                 return
             pending[offset] = True
-            while pending and next(iter(pending.values())):
+            while pending and pending[next(iter(pending))]:  # the oldest pending offset is finished
                 pending.popitem(last=False)
 
     def mark_predicted(self, partition: int, offset: int) -> None:

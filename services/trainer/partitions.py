@@ -196,7 +196,10 @@ class PartitionOwner:
         if not offsets or key == self._committed:
             return
         try:
-            self.consumer.commit(offsets=offsets, asynchronous=not sync)
+            if sync:  # two calls: the client's overloads take a literal ``asynchronous``
+                self.consumer.commit(offsets=offsets, asynchronous=False)
+            else:
+                self.consumer.commit(offsets=offsets, asynchronous=True)
             self._committed = key
         except KafkaException as exc:  # e.g. a rebalance in progress: the next interval tries again
             log.warning("committing offsets failed: %s", exc)

@@ -19,7 +19,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_compensator_state_survives_a_snapshot_in_redis(redis_url: str, topic_prefix: str) -> None:
-    settings = settings_for("127.0.0.1:1", redis_url, topic_prefix, FERRET_TRAINER_MODEL="mlp")
+    settings = settings_for(  # Iter-Fisher, as trained_learner(): its delta ring goes through Redis too
+        "127.0.0.1:1", redis_url, topic_prefix, FERRET_TRAINER_MODEL="mlp", FERRET_TRAINER_COMPENSATOR="iter-fisher"
+    )
     client = redis.Redis.from_url(redis_url)
     store = SnapshotStore(client, settings.redis.namespace, settings.kafka.resolved_instance_id())
     decoder = SampleDecoder(*dataset_spec("digits"))

@@ -253,3 +253,17 @@ def test_short_stream_settings_pass_their_learning_rate_to_every_run() -> None:
     assert argv[argv.index("--lr") + 1] == "0.02" and "--cache-dir" in argv
     assert "|lr0.02|" in run.key
     assert {s.lr for s in PRESETS["full"].overall} == {1e-3}  # the paper's protocol
+
+def test_the_papers_ferret_runs_algorithm_1_whatever_the_cli_default() -> None:
+    """The CLI's default compensator is iter-fisher-lean (issue 13); the bench reproduces the paper, whose
+    Ferret runs Iter-Fisher (Algorithm 1): an arm that names no compensator is pinned to it."""
+    from services.bench.runner import simulate_argv
+    from services.bench.specs import RunSpec
+
+    def compensator(arm: Arm) -> str | None:
+        argv = simulate_argv(RunSpec("overall", MNIST, arm, 0, 10), 10**8)
+        return argv[argv.index("--compensator") + 1] if "--compensator" in argv else None
+
+    assert compensator(Arm("ferret-M", "ferret", "M")) == "iter-fisher"
+    assert compensator(Arm("ferret-M", "ferret", "M", compensator="iter-fisher-lean")) == "iter-fisher-lean"
+    assert compensator(Arm("1-skip", "1-skip")) is None

@@ -225,3 +225,40 @@ def test_camel_refuses_an_algorithm_before_the_stream(name: str) -> None:
     with pytest.raises(ConfigError, match="camel"):
         StreamEngine(units, policy.setup("tiny", len(units), 1.0), EngineSettings(),
                      algorithm=make_algorithm(name, AlgorithmSettings(buffer_size=5)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    labels=st.lists(st.integers(0, 2), min_size=1, max_size=30),
+    capacity=st.integers(1, 8),
+    evictions=st.lists(st.integers(0, 29), max_size=6),
+)
+def test_representative_buffer_evicts_and_keeps_its_bookkeeping(
+    labels: list[int], capacity: int, evictions: list[int]
+) -> None:
+    """A sample evicted (its step was non-finite) is no longer held nor drawn; the buffer stays compact
+    and its nearest-neighbour bookkeeping true; evicting it twice, or a sample overwritten since, is a
+    no-op."""
+    gen = torch.Generator().manual_seed(len(labels))
+    buffer = RepresentativeBuffer(capacity)
+    held = [buffer.add(torch.randn(3, generator=gen), y) for y in labels]
+    for k in evictions:
+        h = held[k % len(held)]
+        if h is None:
+            continue
+        before = buffer.size
+        gone = buffer.evict(h.slot, h.stamp)
+        assert buffer.size == before - int(gone)
+        assert not buffer.evict(h.slot, h.stamp)
+    state = buffer.state_dict()
+    x, ys, nn_dist = state["x"], state["y"][: buffer.size], state["nn_dist"][: buffer.size]
+    assert bool((ys >= 0).all())  # no hole: every drawn row is a real sample
+    for i in range(buffer.size):
+        same = [j for j in range(buffer.size) if j != i and ys[j] == ys[i]]
+        true = min((float(torch.dist(x[i], x[j])) for j in same), default=float("inf"))
+        assert float(nn_dist[i]) == pytest.approx(true, rel=1e-5)
+    assert len(set(state["stamps"][: buffer.size])) == buffer.size  # stamps stay unique
+    drawn_x, drawn_y, drawn_held = buffer.sample(capacity)
+    assert len(drawn_held) == buffer.size == int(drawn_y.shape[0])
+    for h, row in zip(drawn_held, drawn_x, strict=True):
+        assert torch.equal(x[h.slot], row)

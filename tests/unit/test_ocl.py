@@ -74,6 +74,22 @@ def test_reservoir_keeps_every_sample_with_equal_probability() -> None:
     assert float(freq.min()) > 0.25 - 0.06 and float(freq.max()) < 0.25 + 0.06  # min(1, 5/20) each
 
 
+def test_reservoir_evicts_a_sample_by_its_stamp_wherever_it_moved() -> None:
+    buffer = ReservoirBuffer(4, seed=0)
+    held = buffer.add(Batch(torch.arange(4, dtype=torch.float32).reshape(4, 1), torch.zeros(4, dtype=torch.long)))
+    assert [h.slot for h in held if h is not None] == [0, 1, 2, 3]
+    first, second = held[0], held[1]
+    assert first is not None and second is not None
+    assert buffer.evict(first.slot, first.stamp) and buffer.size == 3  # the last sample moved into slot 0
+    assert not buffer.evict(first.slot, first.stamp)
+    assert buffer.evict(second.slot, second.stamp) and buffer.size == 2
+    drawn = buffer.sample(4)
+    assert drawn is not None and sorted(drawn.x.flatten().tolist()) == [2.0, 3.0]
+    assert all(h is not None and h.buffer is buffer for h in drawn.held)
+    late = buffer.add(Batch(torch.tensor([[9.0]]), torch.tensor([0])))[0]  # refills the hole first
+    assert late is not None and late.slot == 2 and buffer.size == 3
+
+
 # ---------------------------------------------------------------------------------------------------- ER
 def test_er_step_replays_then_stores() -> None:
     engine = oracle_engine("er")

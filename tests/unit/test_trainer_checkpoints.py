@@ -22,7 +22,15 @@ from services.trainer.engine_learner import EngineLearner
 from services.trainer.runner import TrainerParts, assemble, build_zoo_model
 from tests.unit.test_engine_support import make_plan
 
-SETTINGS = load_settings(None, env={"FERRET_TRAINER_DATASET": "digits", "FERRET_TRAINER_MODEL": "mlp"})
+# Iter-Fisher (Algorithm 1) explicitly: these tests round-trip its delta ring (the default is iter-fisher-lean)
+SETTINGS = load_settings(
+    None,
+    env={
+        "FERRET_TRAINER_DATASET": "digits",
+        "FERRET_TRAINER_MODEL": "mlp",
+        "FERRET_TRAINER_COMPENSATOR": "iter-fisher",
+    },
+)
 
 
 def trained_learner(stages: int = 2, workers: int = 2, items: int = 60) -> EngineLearner:
