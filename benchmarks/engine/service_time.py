@@ -63,8 +63,21 @@ def instrument() -> None:
     from ferret_core.engine import memory, pipeline, wall_clock
 
     P = pipeline.Pipeline
-    for name in ("execute", "_forward", "_backward", "_offer_gradient", "_compensate", "_after_gradient",
-                 "_update", "_apply", "_finish_item", "_record", "predict_top_k", "dispatch", "pull"):
+    for name in (
+        "execute",
+        "_forward",
+        "_backward",
+        "_offer_gradient",
+        "_compensate",
+        "_after_gradient",
+        "_update",
+        "_apply",
+        "_finish_item",
+        "_record",
+        "predict_top_k",
+        "dispatch",
+        "pull",
+    ):
         setattr(P, name, timed(name, getattr(P, name)))
     for name in ("forward_with_grad", "forward_no_grad", "backward", "all_finite"):
         setattr(pipeline, name, timed(name, getattr(pipeline, name)))
@@ -117,8 +130,11 @@ def plain_loop(settings: Any, xs: list[torch.Tensor], ys: list[int], warm: int) 
         predict_ns.append(t1 - t0)
         train_ns.append(t2 - t1)
     p, t = np.array(predict_ns[warm:]) / 1e6, np.array(train_ns[warm:]) / 1e6
-    return {"predict_ms": float(np.median(p)), "train_ms": float(np.median(t)),
-            "items_per_s": 1000 / float(np.mean(p + t))}
+    return {
+        "predict_ms": float(np.median(p)),
+        "train_ms": float(np.median(t)),
+        "items_per_s": 1000 / float(np.mean(p + t)),
+    }
 
 
 def engine_run(settings: Any, xs: list[torch.Tensor], ys: list[int], interval_s: float, warm: int) -> dict[str, Any]:
@@ -158,8 +174,10 @@ def engine_run(settings: Any, xs: list[torch.Tensor], ys: list[int], interval_s:
     finally:
         learner.close()
     n = len(xs) - warm
-    seg = {k: {"calls": len(v), "median_us": float(np.median(v)) / 1e3, "total_ms_per_item": sum(v) / 1e6 / n}
-           for k, v in sorted(_times.items())}
+    seg = {
+        k: {"calls": len(v), "median_us": float(np.median(v)) / 1e3, "total_ms_per_item": sum(v) / 1e6 / n}
+        for k, v in sorted(_times.items())
+    }
     fwd = [v for v in _times.get("_forward", [])]
     bwd = [v for v in _times.get("_backward", [])]
     return {
@@ -200,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     plain_after = plain_loop(settings, xs, ys, args.warm)
     result = {
         "command": " ".join([".venv/bin/python", "benchmarks/engine/service_time.py", *(argv or sys.argv[1:])]),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                 cwd=ROOT).stdout.strip(),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip(),
         "model": args.model,
         "torch_threads": torch.get_num_threads(),
         "instrumented": not args.no_instrument,
