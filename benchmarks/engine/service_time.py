@@ -102,11 +102,11 @@ def settings_for(model: str, rate: float, compensator: str | None, measure_memor
     return load_settings(None, env=env)
 
 
-def items(n: int) -> tuple[list[torch.Tensor], list[int]]:
+def items(n: int, root: str | None) -> tuple[list[torch.Tensor], list[int]]:
     from ferret_core.data import load_dataset, normalise
     from services.cli.produce_cmd import default_data_root
 
-    data = load_dataset("mnist", default_data_root())
+    data = load_dataset("mnist", Path(root) if root else default_data_root())
     xs = [normalise(np.asarray(data.x_train[i])) for i in range(n)]
     return xs, [int(data.y_train[i]) for i in range(n)]
 
@@ -203,12 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compensator", default=None)
     parser.add_argument("--out", default="service_time")
     parser.add_argument("--no-instrument", action="store_true")
+    parser.add_argument("--data-root", default=None, help="datasets folder (default: ferret produce's)")
     args = parser.parse_args(argv)
 
     settings = settings_for(args.model, 1000 / max(args.interval_ms, 1.0), args.compensator, True)
     torch.set_num_threads(settings.trainer.threads)
     torch.set_flush_denormal(True)
-    xs, ys = items(args.items + args.warm)
+    xs, ys = items(args.items + args.warm, args.data_root)
     load_before = os.getloadavg()
     plain = plain_loop(settings, xs, ys, args.warm)
     if not args.no_instrument:
@@ -252,8 +253,9 @@ def render(r: dict[str, Any]) -> str:
     ]
     for key in ("paced", "back_to_back"):
         e = r[key]
+        service = e["service_ms_median_F_plus_B"]
         lines.append(
-            f"| {key} ({e['interval_ms']:.0f} ms) | {e['plan']} | {e['service_ms_median_F_plus_B']:.2f} "
+            f"| {key} ({e['interval_ms']:.0f} ms) | {e['plan']} | {'—' if service is None else f'{service:.2f}'} "
             f"| {e['trained_items_per_s']:.0f} | {plain['items_per_s']:.0f} "
             f"| {plain['items_per_s'] / e['trained_items_per_s']:.2f} |"
         )
