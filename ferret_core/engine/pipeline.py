@@ -428,7 +428,8 @@ class Pipeline:
         one buffer, the stash released; call under the stage's lock). False (nothing added) when the
         compensated gradient is not finite."""
         fixed = self._compensate(stage, grads, version)
-        if not all_finite(fixed):
+        unchanged = len(fixed) == len(grads) and all(f is g for f, g in zip(fixed, grads, strict=True))
+        if not unchanged and not all_finite(fixed):  # the caller checked ``grads`` (τ = 0 returns them)
             return False
         self._buffers[worker][stage].add(fixed, version.version)
         return True
