@@ -74,6 +74,10 @@ class IterFisherCompensator(StageCompensator):
             self._v_a = [
                 torch.zeros(s, dtype=d, device=self._device) for s, d in zip(self._shapes, self._dtypes, strict=True)
             ]
+        # v_a is exactly 0 until a gradient comes with a Δ_1 (staleness > 0): with one worker (no stale
+        # gradient) every call's ⟨Δv_r, v_a⟩, ‖v_a‖² and α·v_a are 0, so _tune skips those passes (1 of the
+        # ~2 ms per MNISTNet item, benchmarks/engine/results/service_time.md); λ and v_r are updated alike
+        self._v_a_zero = True
 
     @property
     def ring(self) -> DeltaRing:
@@ -122,14 +126,19 @@ class IterFisherCompensator(StageCompensator):
         alpha = self.settings.alpha
         weight = 1.0 - alpha
         diff = list(torch._foreach_sub(grads, self._v_r))  # g − v_r = Δv_r / (1−α), old v_r
-        cross = _sum64([d.reshape(-1).dot(a.reshape(-1)) for d, a in zip(diff, self._v_a, strict=True)])
-        norm_sq = _sum64([a.reshape(-1).dot(a.reshape(-1)) for a in self._v_a])  # ‖v_a‖², old v_a
-        self._update_lambda(cross * weight, norm_sq)  # λ from ⟨Δv_r, v_a⟩ and ‖v_a‖²
+        if self._v_a_zero:  # v_a = 0 exactly (no Δ_1 seen yet): both sums are 0 and α·v_a = v_a, no passes
+            zero = torch.zeros((), dtype=torch.float64, device=self._device)
+            self._update_lambda(zero * weight, zero)
+        else:
+            cross = _sum64([d.reshape(-1).dot(a.reshape(-1)) for d, a in zip(diff, self._v_a, strict=True)])
+            norm_sq = _sum64([a.reshape(-1).dot(a.reshape(-1)) for a in self._v_a])  # ‖v_a‖², old v_a
+            self._update_lambda(cross * weight, norm_sq)  # λ from ⟨Δv_r, v_a⟩ and ‖v_a‖²
+            torch._foreach_mul_(self._v_a, alpha)  # v_a ← α·v_a + (1−α)·g⊙g⊙Δ_1
         torch._foreach_add_(self._v_r, diff, alpha=weight)  # v_r ← α·v_r + (1−α)·g
-        torch._foreach_mul_(self._v_a, alpha)  # v_a ← α·v_a + (1−α)·g⊙g⊙Δ_1
         if first is not None:
             grad_delta = list(torch._foreach_mul(grads, list(first)))  # g⊙Δ_1
             torch._foreach_addcmul_(self._v_a, grads, grad_delta, value=weight)
+            self._v_a_zero = False
 
     def _update_lambda(self, cross: Tensor, norm_sq: Tensor) -> None:
         """One gradient step on eq. lambda-objective-v1, ν-term included (DESIGN §3.3)."""
@@ -188,6 +197,7 @@ class IterFisherCompensator(StageCompensator):
                 )
             for d, t in zip(dst, src, strict=True):
                 d.copy_(t)
+        self._v_a_zero = not any(bool(t.any()) for t in self._v_a)
 
 
 class IterFisherClosedFormCompensator(IterFisherCompensator):

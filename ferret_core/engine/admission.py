@@ -22,6 +22,20 @@ before it (:class:`EventTimeAdmission`).
 ferret-svre's R_F) takes to halve, so no item waits longer than it takes to lose half its value
 (infinite when c = 0). 1-Skip's W is 0: trained only if its worker is free at its arrival.
 
+**W on the wall clock.** c is given in the profile's time (DESIGN §3.9: by default the data value
+halves over one sequential forward and backward of the whole model *by the profile*, Σ(t̂^f + t̂^b)).
+The live trainer does not run at the profile's speed (MNISTNet: the profile's 1.09 ms per item against a
+measured 5–14 ms in the trainer), so ln 2 / c read as wall seconds is not the same wait: it made W
+1.1 ms against a 14-ms service time and skipped every item that arrived while the worker trained
+(``benchmarks/live/README.md``). The wall clock reads W in the machine's time instead: with s_n worker
+n's measured service time and t̂_n its service time by the profile (its stage's t̂^f + t̂^b),
+
+    W_n = (ln 2 / c) · s_n / t̂_n
+
+(:meth:`AdmissionSettings.wait_for`); with the default c that is one measured whole-model step of a
+1 × 1 plan. Until s_n is measured, s_n = t̂_n and W_n = ln 2 / c. The virtual clock is unchanged (its
+time is the profile's).
+
 **The queue.** Admitted items wait for the first stage in a bounded FIFO queue per worker that holds
 their inputs only. Its size (:func:`queue_slots`) is what reaches a worker while one item may wait W plus
 what one delivery may carry late, and at least one delivery's share of the worker:
@@ -64,20 +78,38 @@ RETAINED_ITEMS = 1024
 
 @dataclass(frozen=True)
 class AdmissionSettings:
-    """How the wall clock admits arrivals that carry an event time: the longest wait W (seconds), the
-    queue's size K (waiting items per worker), and the service time assumed until one is measured (the
-    wall clock takes the larger of it and the plan's t^f + t^b)."""
+    """How the wall clock admits arrivals that carry an event time: the longest wait W (seconds of the
+    profile), the queue's size K (waiting items per worker), the service time assumed until one is
+    measured (the wall clock takes the larger of it and the plan's t^f + t^b), and ``profile_service_s``,
+    a worker's service time by the profile (its stage's t^f + t^b): when > 0, W is read in the machine's
+    time (:meth:`wait_for`, "W on the wall clock" in the module docstring)."""
 
     max_wait_s: float
     queue_slots: int
     initial_service_s: float = 0.0
+    profile_service_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if math.isnan(self.max_wait_s) or self.max_wait_s < 0 or self.queue_slots < 1 or self.initial_service_s < 0:
+        if (
+            math.isnan(self.max_wait_s)
+            or self.max_wait_s < 0
+            or self.queue_slots < 1
+            or not self.initial_service_s >= 0
+            or not (math.isfinite(self.profile_service_s) and self.profile_service_s >= 0)
+        ):
             raise ConfigError(
-                f"need max_wait_s >= 0, queue_slots >= 1 and initial_service_s >= 0, got {self.max_wait_s}, "
-                f"{self.queue_slots}, {self.initial_service_s}"
+                f"need max_wait_s >= 0, queue_slots >= 1, initial_service_s >= 0 and a finite "
+                f"profile_service_s >= 0, got {self.max_wait_s}, {self.queue_slots}, {self.initial_service_s}, "
+                f"{self.profile_service_s}"
             )
+
+    def wait_for(self, service_s: float) -> float:
+        """W for a worker measured at ``service_s`` seconds per item: ``max_wait_s`` (ln 2 / c, in the
+        profile's seconds) × ``service_s`` / ``profile_service_s``, the same wait in the machine's seconds;
+        ``max_wait_s`` itself when ``profile_service_s`` is 0 or W is 0 or infinite."""
+        if self.profile_service_s <= 0 or self.max_wait_s == 0 or math.isinf(self.max_wait_s):
+            return self.max_wait_s
+        return self.max_wait_s * max(0.0, service_s) / self.profile_service_s
 
 
 class _Timeline:
@@ -128,12 +160,13 @@ class EventTimeAdmission:
         self.max_wait_s = max_wait_s
         self._timelines = [_Timeline() for _ in range(num_workers)]
 
-    def admit(self, worker: int, event_time: float, service_time: float) -> bool:
+    def admit(self, worker: int, event_time: float, service_time: float, max_wait_s: float | None = None) -> bool:
         """Whether ``worker`` takes an item stamped ``event_time`` (seconds, any origin shared by the
-        stream's items) when each item keeps it ``service_time`` seconds; reserves its turn if so."""
+        stream's items) when each item keeps it ``service_time`` seconds; reserves its turn if so.
+        ``max_wait_s``: this call's W (:meth:`AdmissionSettings.wait_for`; default the rule's own)."""
         timeline = self._timelines[worker]
         place, free = timeline.free_at(event_time)
-        if free - event_time > self.max_wait_s:
+        if free - event_time > (self.max_wait_s if max_wait_s is None else max_wait_s):
             return False
         timeline.insert(place, event_time, max(0.0, service_time), free)
         return True

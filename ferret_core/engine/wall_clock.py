@@ -339,17 +339,18 @@ class WallClock:
 
         def admit(worker: int) -> bool:
             service_s = service.service_time(worker)
+            wait_s = settings.wait_for(service_s)  # W in the machine's time (admission.py)
             if not scheduler.can_admit(worker, settings.queue_slots):
-                self._log_busy("queue full", worker, event_time, service_s)
+                self._log_busy("queue full", worker, event_time, service_s, wait_s)
                 return False
-            if not rule.admit(worker, event_time, service_s):
-                self._log_busy("would wait > W", worker, event_time, service_s)
+            if not rule.admit(worker, event_time, service_s, wait_s):
+                self._log_busy("would wait > W", worker, event_time, service_s, wait_s)
                 return False
             return True
 
         return admit
 
-    def _log_busy(self, why: str, worker: int, event_time: float, service_s: float) -> None:
+    def _log_busy(self, why: str, worker: int, event_time: float, service_s: float, wait_s: float) -> None:
         """At DEBUG (logger ``ferret.admission``), why an item was skipped ``busy``: how the diagnosis of
         issue 7's busy skips was made."""
         if not log.isEnabledFor(logging.DEBUG):
@@ -358,7 +359,7 @@ class WallClock:
         assert settings is not None and rule is not None
         log.debug(
             "busy (%s): worker %d, event time %.3f s, wait %.4f s vs W %.4f s, queue %d vs K %d, service %.5f s",
-            why, worker, event_time, rule.wait(worker, event_time), settings.max_wait_s,
+            why, worker, event_time, rule.wait(worker, event_time), wait_s,
             self.pipeline.scheduler.waiting(worker), settings.queue_slots, service_s,
         )  # fmt: skip
 

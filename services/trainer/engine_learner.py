@@ -14,6 +14,7 @@ restarts empty).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -144,6 +145,9 @@ class EngineLearner:
                 f"plan for {plan.partition.num_units} units cannot drive {self.model.name!r} "
                 f"({self.model.num_units} units)"
             )
+        if self._runs_unchanged(plan):  # only the stream's rate moved: no drain, no rebuild (no pause)
+            self.engine.setup = dataclasses.replace(self.engine.setup, plan=plan, planned=plan)
+            return
         self.clock.drain()
         self._copy_master_into_units()
         compensators = self.engine.compensator_state()
@@ -165,6 +169,30 @@ class EngineLearner:
             raise
         self.engine.carry_compensator_state(compensators, same_partition=same_partition)
         self._truncated_before += truncated - self._truncated_now()  # what the carry did not keep
+
+    def _runs_unchanged(self, plan: Plan) -> bool:
+        """Whether the pipeline in force already runs ``plan``: the same partition, workers (accumulation,
+        liveness, recomputation), decay and profile times as the plan in force — so the same scheduler
+        rules, staleness bounds and compensators — and the same admission W and K. Such a plan differs only
+        in the arrival interval and what the planner derives from it (R_F, predicted bytes), which the
+        running engine does not read; a re-plan to it would drain the pipeline (448–599 ms without
+        predictions, ``docs/service.md`` "Latency") to rebuild the same pipeline."""
+        old = self.plan
+
+        def shape(p: Plan) -> tuple[object, ...]:
+            return (p.model, p.partition, p.workers, p.decay, p.stage_forward_time, p.stage_backward_time, p.dtype)
+
+        if shape(plan) != shape(old) or plan.memory_model != old.memory_model:
+            return False
+        _, admission = live_setup(
+            self.method,
+            plan,
+            self.model.name,
+            self.model.num_units,
+            profile=self.profile,
+            compensator=self.engine_settings.compensator,
+        )
+        return admission == self.admission
 
     # -- state -----------------------------------------------------------------------------------------
     def _copy_master_into_units(self) -> None:

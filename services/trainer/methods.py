@@ -29,7 +29,8 @@ The live reading of a policy's :class:`~ferret_core.engine.policies.PolicySetup`
 **Admission by event time** (:mod:`ferret_core.engine.admission`, ``docs/service.md`` "Admission"): every
 method that is not instant judges an arrival by its event time, not by when Kafka delivered it: its
 worker takes it iff it would have started it within W of its event time (W = ln 2 / c, the time the
-item's data value halves under the plan's decay c; 1-Skip: W = 0, "free when it arrives"), and admitted
+item's data value halves under the plan's decay c, read in the machine's time: × the worker's measured
+service time ÷ its service time by the profile; 1-Skip: W = 0, "free when it arrives"), and admitted
 items wait in a bounded queue per worker of K = max(⌈(W + D) / (N·t^d)⌉, ⌈B / N⌉) inputs
 (D = :data:`DELIVERY_SPREAD_S`, what one Kafka delivery may bring late; B = :data:`DELIVERY_ITEMS`, the most
 records one delivery hands over). :func:`live_admission` gives W and K for a method and plan.
@@ -97,7 +98,12 @@ def live_admission(
     wait = 0.0 if setup.rules.wait_slots == 0 else max_wait(planned.decay)
     slots = queue_slots(wait, delivery_s, planned.arrival_interval, plan.num_workers, delivery_items)
     whole_model = planned.num_stages * (planned.stage_forward_time + planned.stage_backward_time)
-    return AdmissionSettings(wait, slots, initial_service_s=whole_model / plan.num_stages)
+    return AdmissionSettings(
+        wait,
+        slots,
+        initial_service_s=whole_model / plan.num_stages,
+        profile_service_s=plan.stage_forward_time + plan.stage_backward_time,  # W in the machine's time
+    )
 
 
 def live_setup(

@@ -281,3 +281,56 @@ def test_a_pipeline_schedule_admits_by_event_time_on_the_wall_clock() -> None:
         outcomes = [f.result(60).skipped for f in futures]
         clock.drain(60)
     assert len(outcomes) == 8 and outcomes[0] is None
+
+
+def test_w_is_read_in_the_machines_time() -> None:
+    """W = ln 2 / c is given in the profile's seconds: a worker measured k times slower than its profile
+    waits k × W (with the default c: one measured service time); W = 0 (1-Skip) and W = ∞ stay."""
+    settings = AdmissionSettings(max_wait_s=0.0011, queue_slots=8, profile_service_s=0.0011)
+    assert settings.wait_for(0.0011) == pytest.approx(0.0011)
+    assert settings.wait_for(0.014) == pytest.approx(0.014)
+    assert settings.wait_for(0.0005) == pytest.approx(0.0005)
+    assert AdmissionSettings(max_wait_s=0.002, queue_slots=8, profile_service_s=0.001).wait_for(0.014) == pytest.approx(
+        0.028
+    )
+    assert AdmissionSettings(max_wait_s=0.0011, queue_slots=8).wait_for(0.014) == 0.0011  # no profile time given
+    assert AdmissionSettings(max_wait_s=0.0, queue_slots=8, profile_service_s=0.001).wait_for(0.014) == 0.0
+    assert AdmissionSettings(max_wait_s=math.inf, queue_slots=8, profile_service_s=0.001).wait_for(0.014) == math.inf
+    with pytest.raises(ConfigError):
+        AdmissionSettings(max_wait_s=0.001, queue_slots=8, profile_service_s=-1.0)
+    with pytest.raises(ConfigError):
+        AdmissionSettings(max_wait_s=0.001, queue_slots=8, profile_service_s=math.nan)
+
+
+@given(
+    st.lists(st.floats(0.0, 0.02), min_size=1, max_size=40),
+    st.floats(0.0005, 0.02),
+    st.floats(0.0005, 0.005),
+)
+def test_a_longer_w_admits_every_item_a_shorter_one_does(gaps: list[float], service: float, profile: float) -> None:
+    """Read in the machine's time, W only grows when the worker is slower than its profile: every item
+    the profile's W admits is admitted (the timelines agree while both admit everything)."""
+    settings = AdmissionSettings(max_wait_s=profile, queue_slots=8, profile_service_s=profile)
+    short, scaled = EventTimeAdmission(1, profile), EventTimeAdmission(1, profile)
+    event = 0.0
+    for gap in gaps:
+        event += gap
+        a = short.admit(0, event, service)
+        b = scaled.admit(0, event, service, settings.wait_for(service))
+        if service >= profile:
+            assert b or not a
+        if a != b:
+            break
+
+
+def test_an_item_arriving_while_the_worker_trains_waits_one_measured_step() -> None:
+    """Issue 7's 0.25× case in small: the profile says 1 ms per item, the worker takes 4 ms; an item
+    stamped 2 ms after the previous one would wait 2 ms. ln 2 / c in wall seconds (1 ms) skipped it; read
+    in the machine's time (4 ms) it is admitted, and one stamped at the same instant as a third is not."""
+    settings = AdmissionSettings(max_wait_s=0.001, queue_slots=8, profile_service_s=0.001)
+    wall = EventTimeAdmission(1, settings.max_wait_s)
+    assert wall.admit(0, 0.0, 0.004) and not wall.admit(0, 0.002, 0.004)
+    machine = EventTimeAdmission(1, settings.max_wait_s)
+    w = settings.wait_for(0.004)
+    assert machine.admit(0, 0.0, 0.004, w) and machine.admit(0, 0.002, 0.004, w)
+    assert not machine.admit(0, 0.002, 0.004, w)  # would wait 6 ms > 4 ms

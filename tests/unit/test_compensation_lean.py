@@ -109,3 +109,26 @@ def test_lean_state_is_the_moments_only() -> None:
 
     assert held(lean) == 2 * size  # v_r, v_a
     assert held(iterated) == 2 * size + 5 * size  # v_r, v_a and a ring of five deltas
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 2), min_size=1, max_size=8), st.sampled_from(["iter-fisher", "iter-fisher-lean"]))
+def test_skipping_the_sums_while_v_a_is_zero_changes_no_state(stalenesses: list[int], name: str) -> None:
+    """While v_a is exactly 0 (only τ = 0 gradients so far) ``_tune`` skips ⟨Δv_r, v_a⟩, ‖v_a‖² and α·v_a;
+    λ, v_r, v_a and the compensated gradients equal those of a compensator that always computes them."""
+    s = CompensatorSettings(eta_lambda=0.05)
+    params = _tensors(0)
+    fast = make_compensator(name, params, s, 4)
+    full = make_compensator(name, params, s, 4)
+    for k, tau in enumerate(stalenesses):
+        full._v_a_zero = False  # type: ignore[attr-defined]
+        versions = _versions(tau, 0.1, 20 + k)
+        for comp in (fast, full):
+            for old, new in itertools.pairwise(versions):
+                comp.observe_update([n - o for n, o in zip(new, old, strict=True)])
+        grads = _tensors(40 + k)
+        kwargs = {"staleness": tau, "theta_then": versions[0], "theta_now": versions[-1]}
+        assert_close(fast.compensate(grads, **kwargs), full.compensate(grads, **kwargs), rtol=0, atol=0)
+        assert fast.state_dict()["lambda"] == full.state_dict()["lambda"]
+        for key in ("v_r", "v_a"):
+            assert_close(fast.state_dict()[key], full.state_dict()[key], rtol=0, atol=0)

@@ -8,6 +8,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ferret_core.engine import (
     METHOD_NAMES,
@@ -21,6 +23,7 @@ from ferret_core.engine import (
     make_policy,
 )
 from ferret_core.engine.buffering import BufferingSettings
+from ferret_core.engine.pipeline import all_finite
 from ferret_core.ocl import AlgorithmSettings, make_algorithm
 from tests.unit.test_engine_support import Item, make_plan, stream, tiny_units, uniform_times
 
@@ -150,3 +153,19 @@ def test_a_poisoned_sample_is_dropped_once_and_never_replayed(name: str, algorit
     assert r.skipped[SkipReason.NON_FINITE.value] == per_step
     assert r.trained_any_stage + sum(r.skipped.values()) == r.items == 120
     assert finite_weights(engine)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=0, max_size=6),
+        min_size=0,
+        max_size=4,
+    )
+)
+def test_all_finite_agrees_with_an_elementwise_check(values: list[list[float]]) -> None:
+    """The one-pass check (aminmax ends) says what ``isfinite(t).all()`` on every tensor says."""
+    tensors = [torch.tensor(v, dtype=torch.float32) for v in values]
+    expected = all(bool(torch.isfinite(t).all()) for t in tensors)
+    assert all_finite(tensors) is expected
+    assert all_finite([t.reshape(-1, 1) for t in tensors]) is expected

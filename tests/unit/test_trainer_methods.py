@@ -141,3 +141,24 @@ def test_a_budget_for_a_fixed_plan_method_is_a_config_error_at_start_up() -> Non
     settings = load_settings(None, env={"FERRET_TRAINER_METHOD": "1-skip", "FERRET_TRAINER_BUDGET_BYTES": "64MiB"})
     with pytest.raises(ConfigError, match=r"'1-skip' does not plan for a memory budget.*ferret"):
         start_trainer(settings)
+
+
+def test_a_replan_that_only_moves_the_rate_keeps_the_running_pipeline() -> None:
+    """A plan equal to the one in force apart from the arrival interval (and what follows from it) does not
+    drain or rebuild the pipeline: the same clock runs on, undrained, and reports the new plan; a plan with
+    other stages is rebuilt."""
+    import dataclasses
+
+    learner = learner_for("ferret")
+    try:
+        burst(learner, 6)
+        clock, engine = learner.clock, learner.engine
+        faster = dataclasses.replace(learner.plan, arrival_interval=learner.plan.arrival_interval / 2)
+        learner.apply_plan(faster)
+        assert learner.clock is clock and learner.engine is engine
+        assert learner.plan == faster and learner.engine.setup.planned == faster
+        assert burst(learner, 4).count(None) >= 1
+        learner.apply_plan(make_plan(2, 1, num_units=learner.model.num_units))
+        assert learner.clock is not clock and learner.plan.num_stages == 2
+    finally:
+        learner.close()
