@@ -22,6 +22,8 @@ from typing import Any
 import torch
 
 from ferret_core.engine import EngineSettings, SkipReason, StreamEngine
+from ferret_core.engine.admission import AdmissionSettings
+from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.wall_clock import WallClock
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
@@ -63,7 +65,16 @@ class EngineLearner:
         self._start(plan)
 
     def _start(self, plan: Plan) -> None:
-        setup, admission = live_setup(
+        setup, admission = self._live_setup(plan)
+        self.admission = admission
+        self.engine = StreamEngine(self.model.units, setup, self.engine_settings, devices=self._stage_devices(plan))
+        if is_enabled("trainer.mid-step"):  # test-only: fail inside a training step (CPU stages)
+            self.engine.pipeline.end_of_action = lambda: failpoint("trainer.mid-step")
+        self.clock: WallClock = self.engine.wall_clock(admission=admission).start()
+
+    def _live_setup(self, plan: Plan) -> tuple[PolicySetup, AdmissionSettings | None]:
+        """The engine setup and the wall clock's admission rule this learner's method runs ``plan`` with."""
+        return live_setup(
             self.method,
             plan,
             self.model.name,
@@ -71,11 +82,6 @@ class EngineLearner:
             profile=self.profile,
             compensator=self.engine_settings.compensator,
         )
-        self.admission = admission
-        self.engine = StreamEngine(self.model.units, setup, self.engine_settings, devices=self._stage_devices(plan))
-        if is_enabled("trainer.mid-step"):  # test-only: fail inside a training step (CPU stages)
-            self.engine.pipeline.end_of_action = lambda: failpoint("trainer.mid-step")
-        self.clock: WallClock = self.engine.wall_clock(admission=admission).start()
 
     def _stage_devices(self, plan: Plan) -> list[torch.device] | None:
         """CPU: None (where the units are). CUDA: ``cuda:N`` for every stage, or, for plain ``cuda`` with
@@ -184,14 +190,7 @@ class EngineLearner:
 
         if shape(plan) != shape(old) or plan.memory_model != old.memory_model:
             return False
-        _, admission = live_setup(
-            self.method,
-            plan,
-            self.model.name,
-            self.model.num_units,
-            profile=self.profile,
-            compensator=self.engine_settings.compensator,
-        )
+        _, admission = self._live_setup(plan)
         return admission == self.admission
 
     # -- state -----------------------------------------------------------------------------------------
