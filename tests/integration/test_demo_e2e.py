@@ -91,7 +91,19 @@ def test_demo_stops_every_process_on_ctrl_c(tmp_path: Path) -> None:
             assert line is not None, "the demo exited before streaming:\n" + "".join(seen[-30:])
             seen.append(line)
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=90) == 130
+        # The demo's own bounds: an in-flight control call (60 s deadline), the producer's stop (10 s), the
+        # trainer's SIGTERM drain/snapshot/commit (60 s). Twice in full-suite runs (2026-11-24) the stop took
+        # longer than 90 s with the trainer never SIGTERMed in time (undiagnosed; docs/reliability.md "Open").
+        try:
+            code = process.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            while not lines.empty():  # what the demo said after Ctrl-C
+                said = lines.get_nowait()
+                if said is not None:
+                    seen.append(said)
+            tail = "".join(seen[-30:])
+            raise AssertionError(f"the demo did not stop within 180 s of Ctrl-C; its last lines:\n{tail}") from None
+        assert code == 130
     finally:
         if process.poll() is None:
             process.kill()
