@@ -14,15 +14,13 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.control.client import ControlClient
 from services.kafka.admin import TopicNames, ensure_topics
 from services.localstack.ports import free_port
 
-from .trainer_support import produce_digits, read_predictions
+from .trainer_support import produce_digits, read_predictions, wait_serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 FERRET = [sys.executable, "-m", "services.cli.main"]
@@ -40,19 +38,7 @@ class TrainerProcess:
         self.wait_serving()
 
     def wait_serving(self, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.target) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while time.monotonic() < deadline:
-                assert self.proc.poll() is None, f"trainer died: {self.log.read_text()[-3000:]}"
-                try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.2)
-        raise AssertionError(f"trainer not serving in {timeout} s: {self.log.read_text()[-3000:]}")
+        wait_serving(self.proc, self.target, self.log, timeout)
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         self.proc.send_signal(sig)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import torch
 from confluent_kafka import Consumer, Producer
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ferret_core.engine import SkipReason
 from ferret_core.plan import Partition, Plan, WorkerConfig
@@ -181,3 +186,23 @@ def read_predictions(
     finally:
         consumer.close()
     return out
+
+
+def wait_serving(
+    proc: subprocess.Popen[bytes], target: str, log: Path, timeout: float = 90.0, service: str = ""
+) -> None:
+    """Poll the trainer's standard health service at ``target`` until ``service`` is SERVING; fail with the
+    end of its ``log`` if the process dies or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"trainer died: {log.read_text()[-3000:]}"
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    raise AssertionError(f"trainer not serving in {timeout} s: {log.read_text()[-3000:]}")

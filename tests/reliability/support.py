@@ -18,9 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 from confluent_kafka import Consumer, KafkaError
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.codec import dead_letter_info
 from services.config import Settings, load_settings
@@ -28,6 +26,7 @@ from services.kafka.admin import TopicNames
 from services.localstack.ports import free_port
 from services.proto_gen.ferret.v1 import messages_pb2
 from services.trainer.runner import TrainerProcess, start_trainer
+from tests.integration.trainer_support import wait_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 FERRET = [sys.executable, "-m", "services.cli.main"]
@@ -106,19 +105,7 @@ class TrainerCommand:
         )
 
     def wait_serving(self, timeout: float = 90.0, service: str = "") -> None:
-        deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.target) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while time.monotonic() < deadline:
-                assert self.proc.poll() is None, f"trainer died: {self.log.read_text()[-3000:]}"
-                try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.1)
-        raise AssertionError(f"trainer not serving in {timeout} s: {self.log.read_text()[-3000:]}")
+        wait_serving(self.proc, self.target, self.log, timeout, service)
 
     def wait_exit(self, timeout: float = 90.0) -> int:
         code = self.proc.wait(timeout)
