@@ -129,6 +129,17 @@ def quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
+def summary(values: Sequence[float], suffix: str = "") -> dict[str, float]:
+    """Count, p50/p90/p99 and max of ``values`` (keys ``p50{suffix}`` …; nan for no values)."""
+    return {
+        "n": len(values),
+        f"p50{suffix}": quantile(values, 0.5),
+        f"p90{suffix}": quantile(values, 0.9),
+        f"p99{suffix}": quantile(values, 0.99),
+        f"max{suffix}": max(values) if values else math.nan,
+    }
+
+
 def fmt(value: float, digits: int = 1) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:,.{digits}f}"
 

@@ -53,13 +53,7 @@ ENGINE_S = 20.0
 
 
 def stats(values: list[float]) -> dict[str, float]:
-    return {
-        "n": len(values),
-        "p50_ms": h.quantile(values, 0.5),
-        "p90_ms": h.quantile(values, 0.9),
-        "p99_ms": h.quantile(values, 0.99),
-        "max_ms": max(values) if values else float("nan"),
-    }
+    return h.summary(values, "_ms")
 
 
 def service_latency(model: str, config: str, rate: float, dataset: Any) -> dict[str, Any]:

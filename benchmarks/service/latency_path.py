@@ -37,16 +37,6 @@ SEGMENTS = {
 }
 
 
-def quantiles(values: list[float]) -> dict[str, float]:
-    return {
-        "n": len(values),
-        "p50": h.quantile(values, 0.5),
-        "p90": h.quantile(values, 0.9),
-        "p99": h.quantile(values, 0.99),
-        "max": max(values) if values else float("nan"),
-    }
-
-
 def analyse(lines: list[dict[str, Any]]) -> dict[str, Any]:
     records = [r for r in lines if "published" in r and "arrive" in r]
     pauses = [r for r in lines if "pause" in r]
@@ -56,8 +46,8 @@ def analyse(lines: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"records": len(records), "steady": {}, "warmup": {}}
     for name, group in (("steady", steady), ("warmup", warm)):
         for seg, (a, b) in SEGMENTS.items():
-            out[name][seg] = quantiles([r[b] - r[a] for r in group])
-        out[name]["batch size"] = quantiles([float(r["batch"]) for r in group])
+            out[name][seg] = h.summary([r[b] - r[a] for r in group])
+        out[name]["batch size"] = h.summary([float(r["batch"]) for r in group])
     # the slowest 1 % of steady records: which segment dominates each
     steady.sort(key=lambda r: r["published"] - r["event"])
     tail = steady[-max(1, len(steady) // 100) :]
