@@ -9,11 +9,15 @@ changes the memory budget once over gRPC mid-stream, snapshots, stops everything
 (summary.json, report.md, online_accuracy.png, the children's logs) to ``--out``. Exit status 0 on
 success, 3 when a budget is infeasible, 1 with a one-line reason (and the failing part's log tail) when a
 part fails, 130 on Ctrl-C (after stopping every child).
+
+Diagnostics: ``kill -USR1 <demo pid>`` prints every thread's Python stack to the demo's stderr (the demo
+keeps running), e.g. to see where a slow stop waits.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import signal
 import sys
@@ -169,8 +173,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(intro, file=sys.stderr, flush=True)
     demo = DemoRun(options)
+    if hasattr(signal, "SIGUSR1"):  # kill -USR1 <pid>: every thread's stack to stderr, the demo goes on
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
-        with _interrupt_on_sigterm():
+        with interrupt_on_signals():
             summary = demo.run()
     except DemoError as exc:
         from services.localstack.process import log_tail
@@ -205,14 +211,23 @@ def _print_table(rows: list[tuple[str, str]]) -> None:
 
 
 @contextmanager
-def _interrupt_on_sigterm() -> Iterator[None]:
-    """SIGTERM stops the demo the way Ctrl-C does (children stopped in order, exit 130)."""
+def interrupt_on_signals() -> Iterator[None]:
+    """SIGINT (Ctrl-C) and SIGTERM both raise ``KeyboardInterrupt``: the demo stops its children in order
+    and exits 130 (main thread only).
+
+    SIGINT is set here, not left to Python: a process started with SIGINT *ignored* (a background job of a
+    script, ``cmd &``; ``nohup``; CI runners that start the tests that way) passes the ignore on to its
+    children, and Python installs its KeyboardInterrupt handler only where SIGINT was at its default. Such a
+    demo ignored Ctrl-C and kept streaming (docs/reliability.md, "Ctrl-C ignored"); ``ferret run`` and
+    ``ferret produce`` already set their own handlers the same way.
+    """
 
     def handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
