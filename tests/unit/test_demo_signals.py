@@ -7,14 +7,25 @@ set SIGINT itself, such a demo ignored Ctrl-C and streamed on (3 of 3 full-suite
 
 from __future__ import annotations
 
+import io
 import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 import pytest
 
+from ferret_core.plan import Plan
 from services.cli.demo_cmd import interrupt_on_signals
+from services.control.client import ControlClient
+from services.control.server import create_server
+from services.control.trainer_port import AppliedPlan
+from services.demo.options import DemoOptions
+from services.demo.orchestrator import DemoRun
+from services.demo.record import PlanView
+
+from .control_fakes import PLANNER, FakeTrainer
 
 _Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
@@ -39,3 +50,62 @@ def test_sigint_and_sigterm_interrupt_the_demo_whatever_it_inherited(signum: int
         assert signal.getsignal(signum) is inherited  # put back on the way out
     finally:
         signal.signal(signum, outer)
+
+
+class _BlockingTrainer(FakeTrainer):
+    """Holds every ``apply_plan`` (the trainer's side of SetMemoryBudget) until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(PLANNER.plan(None))
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def apply_plan(self, plan: Plan, version: int) -> AppliedPlan:
+        self.entered.set()
+        self.release.wait()
+        return super().apply_plan(plan, version)
+
+
+class _RunningChild:
+    """What ``DemoRun._follow`` reads of a child process that keeps running."""
+
+    running = True
+    returncode = None
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+
+
+def test_ctrl_c_while_the_budget_change_is_in_flight_does_not_wait_for_the_call(tmp_path: Path) -> None:
+    """SIGINT while SetMemoryBudget is in flight (60 s deadline) interrupts the demo's loop, and closing the
+    channel cancels the call instead of waiting for it: the stop does not depend on the trainer answering."""
+    _on_main_thread()
+    trainer = _BlockingTrainer()
+    server = create_server(PLANNER, trainer, max_watchers=1, unary_workers=4).start()
+    watchdog = threading.Timer(30.0, trainer.release.set)  # a stop that waited for the call ends only here
+    options = DemoOptions(
+        dataset="digits", model="mlp", out_dir=tmp_path, topic_prefix="demo-x", items=100, tick_s=0.02
+    )
+    run = DemoRun(options, view_stream=io.StringIO())
+    child = _RunningChild(tmp_path / "child.log")
+
+    def interrupt_once_in_flight() -> None:
+        if trainer.entered.wait(30.0):
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    try:
+        client = ControlClient(server.target, timeout_s=60.0)
+        run.record.plan_before = PlanView.from_reply(client.get_plan())
+        budget = run._new_budget(run.record.plan_before)
+        threading.Thread(target=interrupt_once_in_flight, daemon=True).start()
+        watchdog.start()
+        with pytest.raises(KeyboardInterrupt), interrupt_on_signals(), client:
+            run._follow(client, child, child, budget)  # type: ignore[arg-type]
+        released_before_stopped = trainer.release.is_set()
+        assert trainer.entered.is_set(), "the budget change never reached the trainer"
+        assert not released_before_stopped, "the stop waited for the in-flight SetMemoryBudget call to end"
+        assert not run.record.budget_changes  # the interrupted change is not reported as applied
+    finally:
+        watchdog.cancel()
+        trainer.release.set()
+        server.stop(grace_s=1.0)
