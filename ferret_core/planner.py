@@ -49,8 +49,12 @@ class PlannerSettings:
     memory: MemorySettings = field(default_factory=MemorySettings)
     max_workers: int | None = None  # cap N by the executors that exist (wall clock)
     recompute_options: tuple[bool, ...] = (False, True)
+    # measured ÷ profiled time per item (reading 11, ours): the planner plans with profile.scaled(time_scale)
+    time_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.time_scale) and self.time_scale > 0):
+            raise ConfigError(f"time_scale (measured ÷ profiled time per item) must be > 0, got {self.time_scale}")
         if self.arrival_interval is not None and not (
             math.isfinite(self.arrival_interval) and self.arrival_interval > 0
         ):
@@ -97,8 +101,10 @@ class Planner:
     """Plans for one profile and settings; cheap to call again with another budget."""
 
     def __init__(self, profile: ModelProfile, settings: PlannerSettings | None = None) -> None:
-        self.profile = profile
         self.settings = settings or PlannerSettings()
+        self.base_profile = profile  # as given; the planner plans with it read in the machine's time
+        scale = self.settings.time_scale
+        self.profile = profile.scaled(scale)
         self.arrival_interval = (
             self.settings.arrival_interval if self.settings.arrival_interval is not None else profile.max_forward_time
         )
@@ -106,21 +112,23 @@ class Planner:
             raise ConfigError(
                 "arrival interval resolved to 0 (every unit's t_f is 0 in the profile); give one explicitly"
             )
-        self.decay = self.settings.decay if self.settings.decay is not None else default_decay(profile)
+        # c is given in the profile's time; in the machine's time an item's value halves time_scale × later
+        given = self.settings.decay
+        self.decay = given / scale if given is not None else default_decay(self.profile)
         memory_settings = self.settings.memory
         if memory_settings.admission_queue is not None:  # W = ln 2 / c of this plan's decay
             queue = memory_settings.admission_queue.resolved(self.decay)
             memory_settings = dataclasses.replace(memory_settings, admission_queue=queue)
         self._candidates: list[_Candidate] = []
-        for cap, partition in candidate_partitions(profile):
-            geometry = StageGeometry.from_profile(profile, partition)
+        for cap, partition in candidate_partitions(self.profile):
+            geometry = StageGeometry.from_profile(self.profile, partition)
             rate = RateModel(geometry, self.decay)
             for recompute in self.settings.recompute_options:
                 n = num_worker_slots(geometry, self.arrival_interval, recompute)
                 if self.settings.max_workers is not None:
                     n = min(n, self.settings.max_workers)
                 memory = MemoryModel(
-                    geometry, profile, memory_settings, arrival_interval=self.arrival_interval, num_slots=n
+                    geometry, self.profile, memory_settings, arrival_interval=self.arrival_interval, num_slots=n
                 )
                 self._candidates.append(_Candidate(cap, geometry, memory, rate, recompute, n))
         self._paths: dict[int, SearchPath] = {}

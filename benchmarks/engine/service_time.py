@@ -102,11 +102,11 @@ def settings_for(model: str, rate: float, compensator: str | None, measure_memor
     return load_settings(None, env=env)
 
 
-def items(n: int, root: str | None) -> tuple[list[torch.Tensor], list[int]]:
+def items(n: int, root: str | None, dataset: str = "mnist") -> tuple[list[torch.Tensor], list[int]]:
     from ferret_core.data import load_dataset, normalise
     from services.cli.produce_cmd import default_data_root
 
-    data = load_dataset("mnist", Path(root) if root else default_data_root())
+    data = load_dataset(dataset, Path(root) if root else default_data_root())
     xs = [normalise(np.asarray(data.x_train[i])) for i in range(n)]
     return xs, [int(data.y_train[i]) for i in range(n)]
 

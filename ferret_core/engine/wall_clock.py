@@ -200,6 +200,12 @@ class WallClock:
         self._queue.put((next(self._counter) if index is None else index, x, y, event_time, future))
         return future
 
+    def measured_service_times(self) -> tuple[float | None, ...]:
+        """Per worker, its measured busy seconds per item at its slowest stage (``None`` for a worker not
+        measured yet: removed, or fewer than a window of items so far): what the admission rule uses, and
+        what the live planner compares with the plan's profiled times (``docs/planner.md`` reading 11)."""
+        return tuple(self.service_times.measured(n) for n in range(self.pipeline.plan.num_workers))
+
     def drain(self, timeout: float | None = None) -> None:
         """Wait until every submitted item is predicted, dispatched and, if admitted, finished."""
         scheduler = self.pipeline.scheduler

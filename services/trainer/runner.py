@@ -36,7 +36,7 @@ from services.kafka.admin import ensure_topics
 from services.metrics_http import serve_metrics
 from services.models import build_model_for
 from services.snapshots import Reconnect, SnapshotStore, redis_client
-from services.trainer.arrivals import DriftReplanner, SwitchablePlanner
+from services.trainer.arrivals import DriftReplanner, SwitchablePlanner, measured_time_scale
 from services.trainer.checkpoints import Checkpoints, no_guard
 from services.trainer.counters import StreamCounters
 from services.trainer.engine_learner import EngineLearner
@@ -275,7 +275,12 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     health = ControlHealth(ready=False)  # not ready until the consumer has its partitions
     drift = None
     if t.arrival_interval == "measured" and budgeted:  # a fixed plan has nothing to re-plan
-        drift = DriftReplanner(planner, lambda: learner.plan.budget_bytes, ratio=t.arrival_drift_ratio)
+        drift = DriftReplanner(
+            planner,
+            lambda: learner.plan.budget_bytes,
+            ratio=t.arrival_drift_ratio,
+            time_scale=lambda: measured_time_scale(profile, learner.plan, learner.clock.measured_service_times()),
+        )
     metrics = TrainerMetrics()  # served below when metrics.port is set
     hooks = StreamHooks(
         on_assigned=OnAssigned(health, drift),
