@@ -48,6 +48,7 @@ class PlannerSettings:
     decay: float | None = None  # c; None: ln 2 / Σ(t̂^f + t̂^b)
     memory: MemorySettings = field(default_factory=MemorySettings)
     max_workers: int | None = None  # cap N by the executors that exist (wall clock)
+    max_stages: int | None = None  # cap P (the live trainer on CPU: docs/planner.md reading 11)
     recompute_options: tuple[bool, ...] = (False, True)
     # measured ÷ profiled time per item (reading 11, ours): the planner plans with profile.scaled(time_scale)
     time_scale: float = 1.0
@@ -63,6 +64,8 @@ class PlannerSettings:
             raise ConfigError(f"decay constant c must be finite and >= 0, got {self.decay}")
         if self.max_workers is not None and self.max_workers < 1:
             raise ConfigError(f"max_workers must be >= 1, got {self.max_workers}")
+        if self.max_stages is not None and self.max_stages < 1:
+            raise ConfigError(f"max_stages must be >= 1, got {self.max_stages}")
         if not self.recompute_options or any(not isinstance(r, bool) for r in self.recompute_options):
             raise ConfigError(f"recompute_options must be a non-empty tuple of bools, got {self.recompute_options}")
 
@@ -121,6 +124,8 @@ class Planner:
             memory_settings = dataclasses.replace(memory_settings, admission_queue=queue)
         self._candidates: list[_Candidate] = []
         for cap, partition in candidate_partitions(self.profile):
+            if self.settings.max_stages is not None and partition.num_stages > self.settings.max_stages:
+                continue
             geometry = StageGeometry.from_profile(self.profile, partition)
             rate = RateModel(geometry, self.decay)
             for recompute in self.settings.recompute_options:

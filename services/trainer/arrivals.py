@@ -19,7 +19,9 @@ are read in the machine's time. The wall clock measures each worker's busy secon
 (:meth:`~ferret_core.engine.wall_clock.WallClock.measured_service_times`); their ratio to the same
 worker's time by the profile (:func:`measured_time_scale`) is the planner's ``time_scale``, and when it
 leaves [k / ratio, k · ratio] of the scale the planner in force was made with (the same ratio as the
-arrival drift), the trainer re-plans with the profile scaled by it (same cooldown).
+arrival drift), the trainer re-plans with the profile scaled by it (same cooldown) — unless the new plan
+has the plan in force's partition and workers, which then runs on undrained (the planner is swapped for
+later re-plans).
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ class DriftReplanner:
         cooldown_s: float = 10.0,
         rate: ArrivalRate | None = None,
         time_scale: Callable[[], float | None] | None = None,
+        plan_in_force: Callable[[], Plan] | None = None,
     ) -> None:
         if ratio <= 1.0:
             raise ConfigError(f"arrival_drift_ratio must be > 1, got {ratio}")
@@ -136,6 +139,7 @@ class DriftReplanner:
         self.declared: float | None = None  # the last declared interval seen (for this trainer's share)
         self.time_scale = time_scale  # measured ÷ profiled time per item now (None: not measured yet)
         self.scale_replans = 0
+        self.plan_in_force = plan_in_force  # a scale re-plan that keeps its shape is not applied (no drain)
         self._estimates: queue.SimpleQueue[tuple[float, bool] | None] = queue.SimpleQueue()
         self._last = -float("inf")
         self._thread = threading.Thread(target=self._loop, name="ferret-arrivals", daemon=True)
@@ -210,9 +214,21 @@ class DriftReplanner:
         planner = Planner(old.base_profile, settings)
         planner.warm()  # every path computed here, not on the re-planner's thread
         self.planners.current = planner
+        if time_scale is not None and settings.arrival_interval == old.arrival_interval and self._same_shape():
+            log.info("the measured time scale keeps the plan's shape: the plan in force runs on (no drain)")
+            return
         log.info("measured arrival interval %.4g s (plan made for %.4g s): re-planning", estimate, old.arrival_interval)
         self.request(self.budget())
         self.replans += 1
+
+
+    def _same_shape(self) -> bool:
+        """Whether the current planner's plan for the budget has the plan in force's partition and workers
+        (only its times differ: re-applying it would drain and rebuild the same pipeline)."""
+        if self.plan_in_force is None:
+            return False
+        new, old = self.planners.plan(self.budget()), self.plan_in_force()
+        return (new.partition, new.workers) == (old.partition, old.workers)
 
 
 def _not_started(budget: int | None) -> object:

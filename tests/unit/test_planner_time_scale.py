@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,45 @@ def test_drift_replans_when_the_measured_time_scale_leaves_the_ratio() -> None:
     assert switch.current.arrival_interval == pytest.approx(1 / 294)  # the interval did not drift: kept
     assert switch.current.base_profile is MNISTNET
     assert not switch.current.stream_bound
+
+
+def test_the_live_planner_keeps_the_measured_best_shape_on_cpu() -> None:
+    """On CPU, with neither cap set, the live planner plans 1 stage × 1 worker (more executors trained fewer
+    items per second there, benchmarks/engine/results/plan_throughput.md); setting either cap lifts it."""
+    from services.config import load_settings
+    from services.trainer.runner import executor_caps, make_planner
+
+    assert executor_caps(load_settings(None, env={})) == (1, 1)
+    assert executor_caps(load_settings(None, env={"FERRET_TRAINER_MAX_WORKERS": "3"})) == (3, None)
+    assert executor_caps(load_settings(None, env={"FERRET_TRAINER_MAX_STAGES": "2"}))[1] == 2
+    profile = str(ROOT / "benchmarks/profiles/mnistnet.json")
+    env = {"FERRET_TRAINER_STREAM_RATE": "294", "FERRET_TRAINER_PROFILE": profile}
+    capped = make_planner(load_settings(None, env=env), MNISTNET)
+    plan = Planner(capped.base_profile, replace(capped.settings, time_scale=4.0)).plan(None)
+    assert (plan.num_stages, plan.num_workers) == (1, 1)  # not stream-bound, and still the measured best
+    lifted = make_planner(load_settings(None, env={**env, "FERRET_TRAINER_MAX_WORKERS": "2"}), MNISTNET)
+    plan = Planner(lifted.base_profile, replace(lifted.settings, time_scale=4.0)).plan(None)
+    assert plan.num_stages * plan.num_workers > 1  # R_F decides once allowed
+    with pytest.raises(ConfigError):
+        PlannerSettings(max_stages=0)
+
+
+def test_a_scale_that_keeps_the_plans_shape_swaps_the_planner_without_a_replan() -> None:
+    planner = Planner(MNISTNET, PlannerSettings(arrival_interval=1 / 294, max_workers=1, max_stages=1))
+    switch = SwitchablePlanner(planner)
+    in_force = planner.plan(None)
+    requested: list[int | None] = []
+    drift = DriftReplanner(
+        switch, lambda: None, ratio=1.5, cooldown_s=0, time_scale=lambda: 4.0, plan_in_force=lambda: in_force
+    )
+    drift.start(requested.append)
+    try:
+        drift.offer(1 / 294)
+        for _ in range(200):
+            if switch.current is not planner:
+                break
+            threading.Event().wait(0.01)
+    finally:
+        drift.close()
+    assert switch.current.settings.time_scale == 4.0 and drift.scale_replans == 1
+    assert requested == [] and drift.replans == 0  # the 1 × 1 plan in force runs on, undrained
