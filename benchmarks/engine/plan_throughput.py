@@ -56,7 +56,7 @@ def plan_of_shape(settings: Any, stages: int, workers: int) -> Any | None:
     from services.trainer.runner import build_zoo_model, load_profile, make_planner
 
     base = make_planner(settings, load_profile(settings, build_zoo_model(settings)))
-    planner = Planner(base.profile, dataclasses.replace(base.settings, max_workers=workers))
+    planner = Planner(base.base_profile, dataclasses.replace(base.settings, max_workers=workers, max_stages=None))
     for option in sorted(planner.options(None), key=planner.rank):
         if option.stages == stages and option.live_workers == workers and not option.recompute:
             point = planner._path(option.index).first_within(None)
