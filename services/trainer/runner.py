@@ -249,14 +249,17 @@ def make_planner(settings: Settings, profile: ModelProfile) -> Planner:
 
 def executor_caps(settings: Settings) -> tuple[int, int | None]:
     """(max workers N, max stages P) of the live planner. ``trainer.max_workers``/``max_stages`` when either
-    is set (N defaults to the CPU count, P to no cap); with neither, on CPU one worker and one stage: the
-    executors are threads of this process sharing 2 cores and the GIL with the record path, and more of
-    them trained fewer items per second (MNISTNet: 1 × 2 0.31×, 2 × 1 0.80×, 2 × 2 0.33× of 1 × 1 at 294/s;
-    ``benchmarks/engine/results/plan_throughput.md``, docs/planner.md reading 11); on a GPU device N up to
-    the CPU count and any P."""
+    is set (N defaults to the CPU count, P to no cap); with neither, planning for the stream's own rate
+    (``arrival_interval: measured``, the default) on CPU, one worker and one stage: the executors are
+    threads of this process sharing 2 cores and the GIL with the record path, and more of them trained
+    fewer items per second (MNISTNet: 1 × 2 0.31×, 2 × 1 0.80×, 2 × 2 0.33× of 1 × 1 at 294/s;
+    ``benchmarks/engine/results/plan_throughput.md``, docs/planner.md reading 11). A configured interval
+    (``auto``, the paper's rate, ``Kx``, seconds) plans as the paper does: N up to the CPU count, any P; so
+    does a GPU device."""
     t = settings.trainer
     cpus = max(1, os.cpu_count() or 1)
-    if t.max_workers is None and t.max_stages is None and resolve_device(t.device).type == "cpu":
+    live = t.arrival_interval == "measured"
+    if t.max_workers is None and t.max_stages is None and live and resolve_device(t.device).type == "cpu":
         return 1, 1
     return (t.max_workers if t.max_workers is not None else cpus), t.max_stages
 

@@ -107,6 +107,8 @@ def test_the_live_planner_keeps_the_measured_best_shape_on_cpu() -> None:
     from services.trainer.runner import executor_caps, make_planner
 
     assert executor_caps(load_settings(None, env={})) == (1, 1)
+    # the paper's rate (a configured interval) plans as the paper does
+    assert executor_caps(load_settings(None, env={"FERRET_TRAINER_ARRIVAL_INTERVAL": "auto"}))[1] is None
     assert executor_caps(load_settings(None, env={"FERRET_TRAINER_MAX_WORKERS": "3"})) == (3, None)
     assert executor_caps(load_settings(None, env={"FERRET_TRAINER_MAX_STAGES": "2"}))[1] == 2
     profile = str(ROOT / "benchmarks/profiles/mnistnet.json")
