@@ -202,6 +202,28 @@ class ModelProfile:
         meta = {**self.meta, "batch_size": batch}
         return ModelProfile(self.model, self.input_shape, layers, self.device, self.dtype, self.time_unit, meta)
 
+    def scaled(self, factor: float) -> ModelProfile:
+        """This profile with every layer's t̂^f and t̂^b (and its ``batch_times``) multiplied by ``factor``:
+        the profile read in the time of a machine that takes ``factor`` × the profiled time per item (the
+        live trainer's measured ÷ planned service time, ``docs/planner.md`` reading 11; ours, not in the
+        paper). Sizes are unchanged; ``meta.time_scale`` accumulates the factor."""
+        valid = isinstance(factor, (int, float)) and not isinstance(factor, bool)
+        if not valid or not (math.isfinite(factor) and factor > 0):
+            raise ProfileError(f"a profile's time scale must be a finite number > 0, got {factor!r}")
+        if factor == 1.0:
+            return self
+        layers = tuple(
+            dataclasses.replace(
+                layer,
+                t_f=layer.t_f * factor,
+                t_b=layer.t_b * factor,
+                batch_times=tuple((b, t_f * factor, t_b * factor) for b, t_f, t_b in layer.batch_times),
+            )
+            for layer in self.layers
+        )
+        meta = {**self.meta, "time_scale": float(self.meta.get("time_scale", 1.0)) * factor}
+        return ModelProfile(self.model, self.input_shape, layers, self.device, self.dtype, self.time_unit, meta)
+
     def to_dict(self) -> dict[str, Any]:
         layers = []
         for layer in self.layers:

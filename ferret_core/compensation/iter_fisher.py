@@ -22,8 +22,18 @@ to τ (up to a limit), so the next gradient as stale is compensated in full.
 Readings (DESIGN §3.3): λ, v_r and v_a persist across calls (the listing re-initialises them, which would
 make tuning a no-op); the ν-term's gradient 2νλ is included (the listing's step omits it, the objective
 has it); inner products sum over every element of the stage; Δ_1 = θ^t − θ^{t−1} is the first delta
-after the gradient's version — zeros when τ = 0, and the oldest delta the ring still holds when the call
-is truncated. With η_λ = 0, λ stays λ⁰ and v_r, v_a are not allocated (paper: "eliminates the need for
+after the gradient's version — the oldest delta the ring still holds when the call is truncated, zeros
+when the ring holds none.
+
+**A fresh gradient (τ = 0) does not enter Alg. 1** (ours, issue 7 part F; before it, lines 3–7 ran on
+every gradient with Δ_1 = 0): Alg. 1's input is a gradient computed on θ^{t−1} together with
+θ^t, …, θ^{t+τ−1}, and line 7 reads Δ_1 = θ^t − θ^{t−1}, so it is defined for stale gradients, τ ≥ 1
+(the paper's analysis fixes τ = 1). A τ = 0 gradient is returned as it is, and λ, v_r and v_a do not
+change: λ steps once per *compensated* gradient, v_r is the EMA of the compensated (stale) gradients and
+v_a that of their g⊙g⊙Δ_1. So a plan in which nothing is stale (one worker, one stage: every gradient
+has τ = 0) pays nothing for compensation, and λ stays λ⁰ there.
+
+With η_λ = 0, λ stays λ⁰ and v_r, v_a are not allocated (paper: "eliminates the need for
 v_r and v_a"). ``iter-fisher-cf`` replaces the gradient step by the closed form λ* = ⟨Δv_r, v_a⟩ /
 (‖v_a‖² + ν) — a different algorithm, offered separately.
 
@@ -74,9 +84,8 @@ class IterFisherCompensator(StageCompensator):
             self._v_a = [
                 torch.zeros(s, dtype=d, device=self._device) for s, d in zip(self._shapes, self._dtypes, strict=True)
             ]
-        # v_a is exactly 0 until a gradient comes with a Δ_1 (staleness > 0): with one worker (no stale
-        # gradient) every call's ⟨Δv_r, v_a⟩, ‖v_a‖² and α·v_a are 0, so _tune skips those passes (1 of the
-        # ~2 ms per MNISTNet item, benchmarks/engine/results/service_time.md); λ and v_r are updated alike
+        # v_a is exactly 0 until a gradient comes with a Δ_1 (a ring holding a delta): until then every
+        # call's ⟨Δv_r, v_a⟩, ‖v_a‖² and α·v_a are 0, so _tune skips those passes; λ and v_r are updated alike
         self._v_a_zero = True
 
     @property
@@ -105,6 +114,8 @@ class IterFisherCompensator(StageCompensator):
         theta_then: Sequence[Tensor],
         theta_now: Sequence[Tensor],
     ) -> list[Tensor]:
+        if staleness == 0:  # a fresh gradient: not compensated, λ, v_r, v_a unchanged (module docstring)
+            return grads
         deltas = self._ring.recent(staleness)  # Δ_1..Δ_τ, oldest first (or the most recent it holds)
         if len(deltas) < staleness:
             self._truncated += 1

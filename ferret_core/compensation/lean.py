@@ -55,9 +55,7 @@ class IterFisherLeanCompensator(IterFisherCompensator):
         theta_then: Sequence[Tensor],
         theta_now: Sequence[Tensor],
     ) -> list[Tensor]:
-        if staleness == 0:
-            if self._tuned:
-                self._tune(grads, None)  # Alg. 1 lines 3–7 with Δ_1 = 0, as Iter-Fisher does at τ = 0
+        if staleness == 0:  # a fresh gradient does not enter Alg. 1: λ, v_r, v_a unchanged (as Iter-Fisher)
             return grads
         gap = list(torch._foreach_sub(list(theta_now), list(theta_then)))  # Σ_k Δ_k
         if self._tuned:

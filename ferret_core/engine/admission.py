@@ -221,6 +221,10 @@ class ServiceTimes:
         self._busy[worker][stage] = 0.0
         self._forwards[worker][stage] = 0
 
+    def measured(self, worker: int) -> float | None:
+        """:meth:`service_time` once one of the worker's stages has folded a window, else None."""
+        return self.service_time(worker) if any(self._folded[worker]) else None
+
     def service_time(self, worker: int) -> float:
         """Busy seconds per item at the worker's slowest stage (``initial`` before any measurement)."""
         measured = [

@@ -132,7 +132,10 @@ class Pipeline:
         self.lock = threading.RLock()
         self._stage_locks = [threading.Lock() for _ in programs]
         self.end_of_action: Callable[[], None] = end_of_action or (lambda: None)
-        self.in_place = in_place  # may overwrite an unshared master in place (off under the wall clock)
+        self.in_place = in_place  # may overwrite an unshared master in place (see _apply)
+        # held while taking references to the masters (predictions, snapshots, the algorithm's view) and
+        # while an update decides to write in place and writes: no reader sees a half-written master
+        self._masters_guard = threading.Lock()
         self._items: dict[int, InFlightItem] = {}
         self._buffers = [[GradientBuffer() for _ in programs] for _ in plan.workers]
         self._non_finite: set[int] = set()  # in-flight items with a dropped (non-finite) gradient
@@ -167,6 +170,13 @@ class Pipeline:
     def num_stages(self) -> int:
         return self.plan.num_stages
 
+    def masters(self) -> tuple[StageVersion, ...]:
+        """The current master version of every stage, for a reader on any thread (predictions, snapshots):
+        holding them keeps them from being overwritten in place (:meth:`_apply`), and they are never taken
+        while an in-place write is under way."""
+        with self._masters_guard:
+            return self.store.masters()
+
     @property
     def devices(self) -> tuple[torch.device, ...]:
         """The device of each stage's tensors."""
@@ -193,7 +203,7 @@ class Pipeline:
         (a consumer batch after a pause) without each waiting for the previous one's forward."""
         if k < 1:
             raise ConfigError(f"top-k needs k >= 1, got {k}")
-        logits = predict_logits(self._predict_runners, self.store.masters(), xs)
+        logits = predict_logits(self._predict_runners, self.masters(), xs)
         probs = torch.softmax(logits.float(), dim=1)
         values, classes = torch.sort(probs, dim=1, descending=True, stable=True)
         n = min(k, probs.shape[1])
@@ -513,12 +523,15 @@ class Pipeline:
         compensator = self.compensators[stage]
         total = self.algorithm.regularise(stage, master.params, total, steps)
         observes = self._observes[stage]
-        if self.in_place and not observes and self._unshared(master, worker):
-            out: Sequence[Tensor] | None = self.store.reuse(master)
-            self.counters.in_place_updates += 1
-        else:
-            out = self.store.recycled(stage)
-        new_params = self.optimizer.step(stage, master.params, total, out=out)
+        if self.in_place and not observes:
+            # decided and written under the masters' guard: a reader on another thread (the wall clock's
+            # predictions) either took the master before (its reference makes it shared: out of place) or
+            # takes it after the write
+            with self._masters_guard:
+                if self._unshared(master, worker):
+                    self.counters.in_place_updates += 1
+                    return self.optimizer.step(stage, master.params, total, out=self.store.reuse(master))
+        new_params = self.optimizer.step(stage, master.params, total, out=self.store.recycled(stage))
         if observes:
             with torch.no_grad():
                 compensator.observe_update([new - old for new, old in zip(new_params, master.params, strict=True)])
@@ -558,7 +571,7 @@ class Pipeline:
         """Copies of the master's tensors by stage, keyed by the stage module's parameter and buffer names
         (copies: a version's storage is recycled once the version dies)."""
         out = []
-        for program, version in zip(self.programs, self.store.masters(), strict=True):
+        for program, version in zip(self.programs, self.masters(), strict=True):
             names = program.param_names + program.buffer_names
             out.append({k: t.detach().clone() for k, t in zip(names, version.tensors(), strict=True)})
         return out
@@ -584,7 +597,7 @@ class Pipeline:
         """Test accuracy (percent) of the master on a labelled split, in batches."""
         acc = TestAccuracy()
         for start in range(0, len(y), batch):
-            logits = predict_logits(self._predict_runners, self.store.masters(), x[start : start + batch])
+            logits = predict_logits(self._predict_runners, self.masters(), x[start : start + batch])
             acc.update(logits.argmax(dim=1).cpu(), y[start : start + batch])
         return acc.get()
 
@@ -654,7 +667,7 @@ class _MasterView:
         return self._lr
 
     def masters(self) -> tuple[StageVersion, ...]:
-        return self._pipeline.store.masters()
+        return self._pipeline.masters()
 
     def logits(self, x: Tensor, versions: Sequence[StageVersion] | None = None) -> Tensor:
         return self._pipeline.algorithm_logits(x, self.masters() if versions is None else versions)

@@ -29,8 +29,8 @@ freed before the item releases its stash, and :meth:`Pipeline.master_state` hand
 Better still, when the master being replaced is referenced by nothing but the store's own slots (one
 worker, or every other worker's replica already newer, and no stash or pending gradient reads it), the
 update writes into it in place (:meth:`VersionStore.reuse`): plain SGD's memory traffic, bit-identical
-results. The pipeline decides this from CPython reference counts; the wall clock, whose predictions
-read masters concurrently, does not use it.
+results. The pipeline decides this from CPython reference counts, under a guard that readers on other
+threads (the wall clock's predictions) take their references under (:meth:`Pipeline.masters`).
 """
 
 from __future__ import annotations

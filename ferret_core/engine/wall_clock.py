@@ -33,7 +33,11 @@ records an event on that stream and waits for it, so a tensor handed to another 
 complete and its memory is not reused while a kernel still reads it. (This path is written for GPU
 machines; its tests are marked ``gpu``.)
 
-Updates never write a master in place here: a prediction may be reading it concurrently.
+An update writes a master in place only when nothing else references it (no stash, no other replica,
+no prediction running on it: :meth:`Pipeline._apply`, decided and written under the masters' guard that
+every reader takes its references under, so a prediction waits at most for that one write, ~0.2 ms on
+MNISTNet). A 1-stage × 1-worker plan's updates are so in place, as a plain loop's are. On CUDA devices
+never (a prediction's kernels may still read a master after its reference is dropped).
 
 Buffering methods (random-n, last-n, camel): an arrival their window takes is reported as admitted
 (``skipped`` is ``None``): its fate is decided later, when the trainer is free and a mini-batch is drawn
@@ -120,8 +124,8 @@ class WallClock:
             raise ConfigError(f"top_k must be >= 1, got {top_k}")
         self.pipeline = pipeline
         self.top_k = top_k
-        pipeline.in_place = False
         if any(d.type == "cuda" for d in pipeline.devices):
+            pipeline.in_place = False
             pipeline.end_of_action = cuda_action_barrier
         self._cv = threading.Condition(pipeline.lock)
         self._queue: queue.SimpleQueue[_Entry | None] = queue.SimpleQueue()
@@ -195,6 +199,12 @@ class WallClock:
         future: Future[Arrival] = Future()
         self._queue.put((next(self._counter) if index is None else index, x, y, event_time, future))
         return future
+
+    def measured_service_times(self) -> tuple[float | None, ...]:
+        """Per worker, its measured busy seconds per item at its slowest stage (``None`` for a worker not
+        measured yet: removed, or fewer than a window of items so far): what the admission rule uses, and
+        what the live planner compares with the plan's profiled times (``docs/planner.md`` reading 11)."""
+        return tuple(self.service_times.measured(n) for n in range(self.pipeline.plan.num_workers))
 
     def drain(self, timeout: float | None = None) -> None:
         """Wait until every submitted item is predicted, dispatched and, if admitted, finished."""

@@ -323,6 +323,7 @@ class TrainerSettings(Section):
     device: str = field(default="cpu", metadata=meta(check=check_device))
     threads: int = field(default=1, metadata=meta(check=between(1, 1024, "an integer")))
     max_workers: int | None = field(default=None, metadata=meta(check=between(1, None, "an integer")))
+    max_stages: int | None = field(default=None, metadata=meta(check=between(1, None, "an integer")))
     profile: Path | None = field(default=None, metadata=meta(check=check_file))
     label_window: int = field(default=10_000, metadata=meta(check=between(0, None, "a number of items")))
     # The input contract's finite range (after uint8 → [0, 1]); values outside are rejected (out_of_range)

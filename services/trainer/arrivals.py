@@ -13,6 +13,15 @@ re-planning when it drifts beyond a ratio of the interval the plan was made for.
 The loop thread only records; a separate thread re-plans, through the control plane's re-planner, so
 re-plans stay serialised and versioned like budget changes. A declared rate that differs from the plan's
 re-plans at once; measured estimates re-plan at most once per cooldown.
+
+**Measured service time** (``docs/planner.md`` reading 11; ours, not in the paper): the profile's times
+are read in the machine's time. The wall clock measures each worker's busy seconds per item
+(:meth:`~ferret_core.engine.wall_clock.WallClock.measured_service_times`); their ratio to the same
+worker's time by the profile (:func:`measured_time_scale`) is the planner's ``time_scale``, and when it
+leaves [k / ratio, k · ratio] of the scale the planner in force was made with (the same ratio as the
+arrival drift), the trainer re-plans with the profile scaled by it (same cooldown) — unless the new plan
+has the plan in force's partition and workers, which then runs on undrained (the planner is swapped for
+later re-plans).
 """
 
 from __future__ import annotations
@@ -21,12 +30,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
+from ferret_core.cost_model import StageGeometry
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
 from ferret_core.planner import Planner
+from ferret_core.profile import ModelProfile
 from services.stream_rate import Headers, declared_interval
 
 log = logging.getLogger("ferret.trainer")
@@ -70,6 +81,20 @@ class ArrivalRate:
         return self.estimate
 
 
+def measured_time_scale(profile: ModelProfile, plan: Plan, measured: Sequence[float | None]) -> float | None:
+    """Measured ÷ profiled time per item: over the plan's live workers with a measured service time
+    (busy seconds per item at the slowest stage), the largest ratio to the profile's time per item at the
+    plan's bottleneck stage, t^f·(1 + c^r) + t^b (``profile`` as given, unscaled); None before any worker
+    is measured."""
+    geometry = StageGeometry.from_profile(profile, plan.partition)
+    ratios = [
+        s / (geometry.t_f * (1 + int(w.recompute)) + geometry.t_b)
+        for w, s in zip(plan.workers, measured, strict=True)
+        if w.live and s is not None and s > 0
+    ]
+    return max(ratios) if ratios else None
+
+
 class SwitchablePlanner:
     """What the control plane's re-planner calls: the planner for the arrival interval in force.
     Swapping is one assignment; only the re-planner's worker thread calls :meth:`plan`."""
@@ -99,6 +124,8 @@ class DriftReplanner:
         ratio: float,
         cooldown_s: float = 10.0,
         rate: ArrivalRate | None = None,
+        time_scale: Callable[[], float | None] | None = None,
+        plan_in_force: Callable[[], Plan] | None = None,
     ) -> None:
         if ratio <= 1.0:
             raise ConfigError(f"arrival_drift_ratio must be > 1, got {ratio}")
@@ -110,6 +137,9 @@ class DriftReplanner:
         self.cooldown_s = cooldown_s
         self.replans = 0
         self.declared: float | None = None  # the last declared interval seen (for this trainer's share)
+        self.time_scale = time_scale  # measured ÷ profiled time per item now (None: not measured yet)
+        self.scale_replans = 0
+        self.plan_in_force = plan_in_force  # a scale re-plan that keeps its shape is not applied (no drain)
         self._estimates: queue.SimpleQueue[tuple[float, bool] | None] = queue.SimpleQueue()
         self._last = -float("inf")
         self._thread = threading.Thread(target=self._loop, name="ferret-arrivals", daemon=True)
@@ -149,28 +179,56 @@ class DriftReplanner:
         planned = self.planners.current.arrival_interval
         return not planned / self.ratio <= estimate <= planned * self.ratio
 
+    def scale_drifted(self, scale: float) -> bool:
+        planned = self.planners.current.settings.time_scale
+        return not planned / self.ratio <= scale <= planned * self.ratio
+
     def _loop(self) -> None:
         while (offered := self._estimates.get()) is not None:
             estimate, declared = offered
             cooling = time.monotonic() - self._last < self.cooldown_s
-            if not self.drifted(estimate) or (cooling and not declared):
+            scale = self.time_scale() if self.time_scale is not None and not cooling else None
+            scaled = scale is not None and self.scale_drifted(scale)
+            if not scaled and (not self.drifted(estimate) or (cooling and not declared)):
                 continue
             self._last = time.monotonic()
             try:
-                self.replan(estimate)
+                interval = estimate if self.drifted(estimate) else self.planners.current.arrival_interval
+                self.replan(interval, time_scale=scale if scaled else None)
             except Exception as exc:  # a failed re-plan keeps the plan in force; the stream goes on
                 log.error("re-planning for the measured arrival interval %.4g s failed: %s", estimate, exc)
 
-    def replan(self, estimate: float) -> None:
-        """Rebuild the planner for ``estimate`` seconds between arrivals and re-plan (same budget)."""
+    def replan(self, estimate: float, *, time_scale: float | None = None) -> None:
+        """Rebuild the planner for ``estimate`` seconds between arrivals (and, when given, the measured
+        ``time_scale``; else the planner's) and re-plan (same budget)."""
         old = self.planners.current
         settings = replace(old.settings, arrival_interval=estimate)
-        planner = Planner(old.profile, settings)
+        if time_scale is not None:
+            settings = replace(settings, time_scale=time_scale)
+            self.scale_replans += 1
+            log.info(
+                "measured service time %.3g × the profile's (plan made for %.3g ×): re-planning",
+                time_scale,
+                old.settings.time_scale,
+            )
+        planner = Planner(old.base_profile, settings)
         planner.warm()  # every path computed here, not on the re-planner's thread
         self.planners.current = planner
+        if time_scale is not None and settings.arrival_interval == old.arrival_interval and self._same_shape():
+            log.info("the measured time scale keeps the plan's shape: the plan in force runs on (no drain)")
+            return
         log.info("measured arrival interval %.4g s (plan made for %.4g s): re-planning", estimate, old.arrival_interval)
         self.request(self.budget())
         self.replans += 1
+
+
+    def _same_shape(self) -> bool:
+        """Whether the current planner's plan for the budget has the plan in force's partition and workers
+        (only its times differ: re-applying it would drain and rebuild the same pipeline)."""
+        if self.plan_in_force is None:
+            return False
+        new, old = self.planners.plan(self.budget()), self.plan_in_force()
+        return (new.partition, new.workers) == (old.partition, old.workers)
 
 
 def _not_started(budget: int | None) -> object:

@@ -136,8 +136,8 @@ class EngineLearner:
         return LearnerFailed(item if failed is None else failed, exc)
 
     def _largest_weight(self) -> float:
-        """The largest |value| of the master's parameters (versions are immutable: safe while training)."""
-        masters = self.engine.pipeline.store.masters()
+        """The largest |value| of the master's parameters (held versions are not written: safe while training)."""
+        masters = self.engine.pipeline.masters()
         return max((float(t.detach().abs().max()) for v in masters for t in v.params if t.numel()), default=0.0)
 
     def drain(self, timeout: float | None = None) -> None:

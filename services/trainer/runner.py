@@ -24,6 +24,7 @@ from ferret_core.errors import ConfigError
 from ferret_core.memory_model import MemorySettings
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
+from ferret_core.profiler import resolve_device
 from ferret_core.zoo import ZooModel
 from services.codec import SampleDecoder
 from services.config import Settings
@@ -36,7 +37,7 @@ from services.kafka.admin import ensure_topics
 from services.metrics_http import serve_metrics
 from services.models import build_model_for
 from services.snapshots import Reconnect, SnapshotStore, redis_client
-from services.trainer.arrivals import DriftReplanner, SwitchablePlanner
+from services.trainer.arrivals import DriftReplanner, SwitchablePlanner, measured_time_scale
 from services.trainer.checkpoints import Checkpoints, no_guard
 from services.trainer.counters import StreamCounters
 from services.trainer.engine_learner import EngineLearner
@@ -232,7 +233,7 @@ def startup_interval(settings: Settings, profile: ModelProfile) -> float:
 def make_planner(settings: Settings, profile: ModelProfile) -> Planner:
     """The start-up planner, for :func:`startup_interval`."""
     t = settings.trainer
-    max_workers = t.max_workers if t.max_workers is not None else max(1, os.cpu_count() or 1)
+    max_workers, max_stages = executor_caps(settings)
     # the wall clock's admission queue is part of the plan's bytes (K inputs per live worker, docs/service.md)
     queue = AdmissionQueue(DELIVERY_SPREAD_S, DELIVERY_ITEMS)
     memory = MemorySettings(compensator=t.compensator, admission_queue=queue)
@@ -241,8 +242,26 @@ def make_planner(settings: Settings, profile: ModelProfile) -> Planner:
         decay=t.decay,
         memory=memory,
         max_workers=max_workers,
+        max_stages=max_stages,
     )
     return Planner(profile, planner_settings)
+
+
+def executor_caps(settings: Settings) -> tuple[int, int | None]:
+    """(max workers N, max stages P) of the live planner. ``trainer.max_workers``/``max_stages`` when either
+    is set (N defaults to the CPU count, P to no cap); with neither, planning for the stream's own rate
+    (``arrival_interval: measured``, the default) on CPU, one worker and one stage: the executors are
+    threads of this process sharing 2 cores and the GIL with the record path, and more of them trained
+    fewer items per second (MNISTNet: 1 × 2 0.31×, 2 × 1 0.80×, 2 × 2 0.33× of 1 × 1 at 294/s;
+    ``benchmarks/engine/results/plan_throughput.md``, docs/planner.md reading 11). A configured interval
+    (``auto``, the paper's rate, ``Kx``, seconds) plans as the paper does: N up to the CPU count, any P; so
+    does a GPU device."""
+    t = settings.trainer
+    cpus = max(1, os.cpu_count() or 1)
+    live = t.arrival_interval == "measured"
+    if t.max_workers is None and t.max_stages is None and live and resolve_device(t.device).type == "cpu":
+        return 1, 1
+    return (t.max_workers if t.max_workers is not None else cpus), t.max_stages
 
 
 def start_trainer(settings: Settings) -> TrainerProcess:
@@ -275,7 +294,13 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     health = ControlHealth(ready=False)  # not ready until the consumer has its partitions
     drift = None
     if t.arrival_interval == "measured" and budgeted:  # a fixed plan has nothing to re-plan
-        drift = DriftReplanner(planner, lambda: learner.plan.budget_bytes, ratio=t.arrival_drift_ratio)
+        drift = DriftReplanner(
+            planner,
+            lambda: learner.plan.budget_bytes,
+            ratio=t.arrival_drift_ratio,
+            time_scale=lambda: measured_time_scale(profile, learner.plan, learner.clock.measured_service_times()),
+            plan_in_force=lambda: learner.plan,
+        )
     metrics = TrainerMetrics()  # served below when metrics.port is set
     hooks = StreamHooks(
         on_assigned=OnAssigned(health, drift),

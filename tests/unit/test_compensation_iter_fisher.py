@@ -153,6 +153,10 @@ def _reference_run(
         history += [torch.cat([d.flatten() for d in _rand(gen, 0.2)]) for _ in range(updates)]
         g = torch.cat([x.flatten() for x in _rand(gen)])
         used = history[len(history) - tau :] if tau else []
+        if not tau:  # a fresh gradient does not enter Alg. 1: returned as is, λ, v_r, v_a unchanged
+            outs.append(list(torch.split(g, [torch.Size(s).numel() for s in SHAPES])))
+            lams.append(lam)
+            continue
         dv_r = (1 - alpha) * (g - v_r)
         if closed_form:
             lam = float(dv_r @ v_a / (v_a @ v_a + nu))
@@ -212,7 +216,7 @@ def test_lambda_moves_when_eta_is_positive_with_a_large_v_a() -> None:
     lam = 0.2 - 2 * 2e-6 * 1e-3 * 0.2
     assert comp.stats()["lambda"] == pytest.approx(lam, rel=1e-14)
     versions = _versions(comp, [big])
-    comp.compensate(big, staleness=0, theta_then=versions[1], theta_now=versions[1])
+    comp.compensate(big, staleness=1, theta_then=versions[0], theta_now=versions[1])
     # now v_a = 0.1·10·10·10 = 100 per element, Δv_r = 0.1·(10 − 1) = 0.9, 17 elements:
     # λ ← λ + 2η·(17·0.9·100 − λ·17·100² − νλ)
     lam = lam + 2 * 2e-6 * (17 * 0.9 * 100 - lam * 17 * 100**2 - 1e-3 * lam)
@@ -226,11 +230,30 @@ def test_lambda_stays_exactly_lambda0_when_eta_is_zero() -> None:
     assert comp.stats()["lambda"] == 0.2
 
 
-def test_closed_form_sets_lambda_every_call() -> None:
+def test_closed_form_sets_lambda_every_compensated_call() -> None:
     comp = _make("iter-fisher-cf", lambda0=0.2, eta_lambda=0.0)
-    _, lams = _engine_run(comp, CALLS[:3], seed=7)
-    assert lams[0] == 0.0  # v_a = 0 on the first call
-    assert lams[1] != lams[2]
+    _, lams = _engine_run(comp, CALLS[:4], seed=7)
+    assert lams[0] == 0.2  # τ = 0: a fresh gradient does not enter Alg. 1, λ is still λ⁰
+    assert lams[1] == 0.0  # the first compensated call: v_a = 0 when λ* is set
+    assert lams[2] != lams[3]
+
+
+@pytest.mark.parametrize("name", ["iter-fisher", "iter-fisher-cf", "iter-fisher-lean"])
+def test_a_fresh_gradient_is_returned_as_is_and_changes_no_state(name: str) -> None:
+    """τ = 0 (nothing stale: a 1-stage × 1-worker plan's every gradient) is the identity and leaves λ, v_r, v_a
+    and the ring as they were, after stale calls too (the module docstring's reading)."""
+    comp = _make(name, lambda0=0.2, eta_lambda=0.05)
+    _engine_run(comp, CALLS[:3], seed=8)
+    before = comp.state_dict()
+    grads = [torch.full(s, 3.0, dtype=F64) for s in SHAPES]
+    theta = [torch.zeros(s, dtype=F64) for s in SHAPES]
+    out = comp.compensate(grads, staleness=0, theta_then=theta, theta_now=theta)
+    assert all(o is g for o, g in zip(out, grads, strict=True))
+    after = comp.state_dict()
+    assert after["lambda"] == before["lambda"]
+    for key in ("v_r", "v_a"):
+        for a, b in zip(after[key], before[key], strict=True):
+            assert torch.equal(a, b)
 
 
 def test_relative_correction_is_reported() -> None:

@@ -10,7 +10,7 @@ from torch.testing import assert_close
 
 from ferret_core.engine import EngineSettings, FerretPolicy, Kind, StreamEngine, validate_trace
 from ferret_core.engine.wall_clock import ClockStopped
-from tests.unit.test_engine_support import make_plan, sequential_model, stream, tiny_units
+from tests.unit.test_engine_support import make_plan, sequential_model, stream, tiny_units, uniform_times
 
 
 def engine_for(plan, units=None, **settings: object) -> StreamEngine:  # type: ignore[no-untyped-def]
@@ -115,3 +115,55 @@ def test_wall_clock_on_cuda_streams_matches_the_trace_replay_invariants() -> Non
     assert r.trace is not None and r.trained > 0
     validate_trace(r.trace, plan, check_staleness=False)
     assert r.cuda_peak_bytes is not None and r.cuda_peak_bytes > 0
+
+
+def _plain_sgd_on(units: list[nn.Module], items: list, trained: list[int], lr: float) -> dict[str, torch.Tensor]:  # type: ignore[type-arg]
+    model = sequential_model(units)
+    params = list(model.parameters())
+    for i in trained:
+        x = items[i].x.unsqueeze(0)
+        grads = torch.autograd.grad(F.cross_entropy(model(x), torch.tensor([items[i].y])), params)
+        with torch.no_grad():
+            for p, g in zip(params, grads, strict=True):
+                p.sub_(g, alpha=lr)
+    return dict(model.state_dict())
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_plan_without_staleness_takes_the_fast_path_and_equals_the_general_one(in_place: bool) -> None:
+    """1 stage × 1 worker on the wall clock with the service's compensator: nothing is stale, so compensation
+    is the identity and leaves λ, v_r, v_a untouched, and updates write the master in place (the fast
+    path); with in-place updates turned off (the general, out-of-place path) the parameters are
+    bit-identical, both equal to plain SGD on the items trained."""
+    units, items = tiny_units(), stream(30)
+    engine = engine_for(make_plan(1, 1, num_units=3), units, lr=0.05, compensator="iter-fisher-lean")
+    engine.pipeline.in_place = in_place
+    r = engine.run_wall(items, arrival_interval=0.003)
+    assert r.trace is not None
+    trained = [e.item for e in r.trace if e.kind is Kind.B]
+    assert len(trained) == r.trained > 0
+    assert_close(engine.pipeline.master_state()[0], _plain_sgd_on(units, items, trained, 0.05), rtol=0.0, atol=0.0)
+    updates = r.updates[0][0]
+    if in_place:  # a prediction holding the master makes an update go out of place: most are in place
+        assert engine.pipeline.counters.in_place_updates > updates // 2
+    else:
+        assert engine.pipeline.counters.in_place_updates == 0
+    (compensator,) = engine.pipeline.compensators
+    stats = compensator.stats()
+    assert compensator.name == "iter-fisher-lean"
+    assert stats["calls"] == updates and stats["compensated"] == 0
+    state = compensator.state_dict()
+    assert state["lambda"] == compensator.settings.lambda0
+    assert all(not t.any() for t in (*state["v_r"], *state["v_a"]))
+
+
+@pytest.mark.parametrize("name", ["iter-fisher", "iter-fisher-lean"])
+def test_a_plan_with_staleness_still_compensates(name: str) -> None:
+    plan = make_plan(3, 2)
+    engine = engine_for(plan, lr=0.05, compensator=name)
+    r = engine.run_virtual(stream(40), uniform_times(3), 1.0)
+    assert r.trained > 0 and max(r.max_staleness) > 0
+    stats = [c.stats() for c in engine.pipeline.compensators]
+    assert sum(s["compensated"] for s in stats) > 0
+    stale = [c for c, s in zip(engine.pipeline.compensators, stats, strict=True) if s["compensated"]]
+    assert all(any(t.any() for t in c.state_dict()["v_a"]) for c in stale)  # v_a tracks the stale gradients
