@@ -137,9 +137,6 @@ class ExperimentSpec:
     def methods(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(a.method for a in self.arms))
 
-    def needs_budgets(self) -> bool:
-        return any(a.budget in PLANNED_LABELS - {"M+"} for a in self.arms)
-
     def budgeted_algorithms(self) -> tuple[tuple[str, int | None], ...]:
         """The OCL algorithms (with their refresh periods) of the arms that run at a measured budget (M, M-,
         the sweep's points): M is measured per setting and algorithm."""
