@@ -41,6 +41,12 @@ class AlgorithmSettings:
             raise ConfigError(
                 f"mir_candidates ({self.mir_candidates}) must be at least replay_batch ({self.replay_batch})"
             )
+        for key in ("lwf_alpha", "lwf_temperature", "mas_lambda"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value >= 0) or (key == "lwf_temperature" and value == 0):
+                raise ConfigError(f"{key} must be a finite number > 0 (>= 0 for weights), got {value!r}")
+        if not 0 <= self.mas_alpha < 1:
+            raise ConfigError(f"mas_alpha must lie in [0, 1), got {self.mas_alpha}")
 
     def replayed(self, new: int) -> int:
         """Samples replayed with ``new`` admitted ones."""
@@ -49,9 +55,3 @@ class AlgorithmSettings:
     def candidates(self, new: int) -> int:
         """MIR's candidates scored for ``new`` admitted samples."""
         return 5 * self.replayed(new) if self.mir_candidates is None else max(self.mir_candidates, self.replayed(new))
-        for key in ("lwf_alpha", "lwf_temperature", "mas_lambda"):
-            value = getattr(self, key)
-            if not (math.isfinite(value) and value >= 0) or (key == "lwf_temperature" and value == 0):
-                raise ConfigError(f"{key} must be a finite number > 0 (>= 0 for weights), got {value!r}")
-        if not 0 <= self.mas_alpha < 1:
-            raise ConfigError(f"mas_alpha must lie in [0, 1), got {self.mas_alpha}")

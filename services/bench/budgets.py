@@ -1,14 +1,20 @@
 """The paper's budgets per setting (DESIGN §3.2; issue 9 "Budgets as the paper defines them").
 
 - ``M+``: no budget (the planner's unconstrained plan).
-- ``M``: the measured peak bytes of PipeDream-2BW run on the same partition (its plan at ``M+``).
+- ``M``: the measured peak bytes of PipeDream-2BW run on the same partition (its plan at ``M+``), **under
+  the same OCL algorithm** as the arm it budgets: an algorithm's state (ER/MIR's replay buffer, LwF's
+  teacher, MAS's importances and anchor) is part of what PipeDream-2BW holds, so M is measured per
+  (setting, algorithm) and Ferret at M plans with the same state inside the same bytes.
 - ``M-``: the smallest budget at which the planner still keeps M's partition (bisection over budgets
-  between the planner's minimum feasible bytes and M; the minimum itself is reported as ``absolute_min``).
+  between the planner's minimum feasible bytes and M; the minimum itself is reported as ``absolute_min``),
+  planned for the same algorithm.
 - ``sweep2`` / ``sweep4``: halfway between M- and M, and between M and the planner's predicted bytes at
   M+: with M-, M and M+ the five budgets of the pipelines sweep.
 
-Plans come from ``ferret plan --json`` (in process) and the measurement from one ``ferret simulate``
-run (seed 0), so the budgets follow whatever byte model and planner the checkout has.
+Plans come from ``ferret plan --algorithm A --in-flight schedule --json`` (in process: the plan ``ferret
+simulate`` makes on its virtual clock, whose default is ``--in-flight schedule``) and the measurement from
+one ``ferret simulate`` run (seed 0), so the budgets follow whatever byte model and planner the checkout
+has.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ class Budgets:
     m_minus: int
     absolute_min: int
     planner_m_plus: int  # the planner's predicted bytes without a budget
+    algorithm: str = "vanilla"  # the OCL algorithm M was measured (and M- planned) under
 
     def bytes_for(self, label: str) -> int | None:
         """The ``--budget`` of a budget label; ``None`` for ``M+`` and ``none`` (no budget)."""
@@ -63,11 +70,13 @@ class Budgets:
             m_minus=int(data["m_minus"]),
             absolute_min=int(data["absolute_min"]),
             planner_m_plus=int(data["planner_m_plus"]),
+            algorithm=str(data.get("algorithm", "vanilla")),
         )
 
 
-def resolve_budgets(setting: Setting, plan: PlanFn, measure: MeasureFn) -> Budgets:
-    """M from ``measure`` (PipeDream-2BW's measured bytes), M- by bisection over ``plan``."""
+def resolve_budgets(setting: Setting, plan: PlanFn, measure: MeasureFn, algorithm: str = "vanilla") -> Budgets:
+    """M from ``measure`` (PipeDream-2BW's measured bytes), M- by bisection over ``plan``; both for
+    ``algorithm`` (``measure`` and ``plan`` run under it)."""
     unconstrained = plan(setting, None)
     if unconstrained is None:
         raise ConfigError(f"{setting.id}: the planner found no plan without a budget")
@@ -94,6 +103,7 @@ def resolve_budgets(setting: Setting, plan: PlanFn, measure: MeasureFn) -> Budge
         m_minus=high,
         absolute_min=int(unconstrained["min_feasible_bytes"]),
         planner_m_plus=int(unconstrained["predicted_bytes"]),
+        algorithm=algorithm,
     )
 
 
@@ -101,12 +111,15 @@ CliFn = Callable[[list[str]], int]  # services.cli.main.main: argv -> exit statu
 EXIT_INFEASIBLE = 3  # ferret's exit status for an infeasible budget (DESIGN §4)
 
 
-def plan_with_cli(main: CliFn, compensator: str = "iter-fisher") -> PlanFn:
+def plan_with_cli(main: CliFn, compensator: str = "iter-fisher", algorithm: str = "vanilla") -> PlanFn:
     """A :data:`PlanFn` that runs ``ferret plan --json`` in this process through ``main`` (the CLI's entry
-    point, passed in: nothing below the CLI imports it); exit 3: infeasible."""
+    point, passed in: nothing below the CLI imports it), for ``algorithm`` and with items in flight from
+    the virtual clock's schedule (``--in-flight schedule``): the plan ``ferret simulate`` makes with the
+    same options (``ferret plan``'s own default, ``cap``, is the wall clock's bound); exit 3: infeasible."""
 
     def plan(setting: Setting, budget: int | None) -> dict[str, Any] | None:
-        argv = ["plan", "--profile", setting.profile, "--compensator", compensator, "--json"]
+        argv = ["plan", "--profile", setting.profile, "--compensator", compensator, "--algorithm", algorithm]
+        argv += ["--in-flight", "schedule", "--json"]
         if budget is not None:
             argv += ["--budget", str(budget)]
         out, err = io.StringIO(), io.StringIO()

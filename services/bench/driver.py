@@ -4,6 +4,7 @@ and write ``runs.csv``, ``tables.md`` and the PNG plots under ``OUT/NAME/``."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import subprocess
 import time
@@ -28,11 +29,13 @@ from services.bench.runner import (
     save_budgets,
     simulate_argv,
 )
-from services.bench.specs import PLANNED_LABELS, ExperimentSpec, RunSpec, Setting
+from services.bench.specs import PLANNED_LABELS, Arm, ExperimentSpec, RunSpec, Setting
 
 REPORTS: dict[str, Callable[..., str]] = {
     "overall": reports.overall,
-    "algorithms": lambda rows, budgets: reports.algorithms(rows),
+    "algorithms": lambda rows, budgets: (
+        reports.algorithms(rows) + "\n\n" + reports.budgets_table(budgets, reports.settings_of(rows))
+    ),
     "pipelines": lambda rows, budgets: (
         reports.pipelines(rows) + "\n\n" + reports.budgets_table(budgets, reports.settings_of(rows))
     ),
@@ -96,7 +99,7 @@ def run_experiment(name: str, options: BenchOptions, capabilities: Capabilities,
     def task(run: RunSpec) -> tuple[str, Callable[[], None]]:
         def call() -> None:
             budget = (
-                budgets[_budget_key(run.setting, run.items)].bytes_for(run.arm.budget)
+                budgets[_budget_key(run.setting, run.items, run.arm.algorithm_id)].bytes_for(run.arm.budget)
                 if run.arm.budget in (PLANNED_LABELS - {"M+"})
                 else None
             )
@@ -127,37 +130,50 @@ def _with_profile(spec: ExperimentSpec, profile: Path | None) -> ExperimentSpec:
     return dataclasses.replace(spec, settings=settings)
 
 
-def _budget_key(setting: Setting, items: int) -> str:
-    return f"{setting.id}|{setting.profile}|{items}"
+def _budget_key(setting: Setting, items: int, algorithm: str = "vanilla") -> str:
+    """The key of a setting's budgets in ``budgets.json``; per OCL algorithm (vanilla: no suffix, the key
+    the budgets measured before M was per algorithm were kept under)."""
+    base = f"{setting.id}|{setting.profile}|{items}"
+    return base if algorithm == "vanilla" else f"{base}|{algorithm}"
 
 
 def _budgets(spec: ExperimentSpec, folder: Path, options: BenchOptions, cli: CliFn) -> dict[str, Budgets]:
-    """M, M- (and the sweep's points) per setting, measured once and kept in ``budgets.json``."""
+    """M, M- (and the sweep's points) per setting and OCL algorithm of the arms that need them, measured
+    once and kept in ``budgets.json``."""
     path = folder / "budgets.json"
     known = load_budgets(path)
-    if not spec.needs_budgets():
-        return known
-    wanted = [s for s in spec.settings if _budget_key(s, spec.items) not in known]
-    measured: dict[str, int] = {}
+    arms = [Arm("M", "pipedream-2bw", algorithm=a, refresh_every=e) for a, e in spec.budgeted_algorithms()]
+    wanted = [(s, a) for s in spec.settings for a in arms if _budget_key(s, spec.items, a.algorithm_id) not in known]
+    measured: dict[tuple[str, str], int] = {}
 
-    def measure(setting: Setting) -> tuple[str, Callable[[], None]]:
+    def measure(setting: Setting, arm: Arm) -> tuple[str, Callable[[], None]]:
         def call() -> None:
-            measured[setting.id] = measure_m(setting, spec.items, options.data_root)
+            measured[setting.id, arm.algorithm_id] = measure_m(
+                setting, spec.items, options.data_root, arm.algorithm, arm.refresh_every
+            )
 
-        return f"budget M of {setting.id}", call
+        return f"budget M of {setting.id} under {arm.algorithm_id}", call
 
     if wanted:
         progress = Progress(len(wanted), label=f"{spec.name}: measuring budget M (PipeDream-2BW)")
         failed = run_pool(
-            [measure(s) for s in wanted], jobs=options.jobs, progress=progress, failures=folder / "failures.log"
+            [measure(s, a) for s, a in wanted], jobs=options.jobs, progress=progress, failures=folder / "failures.log"
         )
         if failed:
             raise ConfigError(f"measuring budget M failed for {failed} setting(s): see {folder / 'failures.log'}")
-        plan = plan_with_cli(cli)
-        for setting in wanted:
-            known[_budget_key(setting, spec.items)] = resolve_budgets(setting, plan, lambda s: measured[s.id])
+        for setting, arm in wanted:
+            known[_budget_key(setting, spec.items, arm.algorithm_id)] = resolve_budgets(
+                setting,
+                plan_with_cli(cli, algorithm=arm.algorithm),
+                functools.partial(_measured, measured, arm.algorithm_id),
+                arm.algorithm_id,
+            )
         save_budgets(path, known)
     return known
+
+
+def _measured(measured: dict[tuple[str, str], int], algorithm: str, setting: Setting) -> int:
+    return measured[setting.id, algorithm]
 
 
 def _fixed_plans(
@@ -170,14 +186,16 @@ def _fixed_plans(
     plan = plan_with_cli(cli, compensator="none")
     out: dict[tuple[str, str], Path] = {}
     for setting, label in sorted(wanted, key=lambda x: (x[0].id, x[1])):
+        path = folder / "plans" / f"{setting.id.replace('/', '_')}_{label}.json"
+        out[(setting.id, label)] = path
+        if path.exists():  # made once and kept, as budgets.json: a resumed run uses the plan its rows ran on
+            continue
         budget = budgets[_budget_key(setting, spec.items)].bytes_for(label) if label != "M+" else None
         made = plan(setting, budget)
         if made is None:
             raise ConfigError(f"{setting.id}: no plan at budget {label} = {budget} B with compensator none")
-        path = folder / "plans" / f"{setting.id.replace('/', '_')}_{label}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(made, indent=1, sort_keys=True) + "\n")
-        out[(setting.id, label)] = path
     return out
 
 
@@ -192,7 +210,7 @@ def _write_outputs(
 ) -> None:
     order = {r.key: i for i, r in enumerate(spec.expand())}
     rows = sorted((r for r in table.rows() if r["key"] in order), key=lambda r: order[r["key"]])
-    relevant = {k: b for k, b in budgets.items() if k.endswith(f"|{spec.items}")}
+    relevant = {k: b for k, b in budgets.items() if k.split("|")[2] == str(spec.items)}
     header = [
         f"# ferret bench {name}",
         "",

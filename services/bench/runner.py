@@ -52,8 +52,7 @@ def simulate_argv(
     ]  # fmt: skip
     if run.test_items is not None:
         argv += ["--test-items", str(run.test_items)]
-    if arm.algorithm != "vanilla":
-        argv += ["--algorithm", arm.algorithm]
+    argv += arm.algorithm_argv()
     if arm.compensator is not None:
         argv += ["--compensator", arm.compensator]
     elif arm.method in METHODS and METHODS[arm.method].compensates:  # the paper's Ferret: Algorithm 1, whatever
@@ -110,12 +109,14 @@ def row_of(run: RunSpec, budget_bytes: int | None, report: dict[str, Any]) -> di
     }
 
 
-def measure_m(setting: Setting, items: int, data_root: Path | None) -> int:
+def measure_m(
+    setting: Setting, items: int, data_root: Path | None, algorithm: str = "vanilla", refresh_every: int | None = None
+) -> int:
     """Budget M: the measured peak bytes of PipeDream-2BW on the unconstrained plan's partition (seed 0,
-    no compensation)."""
+    no compensation) under OCL ``algorithm`` (its replay buffer, teacher or importances included)."""
     from services.bench.specs import Arm
 
-    arm = Arm("pipedream-2bw", "pipedream-2bw", "M+", compensator="none")
+    arm = Arm("pipedream-2bw", "pipedream-2bw", "M+", algorithm, "none", refresh_every=refresh_every)
     # only its memory is read; enough test items that every task of a split-* stream has some (with one,
     # ferret_core.forgetting's per-task matrix raises IndexError)
     run = RunSpec("budget", setting, arm, 0, items, test_items=MEASURE_TEST_ITEMS)

@@ -17,6 +17,8 @@ BUDGET_LABELS: tuple[str, ...] = ("none", "M+", "M", "M-", "sweep2", "sweep4")
 # M+ bytes, M+
 SWEEP_LABELS: tuple[str, ...] = ("M-", "sweep2", "M", "sweep4", "M+")
 PLANNED_LABELS: frozenset[str] = frozenset(BUDGET_LABELS) - {"none"}
+# the algorithms whose state is refreshed every so many trained items, and the simulate option that sets it
+REFRESHED: dict[str, str] = {"lwf": "--lwf-every", "mas": "--mas-every"}
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,10 @@ class Arm:
     """One column: ``method`` (a registry name) at ``budget`` (one of :data:`BUDGET_LABELS`; ``none`` for
     methods that do not plan), with ``algorithm`` and ``compensator`` (``None``: the method's default).
     ``fixed_plan``: run on the plan made with compensator ``none`` at that budget (the compensator
-    ablation of issue 11: every compensator on the same pipeline)."""
+    ablation of issue 11: every compensator on the same pipeline). ``refresh_every``: LwF's teacher and
+    MAS's importance refresh period in trained items (``None``: the algorithm's default, 1000 and 100,
+    sized for the paper's whole streams; a short stream trains fewer items than that, and the algorithm
+    would never act)."""
 
     column: str
     method: str
@@ -48,17 +53,33 @@ class Arm:
     algorithm: str = "vanilla"
     compensator: str | None = None
     fixed_plan: bool = False
+    refresh_every: int | None = None
 
     def __post_init__(self) -> None:
         if self.budget not in BUDGET_LABELS:
             raise ValueError(f"budget {self.budget!r}: expected one of {', '.join(BUDGET_LABELS)}")
 
     @property
+    def algorithm_id(self) -> str:
+        """The algorithm with its refresh period when one is set (``mas-every10``): what M is measured
+        under."""
+        return self.algorithm if self.refresh_every is None else f"{self.algorithm}-every{self.refresh_every}"
+
+    def algorithm_argv(self) -> list[str]:
+        """The ``ferret simulate`` options of the arm's algorithm."""
+        if self.algorithm == "vanilla":
+            return []
+        argv = ["--algorithm", self.algorithm]
+        if self.refresh_every is not None and self.algorithm in REFRESHED:
+            argv += [REFRESHED[self.algorithm], str(self.refresh_every)]
+        return argv
+
+    @property
     def label(self) -> str:
         """The column with its algorithm and compensator, unique within an experiment."""
         parts = [self.column]
         if self.algorithm != "vanilla":
-            parts.append(self.algorithm)
+            parts.append(self.algorithm_id)
         if self.compensator is not None:
             parts.append(self.compensator)
         return "|".join(parts)
@@ -116,5 +137,8 @@ class ExperimentSpec:
     def methods(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(a.method for a in self.arms))
 
-    def needs_budgets(self) -> bool:
-        return any(a.budget in PLANNED_LABELS - {"M+"} for a in self.arms)
+    def budgeted_algorithms(self) -> tuple[tuple[str, int | None], ...]:
+        """The OCL algorithms (with their refresh periods) of the arms that run at a measured budget (M, M-,
+        the sweep's points): M is measured per setting and algorithm."""
+        planned = PLANNED_LABELS - {"M+"}
+        return tuple(dict.fromkeys((a.algorithm, a.refresh_every) for a in self.arms if a.budget in planned))

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from ferret_core.compensation import COMPENSATOR_NAMES
+from ferret_core.engine.steps import Algorithm
 from ferret_core.errors import ConfigError
 from ferret_core.memory_model import IN_FLIGHT_MODES, MEMORY_VARIANTS, OPTIMIZER_SLOTS, MemorySettings
+from ferret_core.ocl import ALGORITHM_NAMES, AlgorithmSettings, make_algorithm
+from ferret_core.ocl.planning import planning_memory, planning_profile
 from ferret_core.plan import Plan
 from ferret_core.planner import Planner, PlannerSettings
 from ferret_core.profile import DTYPE_BYTES, ModelProfile
 from services import strict_json
-from services.cli.args import arrival_interval_type, budget_type, existing_file, non_negative_float
+from services.cli.args import arrival_interval_type, budget_type, existing_file, non_negative_float, positive_int
 from services.models import MODEL_HELP, build_model_for, check_model_spec, is_factory, model_spec_type, shape_type
 from services.units import ArrivalInterval, format_bytes
 
@@ -35,6 +39,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     add_planning_arguments(parser)
+    defaults = AlgorithmSettings()
+    parser.add_argument(
+        "--algorithm",
+        choices=ALGORITHM_NAMES,
+        default="vanilla",
+        help="OCL algorithm whose step (micro-batch, LwF's second forward, MIR's retrieval) and state (replay "
+        "buffer, teacher, importances) are planned, as `ferret simulate --algorithm` plans them (default vanilla)",
+    )
+    parser.add_argument("--replay-buffer", type=positive_int, default=defaults.buffer_size,
+                        help=f"ER/MIR buffer size in items (default {defaults.buffer_size}, the paper's)")
+    parser.add_argument("--replay-batch", type=positive_int, default=None,
+                        help="ER/MIR items replayed per step (default: as many as the step admits)")
+    parser.add_argument("--mir-candidates", type=positive_int, default=None,
+                        help="MIR candidates scored per step (default: 5 × the replayed items)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of the table")
     parser.set_defaults(handler=run)
 
@@ -175,12 +193,29 @@ def planner_from_args(args: argparse.Namespace, profile: ModelProfile, *, in_fli
     return Planner(profile, settings)
 
 
+def plan_for_algorithm(
+    args: argparse.Namespace, profile: ModelProfile, algorithm: Algorithm, *, in_flight: str
+) -> Plan:
+    """The planner's plan for ``algorithm``'s usual step: its micro-batch's times (and LwF's second
+    forward, MIR's retrieval) and memory (micro-batch activations, replay buffer, teacher, importances;
+    DESIGN §3.8), with the planning options of ``args``; ``in_flight`` is the command's default for
+    ``--in-flight``. The arrival interval stays the stream's. ``ferret plan`` and ``ferret simulate`` both
+    plan through here, so with the same options (``--in-flight`` included) they make the same plan."""
+    shape = algorithm.steady_shape(1)
+    base = planner_from_args(args, profile, in_flight=in_flight).settings
+    settings = dataclasses.replace(base, memory=planning_memory(base.memory, algorithm.footprint, shape))
+    return Planner(planning_profile(profile, shape), settings).plan(args.budget)
+
+
 def run(args: argparse.Namespace) -> int:
     profile = load_or_profile(args)
     if args.profile is not None and args.input_size is not None:  # the profile must be for that image size
         side = args.input_size
         profile.check_input((*profile.input_shape[:-2], side, side), source=f"profile {str(args.profile)!r}")
-    plan = planner_from_args(args, profile).plan(args.budget)
+    settings = AlgorithmSettings(
+        buffer_size=args.replay_buffer, replay_batch=args.replay_batch, mir_candidates=args.mir_candidates
+    )
+    plan = plan_for_algorithm(args, profile, make_algorithm(args.algorithm, settings), in_flight="cap")
     if args.json:
         print(strict_json.dumps(plan.to_dict(), indent=2))
     else:

@@ -80,9 +80,7 @@ from ferret_core.errors import ConfigError
 from ferret_core.forgetting import TaskBoundaryAccuracy, task_tensor
 from ferret_core.memory_model import MemorySettings
 from ferret_core.ocl import ALGORITHM_NAMES, AlgorithmSettings, make_algorithm
-from ferret_core.ocl.planning import planning_memory, planning_profile
 from ferret_core.plan import Plan
-from ferret_core.planner import Planner
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel, build_model
 from services import strict_json
@@ -92,7 +90,7 @@ from services.cli.plan_cmd import (
     add_planning_arguments,
     load_or_profile,
     model_from_profile,
-    planner_from_args,
+    plan_for_algorithm,
 )
 from services.models import build_model_for, is_factory
 
@@ -229,14 +227,9 @@ def step_batch_sizes(args: argparse.Namespace, algorithm: Algorithm) -> tuple[in
 
 def ferret_plan(args: argparse.Namespace, profile: ModelProfile, algorithm: Algorithm) -> Plan:
     """The planner's plan (Ferret's, which the pipeline schedules run on too) for the algorithm's usual
-    step: its micro-batch's times (and LwF's second forward, MIR's retrieval) and memory (micro-batch
-    activations, replay buffer, teacher, importances), with the planning options as ``ferret plan`` reads
-    them (items in flight replayed on this virtual clock's schedule unless ``--in-flight`` says otherwise).
-    The arrival interval stays the stream's."""
-    shape = algorithm.steady_shape(1)
-    base = planner_from_args(args, profile, in_flight="schedule").settings
-    settings = dataclasses.replace(base, memory=planning_memory(base.memory, algorithm.footprint, shape))
-    return Planner(planning_profile(profile, shape), settings).plan(args.budget)
+    step (:func:`~services.cli.plan_cmd.plan_for_algorithm`, what ``ferret plan --algorithm`` runs), with
+    items in flight replayed on this virtual clock's schedule unless ``--in-flight`` says otherwise."""
+    return plan_for_algorithm(args, profile, algorithm, in_flight="schedule")
 
 
 def run(args: argparse.Namespace) -> int:

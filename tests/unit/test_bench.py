@@ -267,3 +267,69 @@ def test_the_papers_ferret_runs_algorithm_1_whatever_the_cli_default() -> None:
     assert compensator(Arm("ferret-M", "ferret", "M")) == "iter-fisher"
     assert compensator(Arm("ferret-M", "ferret", "M", compensator="iter-fisher-lean")) == "iter-fisher-lean"
     assert compensator(Arm("1-skip", "1-skip")) is None
+
+
+def test_budget_m_is_measured_under_each_arms_algorithm(tmp_path: Path) -> None:
+    """M is PipeDream-2BW's measured bytes *under the arm's algorithm* (its state included): under ER it
+    exceeds Vanilla's M by at least the replay buffer's bytes, and Ferret under ER is feasible at it
+    (at Vanilla's M it was not: the 10 failed runs of the algorithms experiment)."""
+    from services.bench.budgets import plan_with_cli
+    from services.bench.driver import _budget_key, _budgets
+    from services.bench.experiments import SPLIT_MNIST
+
+    arms = (Arm("ferret-M", "ferret", "M"), Arm("ferret-M", "ferret", "M", algorithm="er"))
+    spec = ExperimentSpec("algorithms", (SPLIT_MNIST,), arms, (0,), items=10, test_items=20)
+    options = BenchOptions(preset=preset("quick"), out=tmp_path, jobs=2)
+    (tmp_path / "algorithms").mkdir()
+    budgets = _budgets(spec, tmp_path / "algorithms", options, main)
+    vanilla = budgets[_budget_key(SPLIT_MNIST, 10)]
+    er = budgets[_budget_key(SPLIT_MNIST, 10, "er")]
+    assert (vanilla.algorithm, er.algorithm) == ("vanilla", "er")
+    buffer_bytes = 5000 * 28 * 28 * 4  # the default 5000 float32 MNIST images
+    assert er.m >= vanilla.m + buffer_bytes
+    plan_er = plan_with_cli(main, algorithm="er")
+    assert plan_er(SPLIT_MNIST, er.m) is not None  # Ferret at M under ER: feasible
+    assert plan_er(SPLIT_MNIST, vanilla.m) is None  # the old reading: infeasible
+    assert er.absolute_min <= er.m_minus <= er.m
+    assert _budgets(spec, tmp_path / "algorithms", options, main) == budgets  # kept, not measured again
+
+
+def test_short_stream_presets_let_lwf_and_mas_act() -> None:
+    """On 250 items 1-Skip trains ~50 of them, below LwF's and MAS's default refresh periods (1000 and 100
+    trained items): both ran as Vanilla, bit for bit. The short-stream presets refresh every 10 trained
+    items, so the algorithm's state exists by the end of the run (measured by the memory meter)."""
+    from services.bench.runner import run_simulate, simulate_argv
+
+    spec = experiment("algorithms", preset("standard"))
+    for algorithm in ("lwf", "mas"):
+        run = next(r for r in spec.expand() if r.arm.column == "1-skip" and r.arm.algorithm == algorithm)
+        assert run.arm.refresh_every == 10 and f"|{algorithm}-every10|" in run.key
+        report = run_simulate(simulate_argv(run, None))
+        assert report["memory_breakdown"]["algorithm"] > 0, algorithm  # teacher / importances and anchor held
+    assert all(a.refresh_every is None for a in experiment("algorithms", preset("full")).arms)
+
+
+def test_plan_and_simulate_make_the_same_plan_given_the_same_byte_model() -> None:
+    """`ferret plan` and `ferret simulate` plan through one function; their defaults differ on purpose
+    (`--in-flight cap`, the wall clock's bound, vs `schedule`, exact on the virtual clock: docs/planner.md),
+    and with the same options, `--algorithm` included, they make the same plan."""
+    from ferret_core.ocl import AlgorithmSettings, make_algorithm
+    from ferret_core.profile import ModelProfile
+    from services.cli.main import build_parser
+    from services.cli.plan_cmd import plan_for_algorithm
+    from services.cli.simulate_cmd import ferret_plan
+
+    profile_path = "benchmarks/profiles/mnistnet-batches.json"
+    profile = ModelProfile.load(Path(profile_path))
+    common = ["--profile", profile_path, "--compensator", "iter-fisher", "--budget", "60000000"]
+    for algorithm in ("vanilla", "er", "lwf"):
+        sim = build_parser().parse_args(["simulate", "--dataset", "split-mnist", "--method", "ferret",
+                                         "--algorithm", algorithm, *common])
+        made = ferret_plan(sim, profile, make_algorithm(algorithm, AlgorithmSettings()))
+        for flags, expected_mode in (([], "cap"), (["--in-flight", "schedule"], "schedule")):
+            args = build_parser().parse_args(["plan", "--algorithm", algorithm, *common, *flags])
+            planned = plan_for_algorithm(args, profile, make_algorithm(algorithm, AlgorithmSettings()), in_flight="cap")
+            assert ("virtual clock" in planned.memory_note) == (expected_mode == "schedule")
+            if expected_mode == "schedule":
+                assert planned.to_dict() == made.to_dict(), algorithm
+    assert "virtual clock" in made.memory_note  # simulate's default: the schedule replay

@@ -227,6 +227,17 @@ def test_registry() -> None:
         AlgorithmSettings(mir_candidates=2, replay_batch=5)
 
 
+@pytest.mark.parametrize(
+    "bad", [{"mas_alpha": 1.0}, {"mas_alpha": -0.1}, {"lwf_temperature": 0.0}, {"mas_lambda": float("nan")},
+            {"lwf_alpha": -1.0}],
+)
+def test_lwf_and_mas_weights_are_validated(bad: dict[str, float]) -> None:
+    """The checks of the LwF/MAS weights run at construction (they once sat after a ``return`` in
+    ``candidates`` and never ran)."""
+    with pytest.raises(ConfigError, match=next(iter(bad))):
+        AlgorithmSettings(**bad)  # type: ignore[arg-type]
+
+
 # ------------------------------------------------------------------------------ every method × algorithm
 def policies(profile: ModelProfile) -> list[Policy]:
     plan = Planner(profile, PlannerSettings(arrival_interval=1.0)).plan(None)
