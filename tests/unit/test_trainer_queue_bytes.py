@@ -89,9 +89,7 @@ def test_measured_peak_stays_within_planned_with_the_queue_full(method: str) -> 
     learner = EngineLearner(model, make_planner(settings, profile).plan(None), settings, profile)
     gen = torch.Generator().manual_seed(0)
     try:
-        futures = [
-            learner.submit(i, torch.rand(64, generator=gen), i % 10, event_time_ms=1000 * i) for i in range(400)
-        ]
+        futures = [learner.submit(i, torch.rand(64, generator=gen), i % 10, event_time_ms=1000 * i) for i in range(400)]
         outcomes = [f().skipped for f in futures]
         learner.drain(120)
         stats = learner.stats()
