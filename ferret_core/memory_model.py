@@ -64,7 +64,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ferret_core.admission_queue import AdmissionQueue
+from ferret_core.admission_queue import AdmissionQueue, queue_bytes
 from ferret_core.cost_model import StageGeometry, paper_worker_elements
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan, WorkerConfig
@@ -134,6 +134,15 @@ class MemorySettings:
             else "items in flight from a replay of the virtual clock's schedule (exact there)"
         )
         return f"engine: what the engine holds, {where}"
+
+
+def admission_queue_bytes(profile: ModelProfile, slots: int, live_workers: int, dtype: str = "float32") -> int:
+    """Bytes of the wall clock's admission queues as every plan counts them (reading 7b, ours): ``slots``
+    (K) waiting items per live worker, each its input and its label (:data:`LABEL_BYTES` rounded up to
+    whole elements of ``dtype``, as :class:`MemoryModel` and the memory meter count them)."""
+    unit = dtype_bytes(dtype)
+    label_elements = -(-LABEL_BYTES // unit)
+    return queue_bytes(slots, live_workers, profile.input_elements, unit, label_elements * unit)
 
 
 class MemoryModel:

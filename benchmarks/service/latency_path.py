@@ -12,6 +12,7 @@ change under test) in the output file; ``--env K=V`` passes more FERRET_* settin
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -60,8 +61,26 @@ def analyse(lines: list[dict[str, Any]]) -> dict[str, Any]:
     out["tail_dominant_segment"] = dominant
     out["tail_mean_segments_ms"] = {seg: sum(r[b] - r[a] for r in tail) / len(tail) for seg, (a, b) in SEGMENTS.items()}
     out["pauses"] = [{"at_s": round((p["at"] - origin) / 1000, 2), "ms": p["pause"], "what": p["what"]} for p in pauses]
+    out["warmup_by_time"] = warmup_by_time(warm, origin)
     out["skipped"] = {k: sum(1 for r in steady if r.get("skipped") == k) for k in {r.get("skipped") for r in steady}}
     return out
+
+
+WARMUP_BUCKETS_S = (0.0, 0.5, 1.0, 2.0, 5.0, WARMUP_S)
+
+
+def warmup_by_time(warm: list[dict[str, Any]], origin: float) -> list[dict[str, Any]]:
+    """Where the warm-up's tail is: the warm-up records by event time after the stream's first one, per
+    bucket the records, latency p50 / p99 / max and the mean of every segment (ms)."""
+    rows = []
+    for lo, hi in itertools.pairwise(WARMUP_BUCKETS_S):
+        group = [r for r in warm if lo * 1000 <= r["event"] - origin < hi * 1000]
+        if not group:
+            continue
+        latency = h.summary([r["published"] - r["event"] for r in group])
+        means = {seg: sum(r[b] - r[a] for r in group) / len(group) for seg, (a, b) in list(SEGMENTS.items())[1:]}
+        rows.append({"from_s": lo, "to_s": hi, "records": len(group), "latency": latency, "mean_segments_ms": means})
+    return rows
 
 
 def main() -> int:
@@ -126,7 +145,18 @@ def main() -> int:
         + ".",
         "",
         f"Loop pauses: {result['pauses'] or 'none'}. Steady decisions: {result['skipped']} (None = dispatched).",
+        "",
+        "Warm-up by event time after the stream's first record (where its tail is; segment means in ms):",
+        "",
+        "| event time | records | p50 | p99 | max | " + " | ".join(s.split(" (")[0] for s in list(SEGMENTS)[1:]) + " |",
+        "|---|---|---|---|---|" + "---|" * (len(SEGMENTS) - 1),
     ]
+    for row in result["warmup_by_time"]:
+        lat = row["latency"]
+        md.append(
+            f"| {row['from_s']:g}–{row['to_s']:g} s | {row['records']} | {lat['p50']:.1f} | {lat['p99']:.1f} | "
+            f"{lat['max']:.1f} | " + " | ".join(f"{v:.1f}" for v in row["mean_segments_ms"].values()) + " |"
+        )
     (h.RESULTS / f"{name}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0

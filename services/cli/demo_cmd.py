@@ -93,7 +93,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--new-budget",
         type=budget_type,
         default=None,
-        help="budget set mid-stream over gRPC (default: halfway between minimum feasible and planned bytes)",
+        help="budget set mid-stream over gRPC (default: halfway between minimum feasible and planned bytes; "
+        "when the plan is already the smallest feasible, half the minimum, to show the refusal)",
     )
     parser.add_argument(
         "--change-at",

@@ -82,6 +82,15 @@ def status_rows(record: RunRecord, phase: str) -> list[tuple[str, str]]:
                 f"planning {change.planning_seconds * 1e3:.0f} ms, stall {change.stall_seconds * 1e3:.0f} ms",
             )
         )
+    refusal = record.budget_refusal
+    if refusal is not None:
+        rows.append(
+            (
+                "budget step",
+                f"{_bytes(refusal.to_bytes)} refused ({refusal.code}, minimum {_bytes(refusal.min_feasible_bytes)}): "
+                f"no smaller plan exists; plan v{refusal.plan_version_after} unchanged",
+            )
+        )
     return rows
 
 

@@ -9,7 +9,12 @@ Defaults (DESIGN §6: no flags and no network needed):
 - 3000 items at 50 items/s: about a minute of streaming, well below what MNISTNet trains per second on
   one core, so predictions keep up and most items are trained;
 - the budget starts unconstrained and changes once, after 40 % of the items were predicted, to halfway
-  between the plan's minimum feasible bytes and its predicted bytes (read from GetPlan).
+  between the plan's minimum feasible bytes and its predicted bytes (read from GetPlan) — when a smaller
+  plan exists. At the demo's own rate it usually does not: one unsplit worker keeps up with 50 items/s,
+  and that plan is already the smallest feasible one (docs/planner.md reading 10), so no budget changes
+  it. The demo then says so in its log and report and asks for half the minimum instead, to show the
+  control plane's answer to an infeasible budget (FAILED_PRECONDITION with the minimum; the plan in force
+  unchanged) — :func:`budget_step`.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ferret_core.data import dataset_spec
-from ferret_core.errors import ConfigError
+from ferret_core.errors import ConfigError, InfeasibleBudgetError
 
 DEFAULT_ITEMS = 3000
 DEFAULT_RATE = 50.0
@@ -142,3 +147,42 @@ def fresh_topic_prefix(stamp: str) -> str:
 def default_new_budget(min_feasible_bytes: int, predicted_bytes: int) -> int:
     """Halfway between the minimum feasible bytes and the current plan's predicted bytes."""
     return (int(min_feasible_bytes) + int(predicted_bytes)) // 2
+
+
+@dataclass(frozen=True)
+class BudgetStep:
+    """The demo's one SetMemoryBudget call: ``budget`` bytes, and whether the trainer is expected to refuse
+    it (``refusal``: no plan smaller than the one in force exists, so the demo shows the refusal instead of
+    a cut that would change nothing). ``why``: one line for the log and the report."""
+
+    budget: int
+    refusal: bool
+    why: str
+
+
+def budget_step(min_feasible_bytes: int, predicted_bytes: int, new_budget: int | None = None) -> BudgetStep:
+    """What the demo's budget step asks for, given the start-up plan (GetPlan):
+
+    - ``new_budget`` (``--new-budget``) when given; below the minimum feasible bytes it is refused here,
+      before streaming (:class:`InfeasibleBudgetError`);
+    - else, when a smaller plan exists (minimum < predicted), a cut halfway between the two
+      (:func:`default_new_budget`): the planner must give up R_F (T1–T4, fewer workers) to fit it;
+    - else (the plan in force is the smallest feasible one) half the minimum feasible bytes, which the
+      trainer must refuse (FAILED_PRECONDITION, the minimum in the reply, the plan unchanged).
+    """
+    minimum, predicted = int(min_feasible_bytes), int(predicted_bytes)
+    if new_budget is not None:
+        if new_budget < minimum:
+            raise InfeasibleBudgetError(new_budget, minimum)
+        return BudgetStep(new_budget, False, f"--new-budget {new_budget} bytes")
+    if minimum < predicted:
+        budget = default_new_budget(minimum, predicted)
+        why = f"halfway between the minimum feasible {minimum} and the planned {predicted} bytes"
+        return BudgetStep(budget, False, why)
+    return BudgetStep(
+        max(1, minimum // 2),
+        True,
+        f"no budget changes the plan: the plan in force ({predicted} bytes) is already the smallest feasible one "
+        f"for this model and stream rate (one unsplit worker keeps up; docs/planner.md reading 10); asking for "
+        f"half the minimum, {max(1, minimum // 2)} bytes, to show the control plane's refusal",
+    )

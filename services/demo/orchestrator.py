@@ -55,8 +55,8 @@ from services.demo.commands import (
 )
 from services.demo.kept import KeptStack
 from services.demo.live_view import View, make_view
-from services.demo.options import DemoOptions, default_new_budget
-from services.demo.record import BudgetChange, PlanView, RunRecord, StatusPoint
+from services.demo.options import BudgetStep, DemoOptions, budget_step
+from services.demo.record import BudgetChange, BudgetRefusal, PlanView, RunRecord, StatusPoint
 from services.demo.report import PRODUCER_LOG, TRAINER_LOG, write_report
 from services.kafka.admin import TopicNames, ensure_topics
 from services.localstack import LocalStack, LocalStackError, free_port
@@ -67,6 +67,7 @@ EXIT_INFEASIBLE = 3
 KEPT_STACK_FILE = "stack.json"
 STATUS_GRACE_S = 10.0  # GetStatus may fail this long (e.g. while the trainer exits) before the demo gives up
 _MIN_FEASIBLE = re.compile(r"minimum feasible (\d+) bytes")
+log = logging.getLogger("ferret.demo")
 
 
 class DemoError(FerretError, RuntimeError):
@@ -177,10 +178,10 @@ class DemoRun:
         record.trainer_ready_s = self._wait_serving(trainer, endpoints.control_target)
         with ControlClient(endpoints.control_target, timeout_s=max(60.0, o.stop_timeout_s)) as client:
             record.plan_before = PlanView.from_reply(client.get_plan())
-            new_budget = self._new_budget(record.plan_before)
+            step = self._budget_step(record.plan_before)
             self._set_phase("streaming")
             producer = self._spawn("producer", producer_command(o, endpoints), PRODUCER_LOG, producer_env())
-            incomplete = self._follow(client, trainer, producer, new_budget)
+            incomplete = self._follow(client, trainer, producer, step)
             self._set_phase("snapshot")
             info = client.save_snapshot({"reason": "demo", "run": o.topic_prefix})
             record.snapshot_requested = {
@@ -206,12 +207,13 @@ class DemoRun:
         return incomplete
 
     def _follow(
-        self, client: ControlClient, trainer: ChildProcess, producer: ChildProcess, new_budget: int
+        self, client: ControlClient, trainer: ChildProcess, producer: ChildProcess, step: BudgetStep
     ) -> str | None:
-        """Refresh the view until every produced item has its outcome; change the budget once on the way.
-        Returns why the run is incomplete (no progress for ``stall_timeout_s``), or None."""
+        """Refresh the view until every produced item has its outcome; take the budget step once on the way
+        (a change, or the expected refusal). Returns why the run is incomplete (no progress for
+        ``stall_timeout_s``), or None."""
         o, record = self.options, self.record
-        change: Future[tuple[BudgetChange, PlanView]] | None = None
+        change: Future[tuple[BudgetChange | BudgetRefusal, PlanView]] | None = None
         progress, progress_at = -1, time.monotonic()
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ferret-demo-budget")
         try:
@@ -228,15 +230,19 @@ class DemoRun:
                 threshold = o.change_after_predictions if target is None else min(o.change_after_predictions, target)
                 if change is None and point.predictions_published >= threshold:
                     record.measured_bytes_before_change = point.measured_bytes
-                    change = pool.submit(self._change_budget, client, new_budget, point)
-                if change is not None and change.done() and not record.budget_changes:
+                    change = pool.submit(self._take_budget_step, client, step, point)
+                if change is not None and change.done() and not record.budget_step_done:
                     self._budget_changed(change)
-                if change is not None and not record.budget_changes:
-                    self._phase = "streaming; changing the budget over gRPC"
+                if change is not None and not record.budget_step_done:
+                    self._phase = (
+                        "streaming; asking for an infeasible budget over gRPC (no smaller plan exists)"
+                        if step.refusal
+                        else "streaming; changing the budget over gRPC"
+                    )
                 else:
                     self._phase = "streaming" if target is None else "draining: waiting for the last predictions"
                 self._update_view()
-                if target is not None and point.outcomes >= target and record.budget_changes:
+                if target is not None and point.outcomes >= target and record.budget_step_done:
                     record.complete = True
                     return None
                 if point.outcomes > progress:
@@ -285,13 +291,49 @@ class DemoRun:
             f"the trainer exited with status {code} {when}{last_log_line(trainer.log_path)}", trainer.log_path
         )
 
-    def _new_budget(self, plan: PlanView) -> int:
-        budget = self.options.new_budget
-        if budget is None:
-            return default_new_budget(plan.min_feasible_bytes, plan.predicted_bytes)
-        if budget < plan.min_feasible_bytes:
-            raise InfeasibleBudgetError(budget, plan.min_feasible_bytes)
-        return budget
+    def _budget_step(self, plan: PlanView) -> BudgetStep:
+        """The budget step for the start-up plan (:func:`services.demo.options.budget_step`), logged and
+        recorded: a cut when a smaller plan exists, else the refusal the demo shows instead."""
+        step = budget_step(plan.min_feasible_bytes, plan.predicted_bytes, self.options.new_budget)
+        self.record.budget_step = f"{'refusal' if step.refusal else 'cut'} to {step.budget} bytes: {step.why}"
+        log.info("budget step: %s", self.record.budget_step)
+        return step
+
+    def _take_budget_step(
+        self, client: ControlClient, step: BudgetStep, before: StatusPoint
+    ) -> tuple[BudgetChange | BudgetRefusal, PlanView]:
+        """On the worker thread: the step's SetMemoryBudget call (a refusal when one was expected), and the
+        plan in force after it."""
+        if not step.refusal:
+            return self._change_budget(client, step.budget, before)
+        plan = self.record.plan_before
+        assert plan is not None
+        requested, began = now_ms(), time.monotonic()
+        try:
+            reply = client.set_memory_budget(step.budget)
+        except ControlCallError as exc:
+            if exc.code != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            refused = exc
+        else:  # accepted after all (a smaller plan appeared): an ordinary change
+            after = PlanView.from_reply(reply)
+            return self._recorded_change(reply, after, step.budget, requested, began, before), after
+        finally:
+            self._wake.set()
+        after = PlanView.from_reply(client.get_plan())
+        refusal = BudgetRefusal(
+            requested_time_ms=requested,
+            to_bytes=step.budget,
+            code=refused.code.name,
+            details=refused.details,
+            min_feasible_bytes=refused.min_feasible_bytes,
+            call_seconds=time.monotonic() - began,
+            predictions_before=before.predictions_published,
+            plan_version_before=plan.version,
+            plan_version_after=after.version,
+            plan_changed=after.plan != plan.plan,
+        )
+        return refusal, after
 
     def _status(self, client: ControlClient, trainer: ChildProcess) -> StatusPoint | None:
         """The trainer's status; None while GetStatus has failed for less than ``STATUS_GRACE_S`` (a
@@ -330,7 +372,14 @@ class DemoRun:
         finally:
             self._wake.set()
         after = PlanView.from_reply(reply)
-        change = BudgetChange(
+        return self._recorded_change(reply, after, budget, requested, began, before), after
+
+    def _recorded_change(
+        self, reply: Any, after: PlanView, budget: int, requested: int, began: float, before: StatusPoint
+    ) -> BudgetChange:
+        plan = self.record.plan_before
+        assert plan is not None
+        return BudgetChange(
             requested_time_ms=requested,
             applied_time_ms=reply.applied_time_ms,
             from_bytes=plan.budget_bytes,
@@ -345,17 +394,27 @@ class DemoRun:
             predicted_bytes_after=after.predicted_bytes,
             plan_changed=after.plan != plan.plan,
         )
-        return change, after
 
-    def _budget_changed(self, future: Future[tuple[BudgetChange, PlanView]]) -> None:
+    def _budget_changed(self, future: Future[tuple[BudgetChange | BudgetRefusal, PlanView]]) -> None:
         try:
-            change, after = future.result()
+            outcome, after = future.result()
         except ControlCallError as exc:
             if exc.code == grpc.StatusCode.FAILED_PRECONDITION and exc.min_feasible_bytes is not None:
                 raise InfeasibleBudgetError(self.options.new_budget or 0, exc.min_feasible_bytes) from None
             raise DemoError(f"the budget change failed: {exc}", self.out_dir / TRAINER_LOG) from None
-        self.record.budget_changes.append(change)
         self.record.plan_after = after
+        if isinstance(outcome, BudgetRefusal):
+            self.record.budget_refusal = outcome
+            log.info(
+                "budget step: SetMemoryBudget(%d) refused as expected: %s (minimum feasible %s bytes); plan v%d "
+                "unchanged",
+                outcome.to_bytes,
+                outcome.code,
+                outcome.min_feasible_bytes,
+                outcome.plan_version_after,
+            )
+        else:
+            self.record.budget_changes.append(outcome)
 
     def _read_stored_snapshots(self) -> None:
         """The trainer's snapshots as Redis holds them after its exit (checksums verified)."""

@@ -133,6 +133,30 @@ class BudgetChange:
         return out
 
 
+@dataclass(frozen=True)
+class BudgetRefusal:
+    """The demo's SetMemoryBudget call that the trainer refused (no smaller plan exists): the gRPC status,
+    the minimum feasible bytes the reply carried, and the plan version before and after (unchanged)."""
+
+    requested_time_ms: int
+    to_bytes: int
+    code: str  # the gRPC status name, e.g. FAILED_PRECONDITION
+    details: str  # the server's one-line reason
+    min_feasible_bytes: int | None  # from the reply's rich error details
+    call_seconds: float
+    predictions_before: int
+    plan_version_before: int
+    plan_version_after: int  # from GetPlan after the refusal
+    plan_changed: bool  # the plan GetPlan reports after it differs from the one before (expected False)
+
+    def to_dict(self, origin_ms: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"time_ms": self.requested_time_ms, "time_s": None, "to": self.to_bytes, **asdict(self)}
+        del out["to_bytes"]
+        if origin_ms is not None:
+            out["time_s"] = round((self.requested_time_ms - origin_ms) / 1000, 3)
+        return out
+
+
 @dataclass
 class RunRecord:
     """Everything a run observed, in the order it happened. Mutable: the orchestrator fills it."""
@@ -157,6 +181,8 @@ class RunRecord:
     plan_before: PlanView | None = None
     plan_after: PlanView | None = None
     budget_changes: list[BudgetChange] = field(default_factory=list)
+    budget_step: str | None = None  # what the budget step asks for and why (options.budget_step)
+    budget_refusal: BudgetRefusal | None = None  # the step's call, refused as expected
     snapshot_requested: dict[str, Any] | None = None
     snapshots_stored: list[dict[str, Any]] = field(default_factory=list)
     timeline: list[StatusPoint] = field(default_factory=list)
@@ -164,6 +190,11 @@ class RunRecord:
     ended_time_ms: int | None = None
     complete: bool = False  # every produced item got its outcome before the deadline
     error: str | None = None
+
+    @property
+    def budget_step_done(self) -> bool:
+        """The budget step's call has returned: a change applied, or the expected refusal."""
+        return bool(self.budget_changes) or self.budget_refusal is not None
 
     @property
     def last_status(self) -> StatusPoint | None:

@@ -189,6 +189,10 @@ def build_summary(
         "budget_bytes_before": before.budget_bytes if before else None,
         "budget_bytes": after.budget_bytes if after else None,
         "budget_changes": [c.to_dict(stats.first_time_ms) for c in record.budget_changes],
+        "budget_step": record.budget_step,  # what the step asked for and why (a cut, or a refusal to show)
+        "budget_refusal": None
+        if record.budget_refusal is None
+        else record.budget_refusal.to_dict(stats.first_time_ms),
         "snapshots": {
             "requested": record.snapshot_requested,  # the demo's SaveSnapshot reply
             "in_redis": record.snapshots_stored,  # what Redis holds after the trainer's exit (pruned to `keep`)
@@ -281,6 +285,17 @@ def table_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
                 f"at {when}: {_bytes(change['from'])} → {_bytes(change['to'])}, plan "
                 f"v{change['plan_version_before']} → v{change['plan_version_after']}, planning "
                 f"{change['planning_seconds'] * 1e3:.1f} ms, stall {change['stall_seconds'] * 1e3:.1f} ms",
+            )
+        )
+    refusal = s.get("budget_refusal")
+    if refusal is not None:
+        when = "n/a" if refusal["time_s"] is None else f"{refusal['time_s']:.1f} s"
+        rows.append(
+            (
+                "budget step (no smaller plan exists)",
+                f"at {when}: SetMemoryBudget({_bytes(refusal['to'])}) refused: {refusal['code']}, minimum feasible "
+                f"{_bytes(refusal['min_feasible_bytes'])}; plan v{refusal['plan_version_before']} → "
+                f"v{refusal['plan_version_after']} ({'changed' if refusal['plan_changed'] else 'unchanged'})",
             )
         )
     snapshots = s["snapshots"]

@@ -34,6 +34,14 @@ service time ÷ its service time by the profile; 1-Skip: W = 0, "free when it ar
 items wait in a bounded queue per worker of K = max(⌈(W + D) / (N·t^d)⌉, ⌈B / N⌉) inputs
 (D = :data:`DELIVERY_SPREAD_S`, what one Kafka delivery may bring late; B = :data:`DELIVERY_ITEMS`, the most
 records one delivery hands over). :func:`live_admission` gives W and K for a method and plan.
+
+**The queue is in every planned figure** (docs/planner.md reading 7b): the trainer's planner counts K ×
+(input + label) per live worker in Ferret's plan; :func:`count_admission_queue` adds the same term, from
+the K the wall clock enforces, to the planned bytes of every other method that admits through the queue
+(the pipeline schedules, 1-Skip), so their status ``planned_bytes`` (and a schedule's GetPlan) count what
+runs. Not counted where nothing waits in it: the buffering methods (their window, counted in their own
+bytes, holds what waits) and the instant methods (Oracle: the queue is unbounded by design, so no
+planned figure bounds it; its planned bytes leave the queue out).
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ from ferret_core.engine import METHOD_NAMES, METHODS, MethodOptions, make_policy
 from ferret_core.engine.admission import AdmissionSettings, max_wait, queue_slots
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.scheduler import ScheduleRules
-from ferret_core.memory_model import MemorySettings
+from ferret_core.memory_model import MemorySettings, admission_queue_bytes
 from ferret_core.plan import Plan
 from ferret_core.profile import ModelProfile
 from services.control.errors import BudgetNotPlanned
@@ -122,9 +130,35 @@ def live_setup(
     options = MethodOptions(memory=MemorySettings(variant="engine", compensator=compensator))
     setup = make_policy(method, plan, profile=profile, options=options).setup(model, num_units, plan.arrival_interval)
     admission = live_admission(setup, plan, delivery_s)
+    setup = count_admission_queue(setup, admission, profile)
     if setup.instant:
         setup = dataclasses.replace(setup, rules=QueueEveryItem(setup.rules))
     return setup, admission
+
+
+def count_admission_queue(
+    setup: PolicySetup, admission: AdmissionSettings | None, profile: ModelProfile | None
+) -> PolicySetup:
+    """``setup`` with the wall clock's admission queue in its planned bytes: K (``admission.queue_slots``,
+    what the wall clock enforces) × (input + label) per live worker of the executed plan, as the planner
+    counts it for Ferret (:func:`~ferret_core.memory_model.admission_queue_bytes`), under
+    ``memory_breakdown["admission_queue"]``. Unchanged where the plan counts it already (the trainer's
+    planner made it), where no bytes are planned (no profile), where admission is unbounded (instant
+    methods) and where arrivals wait in a method's window instead (buffering methods)."""
+    planned = setup.planned
+    if planned is None or profile is None or admission is None or setup.feeder is not None:
+        return setup
+    if "admission_queue" in planned.memory_breakdown:
+        return setup
+    live = sum(1 for worker in setup.plan.workers if worker.live)
+    queue = admission_queue_bytes(profile, admission.queue_slots, live, planned.dtype)
+    counted = dataclasses.replace(
+        planned,
+        predicted_bytes=planned.predicted_bytes + queue,
+        memory_breakdown={**planned.memory_breakdown, "admission_queue": queue},
+    )
+    executed = counted if setup.plan == planned else setup.plan  # a schedule executes its planned plan
+    return dataclasses.replace(setup, plan=executed, planned=counted)
 
 
 def plans_for_budget(method: str) -> bool:

@@ -71,8 +71,9 @@ def test_plan_and_status_replies_are_recorded(client: ControlClient) -> None:
 def test_budget_change_goes_through_grpc_and_records_the_reply(tmp_path: Path, client: ControlClient) -> None:
     run = _run(tmp_path)
     run.record.plan_before = PlanView.from_reply(client.get_plan())
-    budget = run._new_budget(run.record.plan_before)
-    assert budget == (MIN_BYTES + FULL_BYTES) // 2
+    step = run._budget_step(run.record.plan_before)
+    budget = step.budget
+    assert budget == (MIN_BYTES + FULL_BYTES) // 2 and not step.refusal
     before = StatusPoint.from_reply(client.get_status())
     change, after = run._change_budget(client, budget, before)
     assert change.from_bytes is None and change.to_bytes == budget
@@ -92,7 +93,7 @@ def test_an_infeasible_new_budget_is_refused_before_streaming(tmp_path: Path, cl
     run = _run(tmp_path)
     run.options = replace(run.options, new_budget=MIN_BYTES - 1)
     with pytest.raises(InfeasibleBudgetError, match=str(MIN_BYTES)):
-        run._new_budget(PlanView.from_reply(client.get_plan()))
+        run._budget_step(PlanView.from_reply(client.get_plan()))
 
 
 def test_delivered_count_reads_the_producers_last_report(tmp_path: Path) -> None:
