@@ -22,8 +22,9 @@ Two variants (``MemorySettings.variant``):
   times at the plan's arrival interval, which is what the virtual clock runs (``ferret simulate``,
   ``ferret bench``; it needs ``arrival_interval`` and ``num_slots``). Shared terms: no master copy (the
   master always is the replica of the worker that updated it last; replicas share its storage), the
-  transient terms — one gradient between a B and its update (max_j |w_j|, or Σ_j |w_j| under ``cap``:
-  stages update concurrently on the wall clock), the prediction path's activations (max_l input_l +
+  transient terms — one gradient between a B and its update (max_j |w_j|; under ``cap`` instead a
+  per-worker term ``pending_gradients`` = Σ_j |w_j|: every live worker's stages update concurrently on the
+  wall clock), the prediction path's activations (max_l input_l +
   output_l) and, under ``schedule`` with T1, one recomputed graph max_j (internal_j + output_j) (``cap``
   counts one per stage and worker) — and the extras below. Under ``schedule`` the gradient and the
   recomputed graph count as their **max** (:meth:`MemoryModel.transient_elements`: one action runs at a
@@ -181,6 +182,10 @@ class MemoryModel:
             profile.input_elements * batch, geometry.outputs, geometry.graph_internal, label * batch
         )
         self._fixed = self._fixed_extras(profile) if settings.extras else {}
+        # ``cap`` (the wall clock): every live worker's stages run their B and update concurrently, so each
+        # worker can hold one gradient per stage, Σ_j |w_j|, waiting for its update at once (measured: a 2 × 2
+        # MNISTNet plan held 9.45 MB of gradients, 2 × ΣW; one shared Σ_j |w_j| under-counted it by ΣW).
+        self._per_worker_gradients = settings.extras and self._engine and not self._schedule
         self._transients = self._transient_extras(profile) if settings.extras else {}
         self._queue_slot_elements = profile.input_elements + label  # one waiting item: its input and label
         self.queue_slots = 0  # K per live worker (0: the admission queue is not counted)
@@ -238,6 +243,8 @@ class MemoryModel:
         else:
             versions = sum(self.stage_versions(worker, j) * g.weights[j] for j in range(g.num_stages))
             parts = {"versions": versions, "activations": self.residency(worker).peak, "accumulation_buffers": buffers}
+            if self._per_worker_gradients:
+                parts["pending_gradients"] = g.total_weights  # one per stage between its B and its update
         if queue:
             parts["admission_queue"] = queue  # plus the queue (ours, not in the paper)
         return parts
@@ -278,16 +285,16 @@ class MemoryModel:
         return extras
 
     def _transient_extras(self, profile: ModelProfile) -> dict[str, int]:
-        """The gradient between a B and its update (``schedule``: max_j |w_j|, one action at a time;
-        ``cap`` and ``paper``: Σ_j |w_j|, resp. max_j) and the prediction path, max_l (input_l + output_l)."""
+        """The gradient between a B and its update (``schedule`` and ``paper``: max_j |w_j|, one action at a
+        time; ``cap``: per live worker instead, see :meth:`worker_breakdown`) and the prediction path,
+        max_l (input_l + output_l)."""
         g = self.geometry
         outputs = [layer.activations for layer in profile.layers]
         inputs = [profile.input_elements, *outputs[:-1]]
-        gradient = max(g.weights) if self._schedule or not self._engine else g.total_weights
-        return {
-            "transient_gradient": gradient,
-            "prediction_path": max(i + o for i, o in zip(inputs, outputs, strict=True)),
-        }
+        path = {"prediction_path": max(i + o for i, o in zip(inputs, outputs, strict=True))}
+        if self._per_worker_gradients:  # ``cap``: counted per live worker (:meth:`worker_breakdown`)
+            return path
+        return {"transient_gradient": max(g.weights), **path}
 
     def transient_parts(self, recompute: bool) -> dict[str, int]:
         """The terms held only around one action or one prediction: the transient gradient, the

@@ -201,3 +201,25 @@ def test_planned_bytes_hold_on_an_activation_heavy_model() -> None:
                 # the gradient was slack too. What is left unused here is the prediction path (kept summed)
                 slack = plan.predicted_bytes - measured
                 assert slack <= plan.memory_breakdown["prediction_path"] + 64, (fraction, slack, plan.memory_breakdown)
+
+
+def test_wall_clock_bytes_count_one_pending_gradient_per_live_worker() -> None:
+    """On the wall clock every live (worker, stage) executor can hold its gradient between its B and its
+    update at once (issue 7g measured 2 x ΣW on a 2 x 2 MNISTNet plan against the one ΣW ``cap`` counted):
+    ``cap`` counts Σ_j |w_j| per live worker, a removed worker frees it, and the virtual clock's ``schedule``
+    model keeps one shared max_j |w_j| (one action at a time)."""
+    units = wide_units([24, 40], seed=0)
+    profile = sized_profile(units, [(1.0, 2.0), (2.0, 3.0), (0.5, 1.0)])
+    partition = Partition((0, 1, 3))
+    geometry = StageGeometry.from_profile(profile, partition)
+    both = [WorkerConfig(n, True, False, (1, 1), (0, 0)) for n in range(2)]
+    one = [both[0], WorkerConfig(1, False, False, (1, 1), (0, 0))]
+    cap = MemoryModel(geometry, profile, MemorySettings(variant="engine"))
+    assert cap.breakdown(both)["pending_gradients"] == 2 * geometry.total_weights * 4
+    assert cap.breakdown(one)["pending_gradients"] == geometry.total_weights * 4
+    assert "transient_gradient" not in cap.breakdown(both)
+    assert cap.total(both) - cap.total(one) == cap.worker_elements(both[1]) * 4
+    schedule = MemoryModel(geometry, profile, MemorySettings(variant="engine", in_flight="schedule"),
+                           arrival_interval=1.0, num_slots=2)
+    assert "pending_gradients" not in schedule.breakdown(both)
+    assert schedule.breakdown(both)["transient_max"] >= max(geometry.weights) * 4

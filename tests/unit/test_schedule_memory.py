@@ -40,6 +40,10 @@ def profile() -> ModelProfile:
 @pytest.mark.parametrize("method", SCHEDULES)
 def test_measured_peak_is_within_20_percent_of_planned(method: str, budget: str, profile: ModelProfile) -> None:
     counted = MemorySettings(variant="engine", compensator="none")  # what the engine allocates; no compensator
+    if method == "ferret":  # the planner's plan for the virtual clock: its ``schedule`` byte model (the wall
+        # clock's ``cap`` bound counts one pending gradient per live (worker, stage) executor, which the
+        # virtual clock, one action at a time, never holds: test_memory_model's per-worker gradient test)
+        counted = dataclasses.replace(counted, in_flight="schedule")
     planner = Planner(profile, PlannerSettings(memory=counted))
     plan = planner.plan(planner.min_feasible_bytes if budget == "min" else None)
     model = build_model("mlp", num_classes=5, in_features=96, seed=0)

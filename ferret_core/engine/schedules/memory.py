@@ -105,7 +105,10 @@ def schedule_memory(
     return out
 
 
-_PER_WORKER = ("workers", "versions", "activations", "accumulation_buffers", "master_copy", "transient_gradient")
+_PER_WORKER = (
+    "workers", "versions", "activations", "accumulation_buffers", "master_copy", "transient_gradient",
+    "pending_gradients",
+)
 
 
 def _per_item(geometry: StageGeometry, outputs: Sequence[int], worker: WorkerConfig, stage: int, split: bool) -> int:
