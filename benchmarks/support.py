@@ -44,3 +44,18 @@ def simulate_json(args: list[str]) -> dict[str, Any]:
     report["command"] = " ".join(["ferret", *cmd[3:]])
     report["process_seconds"] = time.perf_counter() - started
     return report
+
+
+def short_head() -> str:
+    """The repository's commit (``git rev-parse --short HEAD``), for a result's header."""
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return done.stdout.strip()
+
+
+def write_result(results: Path, name: str, result: dict[str, Any], render: Any) -> str:
+    """``results/NAME.json`` (the raw result) and ``results/NAME.md`` (``render(result)``); returns the Markdown."""
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    md: str = render(result)
+    (results / f"{name}.md").write_text(md, encoding="utf-8")
+    return md

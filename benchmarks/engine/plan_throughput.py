@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from benchmarks.engine.service_time import items, plain_loop  # noqa: E402
+from benchmarks.support import short_head, write_result  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = ((1, 1), (1, 2), (2, 1), (2, 2))
@@ -134,9 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     result = {
         "command": " ".join([".venv/bin/python", "benchmarks/engine/plan_throughput.py", *(argv or sys.argv[1:])]),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip(),
+        "commit": short_head(),
         "model": args.model,
         "dataset": args.dataset,
         "cpus": os.cpu_count(),
@@ -146,11 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    md = render(result)
-    (RESULTS / f"{args.out}.md").write_text(md, encoding="utf-8")
-    print(md)
+    print(write_result(RESULTS, args.out, result, render))
     return 0
 
 

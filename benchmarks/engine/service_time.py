@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
-import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -39,6 +37,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from benchmarks.support import short_head, write_result  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -219,9 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     plain_after = plain_loop(settings, xs, ys, args.warm)
     result = {
         "command": " ".join([".venv/bin/python", "benchmarks/engine/service_time.py", *(argv or sys.argv[1:])]),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip(),
+        "commit": short_head(),
         "model": args.model,
         "torch_threads": torch.get_num_threads(),
         "instrumented": not args.no_instrument,
@@ -232,11 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    md = render(result)
-    (RESULTS / f"{args.out}.md").write_text(md, encoding="utf-8")
-    print(md)
+    print(write_result(RESULTS, args.out, result, render))
     return 0
 
 
