@@ -39,7 +39,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     add_planning_arguments(parser)
-    defaults = AlgorithmSettings()
     parser.add_argument(
         "--algorithm",
         choices=ALGORITHM_NAMES,
@@ -47,12 +46,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="OCL algorithm whose step (micro-batch, LwF's second forward, MIR's retrieval) and state (replay "
         "buffer, teacher, importances) are planned, as `ferret simulate --algorithm` plans them (default vanilla)",
     )
-    parser.add_argument("--replay-buffer", type=positive_int, default=defaults.buffer_size,
-                        help=f"ER/MIR buffer size in items (default {defaults.buffer_size}, the paper's)")
-    parser.add_argument("--replay-batch", type=positive_int, default=None,
-                        help="ER/MIR items replayed per step (default: as many as the step admits)")
-    parser.add_argument("--mir-candidates", type=positive_int, default=None,
-                        help="MIR candidates scored per step (default: 5 × the replayed items)")
+    add_replay_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of the table")
     parser.set_defaults(handler=run)
 
@@ -205,6 +199,18 @@ def plan_for_algorithm(
     base = planner_from_args(args, profile, in_flight=in_flight).settings
     settings = dataclasses.replace(base, memory=planning_memory(base.memory, algorithm.footprint, shape))
     return Planner(planning_profile(profile, shape), settings).plan(args.budget)
+
+
+def add_replay_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--replay-buffer``, ``--replay-batch``, ``--mir-candidates`` (ER/MIR), as ``ferret plan`` and
+    ``ferret simulate`` both take them."""
+    defaults = AlgorithmSettings()
+    parser.add_argument("--replay-buffer", type=positive_int, default=defaults.buffer_size,
+                        help=f"ER/MIR buffer size in items (default {defaults.buffer_size}, the paper's)")
+    parser.add_argument("--replay-batch", type=positive_int, default=None,
+                        help="ER/MIR items replayed per step (default: as many as the step admits)")
+    parser.add_argument("--mir-candidates", type=positive_int, default=None,
+                        help="MIR candidates scored per step (default: 5 × the replayed items)")
 
 
 def run(args: argparse.Namespace) -> int:

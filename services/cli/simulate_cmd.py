@@ -88,6 +88,7 @@ from services.cli.args import default_data_root, existing_file, non_negative_int
 from services.cli.plan_cmd import (
     PLANNER_COMPENSATOR,
     add_planning_arguments,
+    add_replay_arguments,
     load_or_profile,
     model_from_profile,
     plan_for_algorithm,
@@ -180,12 +181,7 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
                        help="items Camel replays per step (default: N)")
     ocl = parser.add_argument_group("OCL algorithms (er, mir, lwf, mas)")
     a = AlgorithmSettings()
-    ocl.add_argument("--replay-buffer", type=positive_int, default=a.buffer_size,
-                     help=f"ER/MIR buffer size in items (default {a.buffer_size}, the paper's)")
-    ocl.add_argument("--replay-batch", type=positive_int, default=None,
-                     help="ER/MIR items replayed per step (default: as many as the step admits)")
-    ocl.add_argument("--mir-candidates", type=positive_int, default=None,
-                     help="MIR candidates scored per step (default: 5 × the replayed items)")
+    add_replay_arguments(ocl)
     ocl.add_argument("--lwf-every", type=positive_int, default=a.lwf_every,
                      help=f"LwF teacher refresh period in trained items (default {a.lwf_every})")
     ocl.add_argument("--mas-every", type=positive_int, default=a.mas_every,
