@@ -189,11 +189,12 @@ class DriftReplanner:
             cooling = time.monotonic() - self._last < self.cooldown_s
             scale = self.time_scale() if self.time_scale is not None and not cooling else None
             scaled = scale is not None and self.scale_drifted(scale)
-            if not scaled and (not self.drifted(estimate) or (cooling and not declared)):
+            drifted = self.drifted(estimate)
+            if not scaled and (not drifted or (cooling and not declared)):
                 continue
             self._last = time.monotonic()
             try:
-                interval = estimate if self.drifted(estimate) else self.planners.current.arrival_interval
+                interval = estimate if drifted else self.planners.current.arrival_interval
                 self.replan(interval, time_scale=scale if scaled else None)
             except Exception as exc:  # a failed re-plan keeps the plan in force; the stream goes on
                 log.error("re-planning for the measured arrival interval %.4g s failed: %s", estimate, exc)
