@@ -177,6 +177,13 @@ class StreamEngine:
                 compensations_truncated=tuple(comp.truncated for comp in p.compensators),
             )
 
+    def updates(self) -> int:
+        """Optimizer updates applied so far, over stages and workers (``stats().updates``, without the rest
+        of :meth:`stats`: the trainer reads it once per prediction)."""
+        p = self.pipeline
+        with p.lock:
+            return sum(sum(row) for row in p.counters.updates)
+
     def compensator_state(self) -> list[dict[str, Any]]:
         """Per stage, the compensator's ``state_dict()`` (copies): for snapshots. Take it drained."""
         return self.pipeline.compensator_states()

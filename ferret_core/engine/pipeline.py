@@ -55,6 +55,7 @@ sampled; on CUDA ``max_memory_allocated`` covers them.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -646,6 +647,25 @@ def _evict_blamed(item: InFlightItem) -> None:
 
 
 def all_finite(tensors: Sequence[Tensor]) -> bool:
+    """Whether no tensor holds NaN or ±inf.
+
+    Fast path, exact when it answers: one ``sum`` per tensor (the cheapest full reduction), their sum read
+    once. A finite total proves every element finite (a NaN makes every sum NaN, ±inf makes it ±inf or
+    NaN); only a non-finite total, from a non-finite element or from finite values overflowing float32,
+    takes the exact check (:func:`_all_finite_exact`). Issue 7 part G: 2–5× cheaper per call than the
+    exact check alone on the MLP's 6 small tensors and MNISTNet's 1.2 M values (``benchmarks/engine``
+    (h)), with the same answer (``tests/unit/test_engine_non_finite.py``)."""
+    sums = [t.sum() for t in tensors if t.numel()]
+    if not sums:
+        return True
+    if len({(s.dtype, s.device) for s in sums}) > 1:  # one stack needs one dtype and device
+        sums = [s.to("cpu", torch.float64) for s in sums]
+    if math.isfinite(float(torch.stack(sums).sum())):
+        return True
+    return _all_finite_exact(tensors)
+
+
+def _all_finite_exact(tensors: Sequence[Tensor]) -> bool:
     """Whether no tensor holds NaN or ±inf: one ``aminmax`` pass over each (NaN propagates to both ends,
     ±inf is an end), then one check of the 2 ends per tensor. ``isfinite(t).all()`` allocated a bool
     tensor of t's size and took 3.1 ms per call on MNISTNet's 1.2 M gradients (two calls per item: 9 of

@@ -270,7 +270,7 @@ class EngineLearner:
         return sum(self.engine.stats().compensations_truncated)
 
     def _model_version(self) -> int:
-        return self._updates_before + self.engine.stats().updates
+        return self._updates_before + self.engine.updates()
 
     def close(self) -> None:
         self.clock.drain()
