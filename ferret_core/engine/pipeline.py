@@ -198,13 +198,17 @@ class Pipeline:
         so entry 0 is the argmax, the predicted class."""
         return self.predict_top_k_batch(x.unsqueeze(0), k)[0]
 
-    def predict_top_k_batch(self, xs: Tensor, k: int) -> list[tuple[tuple[int, float], ...]]:
+    def predict_top_k_batch(
+        self, xs: Tensor, k: int, versions: Sequence[StageVersion] | None = None
+    ) -> list[tuple[tuple[int, float], ...]]:
         """:meth:`predict_top_k` for every sample of the batch ``xs`` (first dimension), in one forward
-        pass on the same master version: how the wall clock predicts arrivals that queued up together
-        (a consumer batch after a pause) without each waiting for the previous one's forward."""
+        pass on the same master version (``versions``: the masters the caller took with :meth:`masters`,
+        to know which version predicted; default: the current ones): how the wall clock predicts arrivals
+        that queued up together (a consumer batch after a pause) without each waiting for the previous
+        one's forward."""
         if k < 1:
             raise ConfigError(f"top-k needs k >= 1, got {k}")
-        logits = predict_logits(self._predict_runners, self.masters(), xs)
+        logits = predict_logits(self._predict_runners, self.masters() if versions is None else versions, xs)
         probs = torch.softmax(logits.float(), dim=1)
         values, classes = torch.sort(probs, dim=1, descending=True, stable=True)
         n = min(k, probs.shape[1])

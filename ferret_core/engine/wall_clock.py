@@ -10,6 +10,14 @@ trainer, or :meth:`WallClock.run_stream`) pushes arrivals as they come. Arrivals
 backlog of k items is caught up in about one forward pass instead of k (measured in
 ``benchmarks/service/results/latency_path-*.md``).
 
+Inline predictions (``inline_predictions=True``, what the trainer runs): no prediction thread; the caller
+that waits for an arrival's outcome predicts and dispatches everything queued so far itself
+(:meth:`WallClock.predict_queued`, the same batches, order and dispatch as the thread), so an item's
+prediction costs no hand-over to another thread and back (issue 7 part G: the trainer's submit → outcome
+on the MLP took ~4× its forward pass through the thread, ``benchmarks/engine`` (h)). Predictions still
+never wait behind training: they read the master under the masters' guard and take the pipeline's lock
+only to dispatch, as the thread does.
+
 Admission. With ``admission`` settings, an arrival submitted with its ``event_time`` is admitted by event
 time (:mod:`ferret_core.engine.admission`): its worker takes it iff its queue holds fewer than
 ``queue_slots`` waiting items and it would have started the item within ``max_wait_s`` of its event time,
@@ -82,7 +90,8 @@ class Arrival:
     probability), and either the worker the pipeline dispatched it to or, when it was not admitted for
     training, why (exactly one of ``worker`` and ``skipped`` is set). ``top_k``: the clock's ``top_k``
     most probable classes as (class, probability), most probable first (``top_k[0]`` is ``prediction``
-    with ``confidence``)."""
+    with ``confidence``). ``version``: the optimizer updates the masters that predicted it had taken, over
+    the stages (each update publishes the next version of its stage)."""
 
     index: int
     prediction: int
@@ -90,6 +99,7 @@ class Arrival:
     confidence: float = float("nan")
     worker: int | None = None
     top_k: tuple[tuple[int, float], ...] = ()
+    version: int = 0  # updates applied to the masters that predicted it (the sum of the stages' versions)
 
 
 _Entry = tuple[int, Tensor, int | None, float | None, Future[Arrival]]
@@ -119,7 +129,14 @@ class WallClock:
     """Threads for every live (worker, stage) executor and for predictions, over one pipeline.
     ``top_k``: how many of the most probable classes each :class:`Arrival` reports (>= 1)."""
 
-    def __init__(self, pipeline: Pipeline, *, top_k: int = 1, admission: AdmissionSettings | None = None) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        top_k: int = 1,
+        admission: AdmissionSettings | None = None,
+        inline_predictions: bool = False,
+    ) -> None:
         if top_k < 1:
             raise ConfigError(f"top_k must be >= 1, got {top_k}")
         self.pipeline = pipeline
@@ -129,6 +146,8 @@ class WallClock:
             pipeline.end_of_action = cuda_action_barrier
         self._cv = threading.Condition(pipeline.lock)
         self._queue: queue.SimpleQueue[_Entry | None] = queue.SimpleQueue()
+        self.inline_predictions = inline_predictions
+        self._inline = threading.Lock()  # one caller predicts the queue at a time (submission order)
         plan = pipeline.plan
         initial = plan.stage_forward_time + plan.stage_backward_time
         if admission is not None:
@@ -158,7 +177,8 @@ class WallClock:
                 continue
             for stage in range(plan.num_stages):
                 self._spawn(f"ferret-w{worker.index}s{stage}", self._executor_loop, worker.index, stage)
-        self._spawn("ferret-predict", self._prediction_loop)
+        if not self.inline_predictions:
+            self._spawn("ferret-predict", self._prediction_loop)
         return self
 
     def close(self, *, reraise: bool = True) -> None:
@@ -167,7 +187,11 @@ class WallClock:
         with self._cv:
             self._stopping = True
             self._cv.notify_all()
-        self._queue.put(None)
+        if self.inline_predictions:
+            with self._inline:
+                self._fail_queued(ClockStopped("the wall clock was closed before this arrival was predicted"))
+        else:
+            self._queue.put(None)
         for thread in self._threads:
             thread.join()
         self._threads = []
@@ -200,6 +224,41 @@ class WallClock:
         self._queue.put((next(self._counter) if index is None else index, x, y, event_time, future))
         return future
 
+    def predict_queued(self) -> None:
+        """Inline predictions: predict and dispatch, on the calling thread, every arrival queued so far (in
+        submission order, up to :data:`PREDICT_BATCH` per forward pass). A no-op with a prediction thread.
+        A failure fails every queued arrival, stops the clock (as a thread's failure does) and is raised."""
+        if not self.inline_predictions:
+            return
+        with self._inline:
+            while True:
+                batch: list[_Entry] = []
+                while len(batch) < PREDICT_BATCH:
+                    try:
+                        entry = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if entry is not None:
+                        batch.append(entry)
+                if not batch:
+                    return
+                try:
+                    self._predict(batch)
+                except BaseException as exc:
+                    self._fail_queued(exc)
+                    with self._cv:
+                        if self._error is None:
+                            self._error = exc
+                        self._stopping = True
+                        self._cv.notify_all()
+                    raise
+
+    def outcome(self, future: Future[Arrival], timeout: float | None = None) -> Arrival:
+        """``future.result(timeout)``, predicting what is queued first where predictions are inline."""
+        if not future.done():
+            self.predict_queued()
+        return future.result(timeout)
+
     def measured_service_times(self) -> tuple[float | None, ...]:
         """Per worker, its measured busy seconds per item at its slowest stage (``None`` for a worker not
         measured yet: removed, or fewer than a window of items so far): what the admission rule uses, and
@@ -209,6 +268,7 @@ class WallClock:
     def drain(self, timeout: float | None = None) -> None:
         """Wait until every submitted item is predicted, dispatched and, if admitted, finished."""
         scheduler = self.pipeline.scheduler
+        self.predict_queued()
         with self._cv:
             done = self._cv.wait_for(
                 lambda: self._error is not None or (self._dispatched == self._submitted and scheduler.idle()),
@@ -228,6 +288,7 @@ class WallClock:
             if delay > 0:
                 time.sleep(delay)
             self.submit(item.x, item.y)
+            self.predict_queued()
             if on_arrival is not None:
                 on_arrival(i)
         self.drain()
@@ -309,10 +370,11 @@ class WallClock:
                 end += 1
             group = batch[start:end]
             try:
-                if len(group) == 1:
-                    top_ks = [p.predict_top_k(group[0][1], self.top_k)]
-                else:
-                    top_ks = p.predict_top_k_batch(torch.stack([e[1] for e in group]), self.top_k)
+                masters = p.masters()  # the version that predicts: its update count goes with each Arrival
+                version = sum(v.version for v in masters)
+                xs = group[0][1].unsqueeze(0) if len(group) == 1 else torch.stack([e[1] for e in group])
+                top_ks = p.predict_top_k_batch(xs, self.top_k, masters)
+                del masters
                 for offset, (index, x, y, event_time, future) in enumerate(group):
                     top_k = top_ks[offset]
                     prediction, confidence = top_k[0]
@@ -322,7 +384,7 @@ class WallClock:
                         worker = p.worker_of(index) if skipped is None else None
                         self._dispatched += 1
                         self._cv.notify_all()
-                    future.set_result(Arrival(index, prediction, skipped, confidence, worker, top_k))
+                    future.set_result(Arrival(index, prediction, skipped, confidence, worker, top_k, version))
             except BaseException as exc:
                 for entry in batch[start:]:
                     if not entry[4].done():
