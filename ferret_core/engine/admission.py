@@ -180,7 +180,9 @@ class ServiceTimes:
     """Per worker, the measured busy seconds per item at its bottleneck stage: the service time of the
     admission rule.
 
-    Every action's wall time is added to its (worker, stage); every ``window`` forwards at a stage (one
+    Every action's cost is added to its (worker, stage): its wall time, counted by the wall clock from the
+    end of the executor's previous action when it went straight on to this one (so the bookkeeping, lock
+    and GIL waits between a busy worker's actions count; issue 7 part G); every ``window`` forwards at a stage (one
     per item passing it), the busy seconds since the last fold divided by those forwards is one sample.
     A stage's estimate is the median of its last ``samples`` samples, counting ``initial`` in place of
     those not taken yet: one slow window (a fresh pipeline's first backward passes, a pause of the

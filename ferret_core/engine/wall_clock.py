@@ -21,8 +21,12 @@ only to dispatch, as the thread does.
 Admission. With ``admission`` settings, an arrival submitted with its ``event_time`` is admitted by event
 time (:mod:`ferret_core.engine.admission`): its worker takes it iff its queue holds fewer than
 ``queue_slots`` waiting items and it would have started the item within ``max_wait_s`` of its event time,
-given the worker's service time measured here (every action's wall time,
-:class:`~ferret_core.engine.admission.ServiceTimes`). Without an event time, or without settings, the
+given the worker's service time measured here (:class:`~ferret_core.engine.admission.ServiceTimes` of
+every action's wall time, counted from the end of the executor's previous action when it went straight
+on to this one: the bookkeeping, lock and GIL waits between a busy worker's actions are part of what an
+item costs it. Counting the actions alone (before issue 7 part G) under-estimated a worker that shares
+the CPU with the record path, so the rule admitted more than it trained and the real queue, up to K,
+grew behind the predictions: measured in ``benchmarks/live/README.md``). Without an event time, or without settings, the
 policy's own slot rule decides (:mod:`ferret_core.engine.scheduler`).
 
 The first exception raised in any thread stops every thread and is re-raised in the caller by the next
@@ -314,20 +318,27 @@ class WallClock:
             p = self.pipeline
             scheduler = p.scheduler
             stamps = _WallStamps(self.origin)
+            previous_end: float | None = None
             while True:
                 with self._cv:
                     action: Action | None = None
+                    waited = False
                     while not self._stopping:
                         action = scheduler.next_action(worker, stage)
                         if action is not None:
                             scheduler.start(action)
                             break
+                        waited = True
                         self._cv.wait()
                     if action is None:
                         return
                 began = time.perf_counter()
                 p.execute(action, stamps)
-                took = time.perf_counter() - began
+                ended = time.perf_counter()
+                # the worker's cost of this action: from the end of its previous one when it went straight on
+                # (the bookkeeping, the lock and the GIL between actions are its cost too), else its own time
+                took = ended - (began if waited or previous_end is None else previous_end)
+                previous_end = ended
                 with self._cv:
                     scheduler.finish(action)
                     self.service_times.record(worker, stage, took, forward=action.kind is Kind.F)
