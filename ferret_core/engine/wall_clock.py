@@ -426,6 +426,10 @@ class WallClock:
             if not scheduler.can_admit(worker, settings.queue_slots):
                 self._log_busy("queue full", worker, event_time, service_s, wait_s)
                 return False
+            start_slots = settings.start_slots(wait_s, service_s)
+            if start_slots is not None and not scheduler.can_admit(worker, start_slots):
+                self._log_busy("would start > W + H from now", worker, event_time, service_s, wait_s)
+                return False
             if not rule.admit(worker, event_time, service_s, wait_s):
                 self._log_busy("would wait > W", worker, event_time, service_s, wait_s)
                 return False

@@ -360,3 +360,20 @@ def test_the_measured_service_time_counts_what_a_busy_worker_spends_between_acti
         assert all(f.result(60).skipped is None for f in futures)
         clock.drain(60)
         assert clock.service_times.service_time(0) >= 2 * 0.003
+
+
+def test_the_real_queue_is_bounded_by_w_plus_h_in_service_times() -> None:
+    """⌊(W + H) / s⌋ items may wait (at least 1); no bound without H or while s is unknown; an item that
+    would start later than that is ``busy`` whatever the event-time rule says."""
+    settings = AdmissionSettings(max_wait_s=0.005, queue_slots=256, start_horizon_s=0.1)
+    assert settings.start_slots(0.005, 0.005) == 21
+    assert settings.start_slots(0.0, 0.5) == 1
+    assert AdmissionSettings(max_wait_s=0.005, queue_slots=256).start_slots(0.005, 0.005) is None
+    assert settings.start_slots(math.inf, 0.005) is None
+    with pytest.raises(ConfigError):
+        AdmissionSettings(max_wait_s=0.0, queue_slots=1, start_horizon_s=-1.0)
+    bounded = AdmissionSettings(max_wait_s=math.inf, queue_slots=64, initial_service_s=0.5)
+    assert SkipReason.BUSY not in _clock_outcomes([0.0] * 6, bounded)  # W = ∞: every item waits
+    bounded = AdmissionSettings(max_wait_s=0.0, queue_slots=64, initial_service_s=0.5, start_horizon_s=1.0)
+    outcomes = _clock_outcomes([5.0 * i for i in range(12)], bounded)  # the event times say: all free
+    assert outcomes[0] is None and SkipReason.BUSY in outcomes  # but 2 wait at most (1 s / 0.5 s)
