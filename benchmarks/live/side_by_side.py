@@ -344,6 +344,10 @@ def goals(rows: list[dict[str, Any]], multipliers: list[float]) -> list[str]:
             lean = paired(by, "ferret-60%", "ferret", m)
             if lean:
                 lines.append(f"  - 60 % budget − unconstrained = {judged(lean, -2.0)} (goal ≥ −2)")
+        elif m < 2:
+            mean, se = mean_se(gap)
+            lines.append(f"- {m}×: plain trained {pm(trained)} % (below 99 % in some repeat: not judged): Ferret − "
+                         f"plain = {mean:+.1f}" + ("" if math.isnan(se) else f" ± {se:.1f}"))  # fmt: skip
         if m >= 2:
             lines.append(f"- {m}×: Ferret − plain = {judged(gap, 0.0, strict=True)} (goal > 0)")
     return lines
