@@ -13,7 +13,9 @@ Run as a separate process (as ``ferret run`` is, so neither shares a GIL with th
     python benchmarks/live/plain_loop.py --bootstrap HOST:PORT --prefix P --items N [--model mnistnet]
 
 It prints one JSON line: items, trained, correct, latencies (prediction handed to the Kafka client − the
-sample's event time, as a Prediction's ``latency_ms``), CPU seconds. ``--saturation K`` instead measures,
+sample's event time, as a Prediction's ``latency_ms``), CPU seconds, and per labelled item (by the
+producer's sequence number) whether it was predicted correctly, whether it was trained, and how many SGD
+steps the model had taken when it predicted it (a Prediction's ``model_version``). ``--saturation K`` instead measures,
 without Kafka, how many items/s the loop's predict + SGD step sustains over K items (its saturation rate).
 """
 
@@ -33,7 +35,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from confluent_kafka import Consumer, Producer  # noqa: E402
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition  # noqa: E402
 
 from ferret_core.data import normalise  # noqa: E402
 from services.codec import SampleDecoder, now_ms  # noqa: E402
@@ -116,12 +118,14 @@ def consume(settings: Settings, items: int, timeout_s: float, max_age_ms: float)
         }
     )
     producer = Producer({**kafka.client_config(), "linger.ms": 5})
-    consumer.subscribe([topics.samples])
-    while not consumer.assignment():  # joined: the driver may start producing (it waits for READY)
-        consumer.consume(1, 0.1)
+    # every partition assigned from the beginning (no group join: a subscribe took ~20 s per run on the
+    # local broker, before READY and outside the measured stream, but of every run's wall time)
+    partitions = consumer.list_topics(topics.samples, timeout=10).topics[topics.samples].partitions
+    consumer.assign([TopicPartition(topics.samples, p, OFFSET_BEGINNING) for p in partitions])
     print("READY", flush=True)
     latencies: list[float] = []
     seen = trained = correct = labelled = 0
+    per_item: dict[int, tuple[int, int, int]] = {}  # sequence -> (correct, trained, updates before predicting)
     cpu0 = time.process_time()
     deadline = time.monotonic() + timeout_s
     first_at = last_at = None
@@ -149,9 +153,12 @@ def consume(settings: Settings, items: int, timeout_s: float, max_age_ms: float)
             first_at = first_at if first_at is not None else time.monotonic()
             last_at = time.monotonic()
             correct += int(prediction == sample.label)
-            if published - sample.event_time_ms <= max_age_ms:  # not behind: one SGD step on it
+            updates_before = trained
+            young = published - sample.event_time_ms <= max_age_ms
+            if young:  # not behind: one SGD step on it
                 loop.train(sample.x, sample.label)
                 trained += 1
+            per_item[sample.sequence] = (int(prediction == sample.label), int(young), updates_before)
     finally:
         producer.flush(10)
         consumer.close()
@@ -161,6 +168,7 @@ def consume(settings: Settings, items: int, timeout_s: float, max_age_ms: float)
         "trained": trained,
         "correct": correct,
         "latencies_ms": latencies,
+        "per_item": {str(k): v for k, v in sorted(per_item.items())},
         "cpu_s": time.process_time() - cpu0,
         "span_s": (last_at - first_at) if first_at is not None and last_at is not None else 0.0,
     }

@@ -132,8 +132,35 @@ def _row(config: str, rate: float, items: int, **values: Any) -> dict[str, Any]:
     return {"config": config, "rate": rate, "items": items, **values}
 
 
+def item_log(entries: dict[int, tuple[int, int, int]]) -> dict[str, Any]:
+    """Per measured item, by the producer's sequence number (0 … items−1), compactly: ``correct`` and
+    ``trained`` as strings of 0/1 (``-`` where the item was not predicted) and ``updates`` the optimizer
+    updates the model had taken when it predicted the item (a Prediction's ``model_version``)."""
+    n = 1 + max(entries, default=-1)
+    get = [entries.get(k) for k in range(n)]
+    return {
+        "correct": "".join("-" if e is None else str(e[0]) for e in get),
+        "trained": "".join("-" if e is None else str(e[1]) for e in get),
+        "updates": [-1 if e is None else e[2] for e in get],
+    }
+
+
+def producer_options(rate: float, items: int, stream: str, repeat: int) -> ProducerSettings:
+    """The measured stream of one repeat: the dataset's first ``items`` in order at repeat 0 (as every
+    earlier table), a permutation with seed ``repeat`` after (the producer's own ``shuffle``/``seed``);
+    every config of a repeat gets the same items in the same order."""
+    return ProducerSettings(rate=rate, items=items, stream=stream, shuffle=repeat > 0, seed=repeat)
+
+
 def run_ferret(
-    dataset: Dataset, dataset_name: str, model: str, method: str, budget: int | None, rate: float, items: int
+    dataset: Dataset,
+    dataset_name: str,
+    model: str,
+    method: str,
+    budget: int | None,
+    rate: float,
+    items: int,
+    repeat: int = 0,
 ) -> dict[str, Any]:
     config = "ferret" if method == "ferret" and budget is None else ("ferret-60%" if method == "ferret" else method)
     stream = f"s{uuid.uuid4().hex[:6]}"
@@ -155,9 +182,8 @@ def run_ferret(
             time.sleep(SETTLE_S)
             began = time.monotonic()
             report = SampleProducer(
-                dataset, service.settings.kafka, ProducerSettings(rate=rate, items=items, stream=stream),
-                create_topics=False,
-            ).run()  # fmt: skip
+                dataset, service.settings.kafka, producer_options(rate, items, stream, repeat), create_topics=False
+            ).run()
             if not report.ok:
                 raise RuntimeError(f"{config} at {rate:.0f}/s: {report.failure_reason()}")
             produced = time.monotonic()  # CPU shares over the stream (+1 s), not the read-back's group join
@@ -191,11 +217,13 @@ def run_ferret(
         min_feasible_bytes=plan["min_feasible_bytes"],
         phases_s={k: round(v, 2) for k, v in phases.items()}, total_s=round(time.monotonic() - t0, 2),
         load_average=h.load_average(),
+        per_item=item_log({p.sequence: (int(p.correct), int(p.decision == DISPATCHED), p.model_version)
+                           for p in labelled}),
     )  # fmt: skip
 
 
 def run_plain(
-    stack: SharedStack, dataset: Dataset, dataset_name: str, model: str, rate: float, items: int
+    stack: SharedStack, dataset: Dataset, dataset_name: str, model: str, rate: float, items: int, repeat: int = 0
 ) -> dict[str, Any]:
     stream = f"s{uuid.uuid4().hex[:6]}"
     prefix = f"plain-{uuid.uuid4().hex[:6]}"
@@ -216,7 +244,7 @@ def run_plain(
     broker = stack.broker.pid if stack.broker else None
     cpu0, t0 = h.cpu_seconds(broker), time.monotonic()
     report = SampleProducer(
-        dataset, settings.kafka, ProducerSettings(rate=rate, items=items, stream=stream), create_topics=False
+        dataset, settings.kafka, producer_options(rate, items, stream, repeat), create_topics=False
     ).run()
     out, _ = proc.communicate(timeout=300)
     span = time.monotonic() - t0
@@ -232,6 +260,7 @@ def run_plain(
         peak_bytes=None, planned_bytes=None, budget_bytes=None,
         broker_cores=broker_cores, trainer_cores=result["cpu_s"] / span, plan="1 loop",
         load_average=h.load_average(),
+        per_item=item_log({int(k): tuple(v) for k, v in result["per_item"].items()}),
     )  # fmt: skip
 
 
@@ -248,34 +277,89 @@ def mib(value: float | None) -> str:
     return "—" if value is None else f"{value / 2**20:.1f}"
 
 
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (s / √n; NaN with fewer than 2 values)."""
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    if not finite:
+        return math.nan, math.nan
+    mean = sum(finite) / len(finite)
+    if len(finite) < 2:
+        return mean, math.nan
+    var = sum((v - mean) ** 2 for v in finite) / (len(finite) - 1)
+    return mean, math.sqrt(var / len(finite))
+
+
+def pm(values: list[float], digits: int = 1) -> str:
+    """``mean ± s.e.`` (just the value for one run)."""
+    mean, se = mean_se(values)
+    if math.isnan(mean):
+        return "—"
+    return f"{mean:.{digits}f}" if math.isnan(se) else f"{mean:.{digits}f} ± {se:.{digits}f}"
+
+
+def cells(rows: list[dict[str, Any]]) -> dict[tuple[str, float], dict[int, dict[str, Any]]]:
+    """Rows by (config, multiplier), then by repeat (rows of a JSON without repeats are repeat 0)."""
+    out: dict[tuple[str, float], dict[int, dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault((r["config"], r["multiplier"]), {})[r.get("repeat", 0)] = r
+    return out
+
+
+def paired(
+    by: dict[tuple[str, float], dict[int, dict[str, Any]]], a: str, b: str, m: float, key: str = "online_accuracy"
+) -> list[float]:
+    """``a − b`` of ``key`` per repeat that has both (the same items: a paired difference)."""
+    ra, rb = by.get((a, m), {}), by.get((b, m), {})
+    return [ra[k][key] - rb[k][key] for k in sorted(set(ra) & set(rb))]
+
+
+def judged(diffs: list[float], threshold: float, strict: bool = False) -> str:
+    """``mean ± s.e. (n)``, met/missed against ``diff ≥ threshold`` (``> threshold`` when ``strict``), and
+    "within noise" where |mean − threshold| < 2 s.e."""
+    mean, se = mean_se(diffs)
+    if math.isnan(mean):
+        return "no runs"
+    met = mean > threshold if strict else mean >= threshold
+    text = f"{mean:+.1f}" + ("" if math.isnan(se) else f" ± {se:.1f}") + f" (n = {len(diffs)})"
+    verdict = "met" if met else f"**missed by {abs(threshold - mean):.1f} points**"
+    noise = "" if math.isnan(se) or abs(mean - threshold) >= 2 * se else ", within noise (|diff − goal| < 2 s.e.)"
+    return f"{text}: {verdict}{noise}"
+
+
 def goals(rows: list[dict[str, Any]], multipliers: list[float]) -> list[str]:
-    """Each goal per rate: met or missed, by how much (points of online accuracy)."""
-    by = {(r["config"], r["multiplier"]): r for r in rows}
+    """Each goal per rate on the paired differences (per repeat, the same items): mean ± s.e., met or
+    missed by how much (points of online accuracy), and whether that is within noise."""
+    by = cells(rows)
     lines = []
     for m in multipliers:
-        plain, ferret, lean = by.get(("plain", m)), by.get(("ferret", m)), by.get(("ferret-60%", m))
-        if plain is None or ferret is None:
+        plain = by.get(("plain", m), {})
+        if not plain or not by.get(("ferret", m)):
             continue
-        keeps_up = plain["trained_pct"] >= 99.0
-        gap = ferret["online_accuracy"] - plain["online_accuracy"]
+        trained = [r["trained_pct"] for r in plain.values()]
+        keeps_up = min(trained) >= 99.0
+        gap = paired(by, "ferret", "plain", m)
         if keeps_up:
-            verdict = "met" if gap >= -0.5 else f"**missed by {-0.5 - gap:.1f} points**"
-            lines.append(f"- {m}×: plain keeps up ({plain['trained_pct']:.0f} % trained): Ferret − plain = "
-                         f"{gap:+.1f} points (goal ≥ −0.5): {verdict}")  # fmt: skip
-            if lean is not None:
-                d = lean["online_accuracy"] - ferret["online_accuracy"]
-                lines.append(f"  - 60 % budget − unconstrained = {d:+.1f} points (goal ≥ −2): "
-                             f"{'met' if d >= -2 else f'**missed by {-2 - d:.1f} points**'}")  # fmt: skip
+            lines.append(f"- {m}×: plain keeps up ({pm(trained, 0)} % trained): Ferret − plain = "
+                         f"{judged(gap, -0.5)} (goal ≥ −0.5)")  # fmt: skip
+            lean = paired(by, "ferret-60%", "ferret", m)
+            if lean:
+                lines.append(f"  - 60 % budget − unconstrained = {judged(lean, -2.0)} (goal ≥ −2)")
+        elif m < 2:
+            mean, se = mean_se(gap)
+            lines.append(f"- {m}×: plain trained {pm(trained)} % (below 99 % in some repeat: not judged): Ferret − "
+                         f"plain = {mean:+.1f}" + ("" if math.isnan(se) else f" ± {se:.1f}"))  # fmt: skip
         if m >= 2:
-            lines.append(f"- {m}×: Ferret − plain = {gap:+.1f} points (goal > 0): "
-                         f"{'met' if gap > 0 else f'**missed by {-gap:.1f} points**'}")  # fmt: skip
+            lines.append(f"- {m}×: Ferret − plain = {judged(gap, 0.0, strict=True)} (goal > 0)")
     return lines
 
 
 def render(payload: dict[str, Any]) -> str:
     rows, multipliers = payload["rows"], payload["multipliers"]
+    repeats = payload.get("repeats", 1)
+    by = cells(rows)
     out = [
-        f"# Live side-by-side: {payload['dataset']}/{payload['model']}, {payload['items']} items per run",
+        f"# Live side-by-side: {payload['dataset']}/{payload['model']}, {payload['items']} items per run, "
+        f"{repeats} repeat{'s' if repeats > 1 else ''}",
         "",
         f"Command: `{payload['command']}` at {payload['commit']} — {payload['machine']['cpus']} CPUs, "
         f"torch {payload['machine']['torch']}. "
@@ -296,6 +380,15 @@ def render(payload: dict[str, Any]) -> str:
         f"({payload['saturation']['ms_per_item']:.2f} ms/item); rates below are multiples of it.",
         "",
     ]
+    if repeats > 1:
+        out += [
+            f"Every cell is the mean ± standard error over {repeats} repeats (each a fresh process and fresh "
+            "model; repeat 0 streams the dataset's first items in order, repeat r > 0 the same number shuffled "
+            "with seed r, the same items for every config of a repeat; cells interleaved: the rates' order "
+            "alternates and the configs' order rotates from repeat to repeat). Per-run values and, per item, "
+            "which were predicted correctly and which were trained are in the JSON (`per_item`).",
+            "",
+        ]
     for m in multipliers:
         rate = m * payload["saturation"]["items_per_s"]
         out += [
@@ -305,14 +398,29 @@ def render(payload: dict[str, Any]) -> str:
             "| trainer cores |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for r in (r for r in rows if r["multiplier"] == m):
+        for config in CONFIGS:
+            runs = list(by.get((config, m), {}).values())
+            if not runs:
+                continue
+            plans = sorted({r["plan"] for r in runs})
+            peak = [r["peak_bytes"] for r in runs if r["peak_bytes"] is not None]
+            budget = [r["budget_bytes"] for r in runs if r["budget_bytes"] is not None]
             out.append(
-                f"| {r['config']} | {r['plan']} | {r['online_accuracy']:.1f} | {r['trained_pct']:.1f} | "
-                f"{h.fmt(r['p50_ms'])} | {h.fmt(r['p99_ms'])} | {mib(r['peak_bytes'])} | {mib(r['budget_bytes'])} | "
-                f"{r['broker_cores']:.2f} | {r['trainer_cores']:.2f} |"
+                f"| {config} | {'/'.join(plans)} | {pm([r['online_accuracy'] for r in runs])} | "
+                f"{pm([r['trained_pct'] for r in runs])} | {pm([r['p50_ms'] for r in runs], 0)} | "
+                f"{pm([r['p99_ms'] for r in runs], 0)} | {mib(max(peak)) if peak else '—'} | "
+                f"{mib(max(budget)) if budget else '—'} | {pm([r['broker_cores'] for r in runs], 2)} | "
+                f"{pm([r['trainer_cores'] for r in runs], 2)} |"
             )
         out.append("")
-    out += ["## Goals", "", *goals(rows, multipliers), ""]
+    out += [
+        "## Goals (paired differences: per repeat, the same items; mean ± s.e.)",
+        "",
+        *goals(rows, multipliers),
+        "",
+        "Peak MiB / budget MiB: the largest over the repeats.",
+        "",
+    ]
     notes = payload.get("notes", [])
     if notes:
         out += ["## Notes on this run", "", *(f"- {note}" for note in notes), ""]
@@ -325,39 +433,65 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    by = cells(payload["rows"])
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for config in CONFIGS:
-        pts = sorted((r["multiplier"], r["online_accuracy"]) for r in payload["rows"] if r["config"] == config)
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=config)
+        ms = sorted(m for c, m in by if c == config)
+        if not ms:
+            continue
+        stats = [mean_se([r["online_accuracy"] for r in by[(config, m)].values()]) for m in ms]
+        ax.errorbar(ms, [s[0] for s in stats], yerr=[0 if math.isnan(s[1]) else s[1] for s in stats],
+                    marker="o", capsize=3, label=config)  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_xlabel("rate (× the plain loop's measured saturation)")
-    ax.set_ylabel("online accuracy (%)")
-    ax.set_title(f"{payload['dataset']}/{payload['model']}, {payload['items']} items")
+    ax.set_ylabel("online accuracy (%), mean ± s.e.")
+    ax.set_title(f"{payload['dataset']}/{payload['model']}, {payload['items']} items, "
+                 f"{payload.get('repeats', 1)} repeat(s)")  # fmt: skip
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
+def schedule(multipliers: list[float], repeats: int) -> list[tuple[int, float, str]]:
+    """(repeat, multiplier, config) in run order: repeat by repeat, the rates in order at even repeats and
+    reversed at odd ones, the configs rotated by one more each repeat (so a slow drift of the machine
+    falls on every cell alike, not on one config or one rate)."""
+    order: list[tuple[int, float, str]] = []
+    for r in range(repeats):
+        ms = multipliers if r % 2 == 0 else list(reversed(multipliers))
+        k = r % len(CONFIGS)
+        configs = CONFIGS[k:] + CONFIGS[:k]
+        order += [(r, m, c) for m in ms for c in configs]
+    return order
+
+
 def run_all(
     stack: SharedStack, dataset: Dataset, args: argparse.Namespace, sat: dict[str, float]
 ) -> list[dict[str, Any]]:
+    """Every cell of :func:`schedule`. Ferret at 60 %: 60 % of the unconstrained run's planned bytes at
+    that rate (the latest one run, of this repeat or an earlier), never below what any plan needs (the
+    planner refuses less); a 60 % cell whose rate has no unconstrained run yet runs it first."""
     rows: list[dict[str, Any]] = []
-    for m in args.multipliers:
+    unconstrained: dict[float, dict[str, Any]] = {}
+    for repeat, m, config in schedule(args.multipliers, args.repeats):
         rate = m * sat["items_per_s"]
-        runs = [
-            run_plain(stack, dataset, args.dataset, args.model, rate, args.items),
-            run_ferret(dataset, args.dataset, args.model, "1-skip", None, rate, args.items),
-            run_ferret(dataset, args.dataset, args.model, "ferret", None, rate, args.items),
-        ]
-        # 60 % of (c)'s planned bytes, but never below what any plan needs (the planner refuses that)
-        budget = max(round(0.6 * runs[-1]["planned_bytes"]), runs[-1]["min_feasible_bytes"])
-        runs.append(run_ferret(dataset, args.dataset, args.model, "ferret", budget, rate, args.items))
-        for r in runs:
-            r["multiplier"] = m
-            print(json.dumps({k: v for k, v in r.items() if k != "load_average"}), flush=True)
-        rows += runs
+        if config == "plain":
+            row = run_plain(stack, dataset, args.dataset, args.model, rate, args.items, repeat)
+        elif config == "1-skip":
+            row = run_ferret(dataset, args.dataset, args.model, "1-skip", None, rate, args.items, repeat)
+        elif config == "ferret":
+            row = run_ferret(dataset, args.dataset, args.model, "ferret", None, rate, args.items, repeat)
+            unconstrained[m] = row
+        else:
+            if m not in unconstrained:
+                raise RuntimeError(f"ferret-60% at {m}× before any unconstrained run (schedule() order)")
+            ref = unconstrained[m]
+            budget = max(round(0.6 * ref["planned_bytes"]), ref["min_feasible_bytes"])
+            row = run_ferret(dataset, args.dataset, args.model, "ferret", budget, rate, args.items, repeat)
+        row["multiplier"], row["repeat"] = m, repeat
+        print(json.dumps({k: v for k, v in row.items() if k not in ("load_average", "per_item")}), flush=True)
+        rows.append(row)
     return rows
 
 
@@ -368,12 +502,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=1200)
     parser.add_argument("--multipliers", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0, 4.0])
     parser.add_argument("--saturation-items", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=1, help="runs per cell (tables: mean ± s.e.)")
+    parser.add_argument("--out", default=None, help="results name (default side_by_side-DATASET-MODEL)")
     parser.add_argument("--render-only", action="store_true", help="rewrite the .md and .png from the JSON")
     parser.add_argument(
         "--rerun-plain", action="store_true", help="rerun only the plain loop's rows of the JSON (same rates)"
     )
     args = parser.parse_args(argv)
-    name = f"side_by_side-{args.dataset}-{args.model}"
+    name = args.out or f"side_by_side-{args.dataset}-{args.model}"
     if args.render_only:
         payload = json.loads((RESULTS / f"{name}.json").read_text())
     elif args.rerun_plain:
@@ -383,8 +519,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for i, row in enumerate(payload["rows"]):
                 if row["config"] == "plain":
-                    fresh = run_plain(stack, dataset, args.dataset, args.model, row["rate"], payload["items"])
-                    fresh["multiplier"] = row["multiplier"]
+                    fresh = run_plain(
+                        stack, dataset, args.dataset, args.model, row["rate"], payload["items"], row.get("repeat", 0)
+                    )
+                    fresh["multiplier"], fresh["repeat"] = row["multiplier"], row.get("repeat", 0)
                     print(json.dumps({k: v for k, v in fresh.items() if k != "load_average"}), flush=True)
                     payload["rows"][i] = fresh
         finally:
@@ -407,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             stack._stack.stop()
         payload = {
             "dataset": args.dataset, "model": args.model, "items": args.items, "multipliers": args.multipliers,
+            "repeats": args.repeats,
             "command": "python benchmarks/live/side_by_side.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "commit": h.git_head(), "machine": h.machine(), "saturation": sat, "rows": rows,
             "load_before": load_before, "load_after": h.load_average(), "seconds": time.monotonic() - began,

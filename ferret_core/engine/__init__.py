@@ -3,7 +3,7 @@ T1–T4, stale-gradient compensation, a virtual and a wall clock, and independen
 (paper §"Fine-grained Pipeline Parallelism"; DESIGN §2, §3.13).
 
 Modules, one concept each: ``actions`` (frozen Action / TraceEvent), ``versions`` (master, replicas,
-stashes), ``stage_exec`` (one stage's passes through ``functional_call``), ``optim`` (out-of-place
+stashes), ``stage_exec`` (one stage's passes on a given version), ``optim`` (out-of-place
 SGD), ``scheduler`` (the one schedule logic), ``pipeline`` (what an action does), ``state`` (its
 in-flight items and counters), ``virtual_clock``, ``wall_clock``, ``memory`` (measurement), ``trace``
 (validator, table, staleness), ``policies`` (Oracle, 1-Skip, Ferret), ``steps`` (what an admitted

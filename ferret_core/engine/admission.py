@@ -88,6 +88,7 @@ class AdmissionSettings:
     queue_slots: int
     initial_service_s: float = 0.0
     profile_service_s: float = 0.0
+    start_horizon_s: float = math.inf  # H: items waiting for real at most ⌊(W + H) / s⌋ (:meth:`start_slots`)
 
     def __post_init__(self) -> None:
         if (
@@ -96,12 +97,25 @@ class AdmissionSettings:
             or self.queue_slots < 1
             or not self.initial_service_s >= 0
             or not (math.isfinite(self.profile_service_s) and self.profile_service_s >= 0)
+            or not self.start_horizon_s >= 0
         ):
             raise ConfigError(
                 f"need max_wait_s >= 0, queue_slots >= 1, initial_service_s >= 0 and a finite "
                 f"profile_service_s >= 0, got {self.max_wait_s}, {self.queue_slots}, {self.initial_service_s}, "
                 f"{self.profile_service_s}"
             )
+
+    def start_slots(self, wait_s: float, service_s: float) -> int | None:
+        """The real queue's bound: how many admitted items may wait for the worker's first stage so that
+        each starts within ``wait_s`` (W in the machine's time) + H of now at ``service_s`` per item,
+        ⌊(W + H) / s⌋, at least 1; ``None`` (no bound) when W + H is infinite or s unknown. The event-time
+        rule's timeline alone gets no feedback from the real queue: a service time that under-states what
+        an item costs lets it admit more than the worker trains, and the queue, up to K, grows behind the
+        predictions (issue 7 part G)."""
+        span = wait_s + self.start_horizon_s
+        if not math.isfinite(span) or service_s <= 0:
+            return None
+        return max(1, math.floor(span / service_s + 1e-9))
 
     def wait_for(self, service_s: float) -> float:
         """W for a worker measured at ``service_s`` seconds per item: ``max_wait_s`` (ln 2 / c, in the
@@ -180,7 +194,9 @@ class ServiceTimes:
     """Per worker, the measured busy seconds per item at its bottleneck stage: the service time of the
     admission rule.
 
-    Every action's wall time is added to its (worker, stage); every ``window`` forwards at a stage (one
+    Every action's cost is added to its (worker, stage): its wall time, counted by the wall clock from the
+    end of the executor's previous action when it went straight on to this one (so the bookkeeping, lock
+    and GIL waits between a busy worker's actions count; issue 7 part G); every ``window`` forwards at a stage (one
     per item passing it), the busy seconds since the last fold divided by those forwards is one sample.
     A stage's estimate is the median of its last ``samples`` samples, counting ``initial`` in place of
     those not taken yet: one slow window (a fresh pipeline's first backward passes, a pause of the

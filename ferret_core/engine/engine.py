@@ -132,11 +132,16 @@ class StreamEngine:
         if self.settings.validate and p.trace is not None:
             validate_trace(p.trace, self.setup.plan, check_staleness=False, semantics=p.trace_semantics)
 
-    def wall_clock(self, *, admission: AdmissionSettings | None = None) -> WallClock:
+    def wall_clock(
+        self, *, admission: AdmissionSettings | None = None, inline_predictions: bool = False
+    ) -> WallClock:
         """Real executors over this engine's pipeline (not started): ``submit`` arrivals, ``drain``,
         ``close`` — for the trainer service. ``admission``: admit arrivals submitted with an event time
-        by event time (:mod:`ferret_core.engine.admission`)."""
-        return WallClock(self.pipeline, top_k=self.settings.top_k, admission=admission)
+        by event time (:mod:`ferret_core.engine.admission`). ``inline_predictions``: no prediction
+        thread; whoever waits for an outcome predicts the queue (:meth:`WallClock.predict_queued`)."""
+        return WallClock(
+            self.pipeline, top_k=self.settings.top_k, admission=admission, inline_predictions=inline_predictions
+        )
 
     def run_wall(
         self,
@@ -176,6 +181,13 @@ class StreamEngine:
                 staleness_bound=plan_bounds(self.setup.plan),
                 compensations_truncated=tuple(comp.truncated for comp in p.compensators),
             )
+
+    def updates(self) -> int:
+        """Optimizer updates applied so far, over stages and workers (``stats().updates``, without the rest
+        of :meth:`stats`: the trainer reads it once per prediction)."""
+        p = self.pipeline
+        with p.lock:
+            return sum(sum(row) for row in p.counters.updates)
 
     def compensator_state(self) -> list[dict[str, Any]]:
         """Per stage, the compensator's ``state_dict()`` (copies): for snapshots. Take it drained."""

@@ -10,11 +10,23 @@ trainer, or :meth:`WallClock.run_stream`) pushes arrivals as they come. Arrivals
 backlog of k items is caught up in about one forward pass instead of k (measured in
 ``benchmarks/service/results/latency_path-*.md``).
 
+Inline predictions (``inline_predictions=True``, what the trainer runs): no prediction thread; the caller
+that waits for an arrival's outcome predicts and dispatches everything queued so far itself
+(:meth:`WallClock.predict_queued`, the same batches, order and dispatch as the thread), so an item's
+prediction costs no hand-over to another thread and back (issue 7 part G: the trainer's submit → outcome
+on the MLP: 1.03 → 0.56 ms, ``benchmarks/engine`` (j)). Predictions still
+never wait behind training: they read the master under the masters' guard and take the pipeline's lock
+only to dispatch, as the thread does.
+
 Admission. With ``admission`` settings, an arrival submitted with its ``event_time`` is admitted by event
 time (:mod:`ferret_core.engine.admission`): its worker takes it iff its queue holds fewer than
 ``queue_slots`` waiting items and it would have started the item within ``max_wait_s`` of its event time,
-given the worker's service time measured here (every action's wall time,
-:class:`~ferret_core.engine.admission.ServiceTimes`). Without an event time, or without settings, the
+given the worker's service time measured here (:class:`~ferret_core.engine.admission.ServiceTimes` of
+every action's wall time, counted from the end of the executor's previous action when it went straight
+on to this one: the bookkeeping, lock and GIL waits between a busy worker's actions are part of what an
+item costs it. Counting the actions alone (before issue 7 part G) under-estimated a worker that shares
+the CPU with the record path, so the rule admitted more than it trained and the real queue, up to K,
+grew behind the predictions: measured in ``benchmarks/live/README.md``). Without an event time, or without settings, the
 policy's own slot rule decides (:mod:`ferret_core.engine.scheduler`).
 
 The first exception raised in any thread stops every thread and is re-raised in the caller by the next
@@ -82,7 +94,8 @@ class Arrival:
     probability), and either the worker the pipeline dispatched it to or, when it was not admitted for
     training, why (exactly one of ``worker`` and ``skipped`` is set). ``top_k``: the clock's ``top_k``
     most probable classes as (class, probability), most probable first (``top_k[0]`` is ``prediction``
-    with ``confidence``)."""
+    with ``confidence``). ``version``: the optimizer updates the masters that predicted it had taken, over
+    the stages (each update publishes the next version of its stage)."""
 
     index: int
     prediction: int
@@ -90,6 +103,7 @@ class Arrival:
     confidence: float = float("nan")
     worker: int | None = None
     top_k: tuple[tuple[int, float], ...] = ()
+    version: int = 0  # updates applied to the masters that predicted it (the sum of the stages' versions)
 
 
 _Entry = tuple[int, Tensor, int | None, float | None, Future[Arrival]]
@@ -119,7 +133,14 @@ class WallClock:
     """Threads for every live (worker, stage) executor and for predictions, over one pipeline.
     ``top_k``: how many of the most probable classes each :class:`Arrival` reports (>= 1)."""
 
-    def __init__(self, pipeline: Pipeline, *, top_k: int = 1, admission: AdmissionSettings | None = None) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        *,
+        top_k: int = 1,
+        admission: AdmissionSettings | None = None,
+        inline_predictions: bool = False,
+    ) -> None:
         if top_k < 1:
             raise ConfigError(f"top_k must be >= 1, got {top_k}")
         self.pipeline = pipeline
@@ -129,6 +150,8 @@ class WallClock:
             pipeline.end_of_action = cuda_action_barrier
         self._cv = threading.Condition(pipeline.lock)
         self._queue: queue.SimpleQueue[_Entry | None] = queue.SimpleQueue()
+        self.inline_predictions = inline_predictions
+        self._inline = threading.Lock()  # one caller predicts the queue at a time (submission order)
         plan = pipeline.plan
         initial = plan.stage_forward_time + plan.stage_backward_time
         if admission is not None:
@@ -158,7 +181,8 @@ class WallClock:
                 continue
             for stage in range(plan.num_stages):
                 self._spawn(f"ferret-w{worker.index}s{stage}", self._executor_loop, worker.index, stage)
-        self._spawn("ferret-predict", self._prediction_loop)
+        if not self.inline_predictions:
+            self._spawn("ferret-predict", self._prediction_loop)
         return self
 
     def close(self, *, reraise: bool = True) -> None:
@@ -167,7 +191,11 @@ class WallClock:
         with self._cv:
             self._stopping = True
             self._cv.notify_all()
-        self._queue.put(None)
+        if self.inline_predictions:
+            with self._inline:
+                self._fail_queued(ClockStopped("the wall clock was closed before this arrival was predicted"))
+        else:
+            self._queue.put(None)
         for thread in self._threads:
             thread.join()
         self._threads = []
@@ -200,6 +228,41 @@ class WallClock:
         self._queue.put((next(self._counter) if index is None else index, x, y, event_time, future))
         return future
 
+    def predict_queued(self) -> None:
+        """Inline predictions: predict and dispatch, on the calling thread, every arrival queued so far (in
+        submission order, up to :data:`PREDICT_BATCH` per forward pass). A no-op with a prediction thread.
+        A failure fails every queued arrival, stops the clock (as a thread's failure does) and is raised."""
+        if not self.inline_predictions:
+            return
+        with self._inline:
+            while True:
+                batch: list[_Entry] = []
+                while len(batch) < PREDICT_BATCH:
+                    try:
+                        entry = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if entry is not None:
+                        batch.append(entry)
+                if not batch:
+                    return
+                try:
+                    self._predict(batch)
+                except BaseException as exc:
+                    self._fail_queued(exc)
+                    with self._cv:
+                        if self._error is None:
+                            self._error = exc
+                        self._stopping = True
+                        self._cv.notify_all()
+                    raise
+
+    def outcome(self, future: Future[Arrival], timeout: float | None = None) -> Arrival:
+        """``future.result(timeout)``, predicting what is queued first where predictions are inline."""
+        if not future.done():
+            self.predict_queued()
+        return future.result(timeout)
+
     def measured_service_times(self) -> tuple[float | None, ...]:
         """Per worker, its measured busy seconds per item at its slowest stage (``None`` for a worker not
         measured yet: removed, or fewer than a window of items so far): what the admission rule uses, and
@@ -209,6 +272,7 @@ class WallClock:
     def drain(self, timeout: float | None = None) -> None:
         """Wait until every submitted item is predicted, dispatched and, if admitted, finished."""
         scheduler = self.pipeline.scheduler
+        self.predict_queued()
         with self._cv:
             done = self._cv.wait_for(
                 lambda: self._error is not None or (self._dispatched == self._submitted and scheduler.idle()),
@@ -228,6 +292,7 @@ class WallClock:
             if delay > 0:
                 time.sleep(delay)
             self.submit(item.x, item.y)
+            self.predict_queued()
             if on_arrival is not None:
                 on_arrival(i)
         self.drain()
@@ -253,20 +318,27 @@ class WallClock:
             p = self.pipeline
             scheduler = p.scheduler
             stamps = _WallStamps(self.origin)
+            previous_end: float | None = None
             while True:
                 with self._cv:
                     action: Action | None = None
+                    waited = False
                     while not self._stopping:
                         action = scheduler.next_action(worker, stage)
                         if action is not None:
                             scheduler.start(action)
                             break
+                        waited = True
                         self._cv.wait()
                     if action is None:
                         return
                 began = time.perf_counter()
                 p.execute(action, stamps)
-                took = time.perf_counter() - began
+                ended = time.perf_counter()
+                # the worker's cost of this action: from the end of its previous one when it went straight on
+                # (the bookkeeping, the lock and the GIL between actions are its cost too), else its own time
+                took = ended - (began if waited or previous_end is None else previous_end)
+                previous_end = ended
                 with self._cv:
                     scheduler.finish(action)
                     self.service_times.record(worker, stage, took, forward=action.kind is Kind.F)
@@ -309,10 +381,11 @@ class WallClock:
                 end += 1
             group = batch[start:end]
             try:
-                if len(group) == 1:
-                    top_ks = [p.predict_top_k(group[0][1], self.top_k)]
-                else:
-                    top_ks = p.predict_top_k_batch(torch.stack([e[1] for e in group]), self.top_k)
+                masters = p.masters()  # the version that predicts: its update count goes with each Arrival
+                version = sum(v.version for v in masters)
+                xs = group[0][1].unsqueeze(0) if len(group) == 1 else torch.stack([e[1] for e in group])
+                top_ks = p.predict_top_k_batch(xs, self.top_k, masters)
+                del masters
                 for offset, (index, x, y, event_time, future) in enumerate(group):
                     top_k = top_ks[offset]
                     prediction, confidence = top_k[0]
@@ -322,7 +395,7 @@ class WallClock:
                         worker = p.worker_of(index) if skipped is None else None
                         self._dispatched += 1
                         self._cv.notify_all()
-                    future.set_result(Arrival(index, prediction, skipped, confidence, worker, top_k))
+                    future.set_result(Arrival(index, prediction, skipped, confidence, worker, top_k, version))
             except BaseException as exc:
                 for entry in batch[start:]:
                     if not entry[4].done():
@@ -352,6 +425,10 @@ class WallClock:
             wait_s = settings.wait_for(service_s)  # W in the machine's time (admission.py)
             if not scheduler.can_admit(worker, settings.queue_slots):
                 self._log_busy("queue full", worker, event_time, service_s, wait_s)
+                return False
+            start_slots = settings.start_slots(wait_s, service_s)
+            if start_slots is not None and not scheduler.can_admit(worker, start_slots):
+                self._log_busy("would start > W + H from now", worker, event_time, service_s, wait_s)
                 return False
             if not rule.admit(worker, event_time, service_s, wait_s):
                 self._log_busy("would wait > W", worker, event_time, service_s, wait_s)

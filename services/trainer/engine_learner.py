@@ -1,8 +1,9 @@
 """The trainer's learner: ferret_core's engine on the wall clock, running ``trainer.method`` (any method
 of the core's registry, read live as :mod:`services.trainer.methods` says) over the planner's plan.
 
-Arrivals go through :meth:`WallClock.submit` (its prediction executor predicts with the master and
-dispatches the item, admitting it by its event time: :func:`services.trainer.methods.live_admission`);
+Arrivals go through :meth:`WallClock.submit`; the record path's wait for the outcome predicts them with
+the master, inline on its thread, and dispatches each, admitting it by its event time
+(:func:`services.trainer.methods.live_admission`);
 the record path waits only for that (milliseconds), never for training, and gets the engine's own answer
 back: the skip reason or the worker it dispatched to. Online accuracy is scored
 by the trainer's counters, once (the engine runs with ``score_online`` off). A re-plan drains, copies the
@@ -70,7 +71,8 @@ class EngineLearner:
         self.engine = StreamEngine(self.model.units, setup, self.engine_settings, devices=self._stage_devices(plan))
         if is_enabled("trainer.mid-step"):  # test-only: fail inside a training step (CPU stages)
             self.engine.pipeline.end_of_action = lambda: failpoint("trainer.mid-step")
-        self.clock: WallClock = self.engine.wall_clock(admission=admission).start()
+        # predictions inline on the record path's thread: no hand-over to a prediction thread and back
+        self.clock: WallClock = self.engine.wall_clock(admission=admission, inline_predictions=True).start()
 
     def _live_setup(self, plan: Plan) -> tuple[PolicySetup, AdmissionSettings | None]:
         """The engine setup and the wall clock's admission rule this learner's method runs ``plan`` with."""
@@ -104,8 +106,9 @@ class EngineLearner:
     def submit(
         self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None
     ) -> Callable[[], ArrivalOutcome]:
-        """Queue the item on the wall clock's prediction executor (arrivals queued together are predicted
-        in one forward pass); the returned call waits for its prediction and dispatch."""
+        """Queue the item on the wall clock (arrivals queued together are predicted in one forward pass);
+        the returned call predicts what is queued, on the caller's thread (inline predictions), and
+        returns the item's prediction and dispatch."""
         event_time = None if event_time_ms is None else event_time_ms / 1000.0
         try:
             future = self.clock.submit(x, y, index=item, event_time=event_time)
@@ -114,7 +117,7 @@ class EngineLearner:
 
         def outcome() -> ArrivalOutcome:
             try:
-                arrival = future.result(PREDICTION_TIMEOUT_S)
+                arrival = self.clock.outcome(future, PREDICTION_TIMEOUT_S)
             except Exception as exc:
                 raise self._failed(item, exc) from exc
             if not all(math.isfinite(p) for p in (arrival.confidence, *(p for _, p in arrival.top_k))):
@@ -122,7 +125,7 @@ class EngineLearner:
             return ArrivalOutcome(
                 predicted_class=arrival.prediction,
                 confidence=arrival.confidence,
-                model_version=self._model_version(),
+                model_version=self._updates_before + arrival.version,  # of the weights that predicted
                 skipped=arrival.skipped,
                 worker=arrival.worker,
                 top_k=arrival.top_k[: self.top_k],
@@ -270,7 +273,7 @@ class EngineLearner:
         return sum(self.engine.stats().compensations_truncated)
 
     def _model_version(self) -> int:
-        return self._updates_before + self.engine.stats().updates
+        return self._updates_before + self.engine.updates()
 
     def close(self) -> None:
         self.clock.drain()

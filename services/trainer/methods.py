@@ -66,6 +66,11 @@ DELIVERY_SPREAD_S = 0.1
 # queue holds at least one worker's share of it, so a backlog after a pause (start-up, a re-plan's drain,
 # a snapshot) is trained when the worker keeps up instead of overflowing a queue sized for the steady rate.
 DELIVERY_ITEMS = 256
+# H: an admitted item starts within W + H of its admission (by the measured service time), so the real
+# queue holds at most ⌊(W + H) / s⌋ items: the event-time rule's timeline has no feedback from the real
+# queue, and without this bound it grew up to K behind the predictions (issue 7 part G, measured in
+# benchmarks/live/README.md). H = D: what one delivery's spread may add.
+START_HORIZON_S = DELIVERY_SPREAD_S
 
 
 class QueueEveryItem:
@@ -111,6 +116,7 @@ def live_admission(
         slots,
         initial_service_s=whole_model / plan.num_stages,
         profile_service_s=plan.stage_forward_time + plan.stage_backward_time,  # W in the machine's time
+        start_horizon_s=START_HORIZON_S,
     )
 
 

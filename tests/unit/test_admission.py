@@ -334,3 +334,46 @@ def test_an_item_arriving_while_the_worker_trains_waits_one_measured_step() -> N
     w = settings.wait_for(0.004)
     assert machine.admit(0, 0.0, 0.004, w) and machine.admit(0, 0.002, 0.004, w)
     assert not machine.admit(0, 0.002, 0.004, w)  # would wait 6 ms > 4 ms
+
+
+def test_the_measured_service_time_counts_what_a_busy_worker_spends_between_actions() -> None:
+    """The admission rule's service time is what an item costs the worker, not its actions alone: with
+    3 ms spent after every action (here: in the pipeline's ``pull``, which the executor calls under the
+    lock after each action; live, the lock and the GIL the record path holds) a busy worker's measured
+    service time per item (F and B) is at least 2 × 3 ms. Counting the actions alone, it was the tiny
+    model's fraction of a millisecond, and the rule admitted more items than the worker trained."""
+    import time as _time
+
+    plan = make_plan(1, 1)
+    setup = FerretPolicy(plan).setup("tiny", plan.partition.num_units, 1.0)
+    engine = StreamEngine(tiny_units(num_units=1), setup, EngineSettings(keep_trace=False, validate=False))
+    pull = engine.pipeline.pull
+
+    def slow_pull() -> tuple[int, ...]:
+        _time.sleep(0.003)
+        return pull()
+
+    engine.pipeline.pull = slow_pull  # type: ignore[method-assign]
+    admission = AdmissionSettings(max_wait_s=math.inf, queue_slots=64, initial_service_s=0.0)
+    with engine.wall_clock(admission=admission) as clock:
+        futures = [clock.submit(item.x, item.y, event_time=0.0) for item in stream(24)]
+        assert all(f.result(60).skipped is None for f in futures)
+        clock.drain(60)
+        assert clock.service_times.service_time(0) >= 2 * 0.003
+
+
+def test_the_real_queue_is_bounded_by_w_plus_h_in_service_times() -> None:
+    """⌊(W + H) / s⌋ items may wait (at least 1); no bound without H or while s is unknown; an item that
+    would start later than that is ``busy`` whatever the event-time rule says."""
+    settings = AdmissionSettings(max_wait_s=0.005, queue_slots=256, start_horizon_s=0.1)
+    assert settings.start_slots(0.005, 0.005) == 21
+    assert settings.start_slots(0.0, 0.5) == 1
+    assert AdmissionSettings(max_wait_s=0.005, queue_slots=256).start_slots(0.005, 0.005) is None
+    assert settings.start_slots(math.inf, 0.005) is None
+    with pytest.raises(ConfigError):
+        AdmissionSettings(max_wait_s=0.0, queue_slots=1, start_horizon_s=-1.0)
+    bounded = AdmissionSettings(max_wait_s=math.inf, queue_slots=64, initial_service_s=0.5)
+    assert SkipReason.BUSY not in _clock_outcomes([0.0] * 6, bounded)  # W = ∞: every item waits
+    bounded = AdmissionSettings(max_wait_s=0.0, queue_slots=64, initial_service_s=0.5, start_horizon_s=1.0)
+    outcomes = _clock_outcomes([5.0 * i for i in range(12)], bounded)  # the event times say: all free
+    assert outcomes[0] is None and SkipReason.BUSY in outcomes  # but 2 wait at most (1 s / 0.5 s)

@@ -23,7 +23,7 @@ from ferret_core.engine import (
     make_policy,
 )
 from ferret_core.engine.buffering import BufferingSettings
-from ferret_core.engine.pipeline import all_finite
+from ferret_core.engine.pipeline import _all_finite_exact, all_finite
 from ferret_core.ocl import AlgorithmSettings, make_algorithm
 from tests.unit.test_engine_support import Item, make_plan, stream, tiny_units, uniform_times
 
@@ -164,8 +164,21 @@ def test_a_poisoned_sample_is_dropped_once_and_never_replayed(name: str, algorit
     )
 )
 def test_all_finite_agrees_with_an_elementwise_check(values: list[list[float]]) -> None:
-    """The one-pass check (aminmax ends) says what ``isfinite(t).all()`` on every tensor says."""
+    """The check (sum fast path, aminmax ends) says what ``isfinite(t).all()`` on every tensor says."""
     tensors = [torch.tensor(v, dtype=torch.float32) for v in values]
     expected = all(bool(torch.isfinite(t).all()) for t in tensors)
     assert all_finite(tensors) is expected
     assert all_finite([t.reshape(-1, 1) for t in tensors]) is expected
+    assert _all_finite_exact(tensors) is expected
+
+
+def test_all_finite_is_exact_when_finite_values_overflow_the_sum() -> None:
+    """The fast path's sum overflows on large finite values: the exact check answers (finite), and a
+    non-finite element is still found among them; mixed dtypes are summed in float64."""
+    big = torch.full((4,), 3e38, dtype=torch.float32)
+    assert math.isinf(float(big.sum()))
+    assert all_finite([big, -big, big]) is True
+    assert all_finite([big, torch.tensor([1.0, float("nan")])]) is False
+    assert all_finite([big, torch.tensor([float("-inf")])]) is False
+    assert all_finite([torch.ones(3, dtype=torch.float64), torch.ones(2, dtype=torch.float16)]) is True
+    assert all_finite([torch.ones(3, dtype=torch.float64), torch.tensor([float("inf")], dtype=torch.float16)]) is False

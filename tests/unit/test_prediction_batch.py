@@ -30,25 +30,27 @@ def test_a_batch_predicts_what_each_sample_alone_predicts() -> None:
         assert [p for _, p in top_k] == pytest.approx([p for _, p in alone], abs=1e-5)
 
 
-def test_queued_arrivals_are_predicted_together_and_dispatched_in_order() -> None:
+@pytest.mark.parametrize("inline", [False, True], ids=["prediction-thread", "inline"])
+def test_queued_arrivals_are_predicted_together_and_dispatched_in_order(inline: bool) -> None:
     engine = _engine(workers=2)
     pipeline = engine.pipeline
     sizes: list[int] = []
     single, batch = pipeline.predict_top_k, pipeline.predict_top_k_batch
     pipeline.predict_top_k = lambda x, k: (sizes.append(1), single(x, k))[1]  # type: ignore[method-assign]
-    pipeline.predict_top_k_batch = lambda xs, k: (sizes.append(len(xs)), batch(xs, k))[1]  # type: ignore[method-assign]
+    pipeline.predict_top_k_batch = lambda xs, k, v=None: (sizes.append(len(xs)), batch(xs, k, v))[1]  # type: ignore[method-assign]
     items = stream(10)
-    with engine.wall_clock() as clock:
+    with engine.wall_clock(inline_predictions=inline) as clock:
         with pipeline.lock:  # the prediction thread cannot dispatch: later arrivals queue up behind it
             futures = [clock.submit(item.x, item.y) for item in items]
-        arrivals = [f.result(timeout=30) for f in futures]
+        arrivals = [clock.outcome(f, timeout=30) for f in futures]
         clock.drain(timeout=60)
     assert [a.index for a in arrivals] == list(range(10))
     assert all(a.worker == a.index % 2 for a in arrivals if a.skipped is None)
     assert sum(sizes) == 10 and max(sizes) > 1  # the queued ones went through one forward pass
 
 
-def test_a_failed_prediction_fails_every_queued_arrival() -> None:
+@pytest.mark.parametrize("inline", [False, True], ids=["prediction-thread", "inline"])
+def test_a_failed_prediction_fails_every_queued_arrival(inline: bool) -> None:
     engine = _engine()
     pipeline = engine.pipeline
 
@@ -57,10 +59,59 @@ def test_a_failed_prediction_fails_every_queued_arrival() -> None:
 
     pipeline.predict_top_k = broken  # type: ignore[method-assign]
     pipeline.predict_top_k_batch = broken  # type: ignore[method-assign]
-    clock = engine.wall_clock().start()
+    clock = engine.wall_clock(inline_predictions=inline).start()
     with pipeline.lock:
         futures = [clock.submit(item.x, item.y) for item in stream(5)]
     for future in futures:  # none is left waiting
         with pytest.raises(RuntimeError, match="forward failed"):
-            future.result(timeout=30)
+            clock.outcome(future, timeout=30)
+    with pytest.raises(RuntimeError, match="forward failed"):  # the clock stopped with the failure
+        clock.submit(stream(1)[0].x, 0)
     clock.close(reraise=False)
+
+
+def test_inline_predictions_close_fails_what_was_never_predicted() -> None:
+    from ferret_core.engine.wall_clock import ClockStopped
+
+    engine = _engine()
+    clock = engine.wall_clock(inline_predictions=True).start()
+    futures = [clock.submit(item.x, item.y) for item in stream(3)]
+    clock.close()
+    for future in futures:
+        with pytest.raises(ClockStopped):
+            future.result(timeout=1)
+
+
+def test_inline_predictions_train_as_the_prediction_thread_does() -> None:
+    """Same items, same plan: the same predictions, dispatch and final weights either way (1 worker:
+    one order of updates)."""
+    results = []
+    for inline in (False, True):
+        torch.manual_seed(0)
+        engine = _engine(workers=1)
+        with engine.wall_clock(inline_predictions=inline) as clock:
+            arrivals = []
+            for item in stream(20):
+                arrivals.append(clock.outcome(clock.submit(item.x, item.y), timeout=30))
+                clock.drain(timeout=60)
+        masters = [t.clone() for v in engine.pipeline.masters() for t in v.params]
+        results.append(([(a.prediction, a.skipped, a.worker) for a in arrivals], masters))
+    assert results[0][0] == results[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1], strict=True))
+
+
+def test_an_arrival_carries_the_version_that_predicted_it() -> None:
+    """Drained after every item (1 worker, 1 stage: one update per trained item), item i was predicted by
+    the master after as many updates as items trained before it; held behind a queue, by an older one."""
+    engine = _engine(workers=1)
+    with engine.wall_clock(inline_predictions=True) as clock:
+        arrivals = []
+        for item in stream(12):
+            arrivals.append(clock.outcome(clock.submit(item.x, item.y), timeout=30))
+            clock.drain(timeout=60)
+        trained_before = [sum(a.skipped is None for a in arrivals[:i]) for i in range(len(arrivals))]
+        assert [a.version for a in arrivals] == [2 * t for t in trained_before]  # 2 stages: 2 versions each
+        queued = [clock.submit(item.x, item.y) for item in stream(4)]  # predicted together, on one master
+        versions = {clock.outcome(f, timeout=30).version for f in queued}
+        clock.drain(timeout=60)
+    assert versions == {2 * sum(a.skipped is None for a in arrivals)}

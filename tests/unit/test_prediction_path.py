@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 from torch import nn
 
@@ -41,7 +42,8 @@ class _Held(nn.Module):
         return _HoldBackward.apply(out) if torch.is_grad_enabled() else out  # type: ignore[no-any-return]
 
 
-def test_predictions_run_while_a_backward_pass_is_held_open() -> None:
+@pytest.mark.parametrize("inline", [False, True], ids=["prediction-thread", "inline"])
+def test_predictions_run_while_a_backward_pass_is_held_open(inline: bool) -> None:
     _HoldBackward.entered.clear()
     _HoldBackward.release.clear()
     units = tiny_units(num_units=2)
@@ -51,14 +53,14 @@ def test_predictions_run_while_a_backward_pass_is_held_open() -> None:
         units, FerretPolicy(plan).setup("tiny", len(units), 0.0), EngineSettings(keep_trace=False, validate=False)
     )
     items = stream(6)
-    clock = engine.wall_clock()
+    clock = engine.wall_clock(inline_predictions=inline)
     with clock:
         try:
-            first = clock.submit(items[0].x, items[0].y).result(timeout=30)
+            first = clock.outcome(clock.submit(items[0].x, items[0].y), timeout=30)
             assert first.skipped is None  # admitted: its backward will be held
             assert _HoldBackward.entered.wait(timeout=30), "the first item's backward never started"
             # the backward is held; every later item is still predicted (and answered) meanwhile
-            later = [clock.submit(item.x, item.y).result(timeout=30) for item in items[1:]]
+            later = [clock.outcome(clock.submit(item.x, item.y), timeout=30) for item in items[1:]]
             assert [a.index for a in later] == [1, 2, 3, 4, 5]
             assert all(0 <= a.prediction < CLASSES for a in later)
             assert _HoldBackward.entered.is_set() and not _HoldBackward.release.is_set()
