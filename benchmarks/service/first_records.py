@@ -4,9 +4,10 @@ on the embedded broker, varying one thing at a time.
 
 Each case runs ``--repeats`` times on one embedded Tansu broker, with a fresh topic and fresh clients per
 repeat: a consumer with the trainer's settings (``CONSUMER_DEFAULTS`` + ``KafkaSettings.consumer_config``:
-static membership, ``fetch.wait.max.ms`` 10, reading as the trainer's loop does: what is there, else
-``consume(1, 0.05)``) is assigned the topic's one partition before the producer is made (unless the case
-says otherwise); then a new producer (the services' settings: idempotent, acks=all, linger 5 ms) sends
+``fetch.wait.max.ms`` 10, reading as the trainer's loop does: what is there, else ``consume(1, 0.05)``) is
+assigned the topic's one partition from its beginning (``assign()``: a group join takes ~6 s on Tansu and is
+not what is measured here) and has had its first fetch answered before the producer is made, as the
+trainer's consumer has seconds after its join (unless the case says otherwise); then a new producer (the services' settings: idempotent, acks=all, linger 5 ms) sends
 ``--seconds`` × 84 records of 800 bytes. Times are on the monotonic clock; *ready* = client made → first
 ``produce()``. Per case: the median over repeats of the first record's produce → ack, ack → receipt and
 produce → receipt, and of produce → receipt over the records produced in the stream's first second
@@ -14,7 +15,7 @@ produce → receipt, and of produce → receipt over the records produced in the
 
 Then, once: librdkafka's ``eos`` debug log of a producer made as ``main`` makes it, and of one that waits
 (the producer-id mechanism, lines relative to the client's creation), and the CPU cost of the statistics
-the wait reads (an idle producer's process CPU over 5 s, with and without them). The case
+the wait reads (an idle producer's process CPU over 4 s, with and without them). The case
 ``ferret produce`` is :class:`services.producer.SampleProducer` as this checkout has it (``--rate 84``),
 latency = receipt − the sample's event time (wall clock).
 
@@ -39,7 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as h
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from ferret_core.data import Dataset
 from services.config import KafkaSettings, ProducerSettings
@@ -62,7 +63,10 @@ class Case:
     warm: str = "list_topics"  # none | list_topics | wait_id
     idempotent: bool = True
     consumer: dict[str, Any] = field(default_factory=dict)
-    consumer_late: bool = False  # the consumer subscribes after the first record's ack
+    # when the consumer starts: "fetching" (assigned, and its first fetch answered: the trainer's state once
+    # its group join is done), "assigned" (assign() just before the stream), "group" (subscribe() as the
+    # trainer, the stream starting at on_assign as latency.py starts it at SERVING), "after_ack"
+    consumer_start: str = "fetching"
     sample_producer: bool = False
 
 
@@ -84,10 +88,23 @@ CASES = [
         consumer={"fetch.min.bytes": 100000},
     ),
     Case(
-        "… consumer joins after the first ack",
-        "`wait for the producer id`, the consumer subscribes once the first record is acked",
+        "… consumer joins the group",
+        "`wait for the producer id`, the consumer subscribes as the trainer does; the stream starts at its "
+        "`on_assign` (as `latency.py` starts it when the trainer reports SERVING)",
         "wait_id",
-        consumer_late=True,
+        consumer_start="group",
+    ),
+    Case(
+        "… consumer assigned, not yet fetching",
+        "`wait for the producer id`, the consumer made and assigned (`assign()`) just before the stream",
+        "wait_id",
+        consumer_start="assigned",
+    ),
+    Case(
+        "… consumer assigned after the first ack",
+        "`wait for the producer id`, the consumer made and assigned once the first record is acked",
+        "wait_id",
+        consumer_start="after_ack",
     ),
     Case(
         "ferret produce (this checkout)", "`SampleProducer` at 84/s; latency from the event time", sample_producer=True
@@ -98,16 +115,21 @@ CASES = [
 class Reader:
     """A consumer with the trainer's settings on its own thread; receipt times by record index."""
 
-    def __init__(self, kafka: KafkaSettings, extra: dict[str, Any], *, event_times: bool) -> None:
+    def __init__(self, kafka: KafkaSettings, extra: dict[str, Any], *, event_times: bool, start: str) -> None:
         config = {**CONSUMER_DEFAULTS, **kafka.consumer_config(), **extra}
         self.consumer = Consumer(config)
         self.event_times = event_times
         self.got: dict[int, float] = {}  # index -> monotonic receipt (or wall-clock ms − event ms)
-        self.assigned = threading.Event()
+        self.ready = threading.Event()  # as ``start`` says: assigned, or fetching
+        self.fetching = threading.Event()  # a fetch was answered (end of partition, or a record)
         self.stop = threading.Event()
-        self.consumer.subscribe(
-            [kafka.topics.samples], on_assign=lambda c, parts: (c.assign(parts), self.assigned.set())
-        )
+        if start == "group":
+            self.consumer.subscribe([kafka.topics.samples], on_assign=self._on_assign)
+        else:
+            self.consumer.assign([TopicPartition(kafka.topics.samples, 0, OFFSET_BEGINNING)])
+            if start != "fetching":
+                self.ready.set()
+        self.start = start
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -118,6 +140,9 @@ class Reader:
                 batch = c.consume(256, 0) or c.consume(1, 0.05)
                 now, wall = time.monotonic(), time.time() * 1000
                 for m in batch:
+                    self.fetching.set()
+                    if self.start == "fetching":
+                        self.ready.set()
                     if m.error() is not None:
                         continue
                     if self.event_times:
@@ -127,6 +152,10 @@ class Reader:
                         self.got[int(m.value()[:8])] = now
         finally:
             c.close()
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        consumer.assign(partitions)
+        self.ready.set()
 
     def close(self) -> None:
         self.stop.set()
@@ -145,9 +174,9 @@ def _raw_run(stack: LocalStack, case: Case, seconds: float) -> dict[str, Any]:
     )
     topic = kafka.topics.samples
     reader = None
-    if not case.consumer_late:
-        reader = Reader(kafka, case.consumer, event_times=False)
-        reader.assigned.wait(30)
+    if case.consumer_start != "after_ack":
+        reader = Reader(kafka, case.consumer, event_times=False, start=case.consumer_start)
+        reader.ready.wait(30)
     config = {"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 5, "acks": "all"}
     config["enable.idempotence"] = case.idempotent
     readiness = ProducerReadiness(config)
@@ -175,11 +204,11 @@ def _raw_run(stack: LocalStack, case: Case, seconds: float) -> dict[str, Any]:
             on_delivery=lambda err, m: acks.setdefault(int(m.value()[:8]), time.monotonic()),
         )
         p.poll(0)
-        if case.consumer_late and reader is None and 0 in acks:
-            reader = Reader(kafka, case.consumer, event_times=False)
+        if reader is None and 0 in acks:
+            reader = Reader(kafka, case.consumer, event_times=False, start="assigned")
     p.flush(10)
     if reader is None:
-        reader = Reader(kafka, case.consumer, event_times=False)
+        reader = Reader(kafka, case.consumer, event_times=False, start="assigned")
     deadline = time.monotonic() + 15
     while len(reader.got) < n and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -213,8 +242,8 @@ def _sample_producer_run(stack: LocalStack, dataset: Dataset, seconds: float) ->
         group_id=f"g-{prefix}",
         instance_id="probe",
     )
-    reader = Reader(kafka, {}, event_times=True)
-    reader.assigned.wait(30)
+    reader = Reader(kafka, {}, event_times=True, start="fetching")
+    reader.ready.wait(30)
     n = round(RATE * seconds)
     made = time.monotonic()
     report = SampleProducer(
@@ -301,7 +330,7 @@ def eos_log(stack: LocalStack, wait: bool) -> list[str]:
     return lines
 
 
-def stats_cost(stack: LocalStack, seconds: float = 5.0) -> dict[str, float]:
+def stats_cost(stack: LocalStack, seconds: float = 4.0) -> dict[str, float]:
     """Process CPU seconds per second of an idle producer served every 10 ms, with and without statistics."""
     out = {}
     for name, extra in (("without statistics", {}), ("statistics every 50 ms", {"statistics.interval.ms": 50})):
@@ -326,7 +355,7 @@ def _median(values: list[float | None]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--cases", nargs="+", default=None, help="case names (default: all)")
     args = parser.parse_args()
@@ -348,7 +377,7 @@ def main() -> int:
         cost = stats_cost(stack)
     load_after = h.load_average()
 
-    command = COMMAND + (f" --repeats {args.repeats}" if args.repeats != 5 else "")
+    command = COMMAND + (f" --repeats {args.repeats}" if args.repeats != 3 else "")
     command += f" --seconds {args.seconds:g}" if args.seconds != 2.0 else ""
     rows = [
         "| case | ready ms | 1st record: produce → ack | ack → receipt | produce → receipt (range) | first second "
