@@ -272,7 +272,7 @@ def main() -> int:
             f"## {r['model']}, {r['kafka_config']} ({h.CONFIG_NOTES[r['kafka_config']]}), {r['rate']:g} items/s",
             "",
             f"SERVING {r['serving_s']:.1f} s after start; the producer waited {r['producer_ready_s']:.3f} s for its "
-            "producer id before its first record; first prediction {r['first_prediction_after_serving_s']:.2f} s "
+            f"producer id before its first record; first prediction {r['first_prediction_after_serving_s']:.2f} s "
             f"after SERVING; {r['read_back']:,} of {r['produced']:,} predictions read back "
             f"({'complete' if r['complete'] else 'INCOMPLETE'}); steady busy {h.fmt(r['busy_pct_steady'])} %; CPU "
             f"(cores) {r['cpu']}; load average {r['load_average']}.",
