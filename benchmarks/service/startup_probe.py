@@ -1,7 +1,9 @@
 """After assignment, how long until a consumer with the trainer's settings receives the first records of a
 stream that a fresh idempotent producer starts at that moment (84 records/s)? Variants: assign as the
 trainer does; with the start offsets resolved in on_assign (committed, else the low watermark: no second
-OffsetFetch by the client); with fetch.error.backoff.ms 10. Prints one line per case: ms from produce to
+OffsetFetch by the client); with fetch.error.backoff.ms 10; and (``wait_id``, issue 7i) with the producer
+waiting for its producer id before the stream starts (``services.producer_ready``, what ``ferret produce``
+does since issue 7i). Prints one line per case: ms from produce to
 receive for the first 5 records, records 40–42 (~0.5 s in) and the last 3 (issue 7g's start-up
 diagnosis; results/startup_probe.md).
 
@@ -16,9 +18,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from services.kafka.admin import ensure_topics
 from services.localstack import LocalStack
+from services.producer_ready import ProducerReadiness
 
 
-def run(stack, extra, explicit=False):
+def run(stack, extra, explicit=False, wait_id=False):
     prefix = f"jp{uuid.uuid4().hex[:4]}"
     ensure_topics(stack.bootstrap_servers, prefix, sample_partitions=1)
     topic = f"{prefix}.samples"
@@ -53,10 +56,14 @@ def run(stack, extra, explicit=False):
     c.subscribe([topic], on_assign=on_assign)
     while "t" not in assigned:
         c.consume(256, 0.05)
-    p = Producer(
-        {"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 5, "enable.idempotence": True, "acks": "all"}
-    )
+    config = {"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 5, "enable.idempotence": True, "acks": "all"}
+    readiness = ProducerReadiness(config)
+    if wait_id:
+        config = {**config, **readiness.client_config(), "error_cb": readiness.note_error}
+    p = Producer(config)
     p.list_topics(timeout=5)
+    if wait_id:
+        readiness.wait(p, topic)
     sent = {}
 
     def produce():
@@ -80,6 +87,7 @@ def run(stack, extra, explicit=False):
     c.close()
     return {
         "explicit": explicit,
+        "wait_id": wait_id,
         "extra": extra,
         "assign_to_stream_ms": round((t0 - assigned["t"]) * 1000),
         "first": lat[:5],
@@ -89,5 +97,7 @@ def run(stack, extra, explicit=False):
 
 
 with LocalStack() as stack:
-    for extra, explicit in (({}, False), ({}, True), ({}, False), ({}, True), ({"fetch.error.backoff.ms": 10}, False)):
-        print(run(stack, extra, explicit), flush=True)
+    cases = [({}, False, False), ({}, True, False), ({}, False, False), ({}, True, False)]
+    cases += [({"fetch.error.backoff.ms": 10}, False, False), ({}, False, True), ({}, False, True)]
+    for extra, explicit, wait_id in cases:
+        print(run(stack, extra, explicit, wait_id), flush=True)

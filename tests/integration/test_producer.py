@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Message
 
 from ferret_core.data import Dataset, load_dataset
-from services.codec import SampleDecoder, ValidSample
+from services.codec import SampleDecoder, ValidSample, now_ms
 from services.config import KafkaSettings, ProducerSettings
 from services.kafka import TopicNames, count_distinct
 from services.producer import SampleProducer
@@ -107,6 +107,24 @@ def test_a_paced_stream_declares_its_rate_in_every_sample_record(bootstrap_serve
     count = count_distinct(bootstrap_servers, TopicNames(topic_prefix).samples, id_of=interval, idle_timeout=1.0)
     assert count.distinct == 30
     assert declared == [pytest.approx(2 / 500.0)] * 30  # a trainer owning 1 of the 2 partitions gets half
+
+
+def test_the_stream_starts_once_the_client_has_its_producer_id(bootstrap_servers: str, topic_prefix: str) -> None:
+    """The first event time is stamped after the wait for the producer id (issue 7i), not before it."""
+    before_ms = now_ms()
+    report = SampleProducer(
+        digits(), kafka(bootstrap_servers, topic_prefix, 1), ProducerSettings(items=5, rate=100.0)
+    ).run()
+    assert report.ok and report.ready and report.ready_s > 0
+    events: list[int] = []
+
+    def event_time(message: Message) -> str:
+        events.append(Sample.FromString(message.value() or b"").event_time_ms)
+        return sample_id_of(message)
+
+    count = count_distinct(bootstrap_servers, TopicNames(topic_prefix).samples, id_of=event_time, idle_timeout=1.0)
+    assert count.distinct == 5
+    assert min(events) >= before_ms + int(report.ready_s * 1000)
 
 
 def _cli(*args: str, **kwargs: object) -> list[str]:
