@@ -162,16 +162,21 @@ class Reader:
         self.thread.join(10)
 
 
-def _raw_run(stack: LocalStack, case: Case, seconds: float) -> dict[str, Any]:
-    prefix = f"fr{uuid.uuid4().hex[:6]}"
+def _fresh_topics(stack: LocalStack, tag: str) -> KafkaSettings:
+    """Kafka settings for a fresh one-partition sample topic (created) with its own group."""
+    prefix = f"{tag}{uuid.uuid4().hex[:6]}"
     ensure_topics(stack.bootstrap_servers, prefix, sample_partitions=1)
-    kafka = KafkaSettings(
+    return KafkaSettings(
         bootstrap_servers=stack.bootstrap_servers,
         topic_prefix=prefix,
         sample_partitions=1,
         group_id=f"g-{prefix}",
         instance_id="probe",
     )
+
+
+def _raw_run(stack: LocalStack, case: Case, seconds: float) -> dict[str, Any]:
+    kafka = _fresh_topics(stack, "fr")
     topic = kafka.topics.samples
     reader = None
     if case.consumer_start != "after_ack":
@@ -233,15 +238,7 @@ def _raw_run(stack: LocalStack, case: Case, seconds: float) -> dict[str, Any]:
 
 
 def _sample_producer_run(stack: LocalStack, dataset: Dataset, seconds: float) -> dict[str, Any]:
-    prefix = f"fs{uuid.uuid4().hex[:6]}"
-    ensure_topics(stack.bootstrap_servers, prefix, sample_partitions=1)
-    kafka = KafkaSettings(
-        bootstrap_servers=stack.bootstrap_servers,
-        topic_prefix=prefix,
-        sample_partitions=1,
-        group_id=f"g-{prefix}",
-        instance_id="probe",
-    )
+    kafka = _fresh_topics(stack, "fs")
     reader = Reader(kafka, {}, event_times=True, start="fetching")
     reader.ready.wait(30)
     n = round(RATE * seconds)
