@@ -59,17 +59,20 @@ class StageRunner:
     def __init__(self, program: StageProgram) -> None:
         self.program = program
         self.module = copy.deepcopy(program.template)
-        self._param_slots = [_slot(self.module, name, "_parameters") for name in program.param_names]
-        self._buffer_slots = [_slot(self.module, name, "_buffers") for name in program.buffer_names]
+        self._num_params = len(program.param_names)
+        self._num_buffers = len(program.buffer_names)
+        self._slots = [_slot(self.module, name, "_parameters") for name in program.param_names] + [
+            _slot(self.module, name, "_buffers") for name in program.buffer_names
+        ]  # parameters, then buffers: the order ``__call__`` binds them in
 
     def __call__(self, params: Sequence[Tensor], buffers: Sequence[Tensor], x: Tensor) -> Tensor:
-        slots = self._param_slots + self._buffer_slots
-        tensors = [*params, *buffers]
-        if len(params) != len(self._param_slots) or len(buffers) != len(self._buffer_slots):
+        if len(params) != self._num_params or len(buffers) != self._num_buffers:
             raise ConfigError(
-                f"stage {self.program.index} has {len(self._param_slots)} parameters and {len(self._buffer_slots)} "
+                f"stage {self.program.index} has {self._num_params} parameters and {self._num_buffers} "
                 f"buffers, got {len(params)} and {len(buffers)}"
             )
+        slots = self._slots
+        tensors = [*params, *buffers]
         kept = [table[leaf] for table, leaf in slots]
         try:
             for (table, leaf), tensor in zip(slots, tensors, strict=True):

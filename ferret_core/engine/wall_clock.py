@@ -250,11 +250,7 @@ class WallClock:
                     self._predict(batch)
                 except BaseException as exc:
                     self._fail_queued(exc)
-                    with self._cv:
-                        if self._error is None:
-                            self._error = exc
-                        self._stopping = True
-                        self._cv.notify_all()
+                    self._record_failure(exc)
                     raise
 
     def outcome(self, future: Future[Arrival], timeout: float | None = None) -> Arrival:
@@ -307,11 +303,15 @@ class WallClock:
         try:
             target(*args)
         except BaseException as exc:  # re-raised in the caller
-            with self._cv:
-                if self._error is None:
-                    self._error = exc
-                self._stopping = True
-                self._cv.notify_all()
+            self._record_failure(exc)
+
+    def _record_failure(self, exc: BaseException) -> None:
+        """Keep the first failure (re-raised in the caller) and stop every thread."""
+        with self._cv:
+            if self._error is None:
+                self._error = exc
+            self._stopping = True
+            self._cv.notify_all()
 
     def _executor_loop(self, worker: int, stage: int) -> None:
         with self._stream_for(stage):
