@@ -22,6 +22,7 @@ without Kafka, how many items/s the loop's predict + SGD step sustains over K it
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -102,7 +103,29 @@ def saturation(settings: Settings, items: int) -> dict[str, float]:
     return {"items": items, "seconds": seconds, "items_per_s": items / seconds, "ms_per_item": 1000 * seconds / items}
 
 
-def consume(settings: Settings, items: int, timeout_s: float, max_age_ms: float) -> dict[str, object]:
+class HopTrace:
+    """``--trace`` (the stall diagnosis, README "Stalls"): per item (sequence, event ms, the record's Kafka
+    timestamp type and ms — the broker's append time on a ``LogAppendTime`` topic —, receipt ms when
+    ``poll`` returned it, published ms), and every garbage collection of the loop's process (wall ms at its
+    start, its duration in ms, generation), timed with ``gc.callbacks``."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[int, int, int, int, int, int]] = []
+        self.gc: list[tuple[int, float, int]] = []
+        self._gc_start = (0, 0.0)
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_start = (now_ms(), time.perf_counter())
+        else:
+            self.gc.append((self._gc_start[0], round(1000 * (time.perf_counter() - self._gc_start[1]), 3),
+                            info["generation"]))  # fmt: skip
+
+
+def consume(
+    settings: Settings, items: int, timeout_s: float, max_age_ms: float, trace: HopTrace | None = None
+) -> dict[str, object]:
     kafka = settings.kafka
     topics = kafka.topics
     spec_shape = build_zoo_model(settings).input_shape
@@ -134,6 +157,7 @@ def consume(settings: Settings, items: int, timeout_s: float, max_age_ms: float)
             message = consumer.poll(0.1)  # one record at a time, as soon as it is there
             if message is None or message.error():
                 continue
+            received = now_ms()
             sample = decoder.decode(message.value())
             if not hasattr(sample, "x"):
                 continue
@@ -146,6 +170,9 @@ def consume(settings: Settings, items: int, timeout_s: float, max_age_ms: float)
             producer.produce(topics.predictions, value=out.SerializeToString(), key=sample.sample_id.encode())
             producer.poll(0)
             seen += 1
+            if trace is not None:
+                kind, stamp = message.timestamp()
+                trace.items.append((sample.sequence, sample.event_time_ms, kind, stamp, received, published))
             if sample.label is None:  # the unlabelled warm-up stream: predicted, not counted
                 continue
             latencies.append(float(published - sample.event_time_ms))
@@ -163,6 +190,7 @@ def consume(settings: Settings, items: int, timeout_s: float, max_age_ms: float)
         producer.flush(10)
         consumer.close()
     return {
+        **({"trace": {"items": trace.items, "gc": trace.gc}} if trace is not None else {}),
         "items": seen,
         "labelled": labelled,
         "trained": trained,
@@ -183,13 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items", type=int, default=1000)
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--max-age-ms", type=float, default=MAX_AGE_MS, help="train only items younger than this")
+    parser.add_argument("--trace", action="store_true", help="per-item hop times and GC pauses (HopTrace)")
     parser.add_argument("--saturation", type=int, default=0, help="measure the saturation rate over K items")
     args = parser.parse_args(argv)
     settings = trainer_settings(args.dataset, args.model, args.bootstrap, args.prefix)
     if args.saturation:
         result = saturation(settings, args.saturation)
     else:
-        result = consume(settings, args.items, args.timeout_s, args.max_age_ms)
+        result = consume(settings, args.items, args.timeout_s, args.max_age_ms, HopTrace() if args.trace else None)
     print(json.dumps(result))
     return 0
 

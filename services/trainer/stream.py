@@ -42,6 +42,7 @@ from services.codec import (
 from services.config import KafkaSettings
 from services.control.trainer_port import TrainerState
 from services.failpoints import failpoint
+from services.kafka.fetch_wake import resume_and_wake
 from services.proto_gen.ferret.v1 import messages_pb2
 from services.stream_rate import Headers
 from services.trainer.checkpoints import Checkpoints
@@ -469,8 +470,8 @@ class RecordStream:
         try:
             yield
         finally:
-            if partitions and self._consumer is not None:
-                self._consumer.resume(partitions)
+            if partitions and self._consumer is not None:  # woken: else it fetches after an idle wait of ~1 s
+                resume_and_wake(self._consumer, partitions)
 
     # -- the checkpoints' StreamEnds ------------------------------------------------------------------------
     def store_offsets(self) -> None:
