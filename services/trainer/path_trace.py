@@ -39,7 +39,7 @@ class PathTrace:
     @classmethod
     def from_env(cls) -> PathTrace | None:
         path = os.environ.get(TRACE_ENV)
-        return cls(path) if path else None
+        return cls(path.replace("{pid}", str(os.getpid()))) if path else None  # {pid}: one file per process
 
     def record(self, stamps: dict[str, float | int | str | None]) -> None:
         self._file.write(json.dumps(stamps, separators=(",", ":")) + "\n")
