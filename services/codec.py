@@ -311,10 +311,12 @@ class SampleDecoder:
                 bad = int(array.size - np.count_nonzero(finite))
                 return Rejection("non_finite", f"sample {sample.id}: {bad} of {array.size} values are NaN or infinite")
             array = array.astype(np.float32, copy=False)
+        bounds = self._bounds(array)  # read on the array: no torch call on the record path's thread (issue 7j)
         x = normalise(array)
         resized_from = None
         if shape != self.input_shape:  # an image of another size: resized as the simulator does (issue 11)
             x = resize_images(x, (self.input_shape[1], self.input_shape[2]))
+            bounds = None  # the resized values' own (bilinear stays within the source's, but read them)
             resized_from = shape
             if shape not in self._resized_shapes:
                 self._resized_shapes.add(shape)
@@ -324,7 +326,7 @@ class SampleDecoder:
                     RESIZE_METHOD,
                     list(self.input_shape),
                 )
-        out_of_range = self._apply_range(x, sample.id)
+        out_of_range = self._apply_range(x, sample.id, bounds)
         if out_of_range is not None:
             return out_of_range
         label: int | None = None
@@ -351,10 +353,27 @@ class SampleDecoder:
         want = self.input_shape
         return len(shape) == len(want) == 3 and shape[0] == want[0] and min(shape) > 0 and min(want) > 0
 
-    def _apply_range(self, x: torch.Tensor, ident: str) -> Rejection | None:
-        """Check (``none``), clamp (``clip``) or rescale (``minmax``) ``x`` in place into the input range."""
+    def _bounds(self, array: np.ndarray) -> tuple[float, float] | None:
+        """The smallest and largest value ``x`` will hold after :func:`normalise`, read on the (float32 or
+        uint8) array without a torch call; ``None`` when empty. uint8 is scaled into [0, 1], so (0, 1) bounds
+        it whenever the input range holds [0, 1] (the default); otherwise its values are read after scaling."""
+        if array.size == 0:
+            return None
+        if array.dtype == np.uint8:
+            low, high = self.input_range
+            return (0.0, 1.0) if low <= 0.0 and high >= 1.0 else None
+        return float(array.min()), float(array.max())
+
+    def _apply_range(
+        self, x: torch.Tensor, ident: str, bounds: tuple[float, float] | None = None
+    ) -> Rejection | None:
+        """Check (``none``), clamp (``clip``) or rescale (``minmax``) ``x`` in place into the input range;
+        ``bounds``: ``x``'s smallest and largest value or bounds on them, when the caller knows them
+        (:meth:`_bounds`); read from ``x`` otherwise and wherever they are out of range."""
         low, high = self.input_range
         if x.numel() == 0:
+            return None
+        if bounds is not None and low <= bounds[0] and bounds[1] <= high:
             return None
         smallest, largest = float(x.min()), float(x.max())
         if low <= smallest and largest <= high:

@@ -453,7 +453,9 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def schedule(multipliers: list[float], repeats: int) -> list[tuple[int, float, str]]:
+def schedule(
+    multipliers: list[float], repeats: int, configs_run: list[str] | None = None
+) -> list[tuple[int, float, str]]:
     """(repeat, multiplier, config) in run order: repeat by repeat, the rates in order at even repeats and
     reversed at odd ones, the configs rotated by one more each repeat (so a slow drift of the machine
     falls on every cell alike, not on one config or one rate)."""
@@ -462,7 +464,7 @@ def schedule(multipliers: list[float], repeats: int) -> list[tuple[int, float, s
         ms = multipliers if r % 2 == 0 else list(reversed(multipliers))
         k = r % len(CONFIGS)
         configs = CONFIGS[k:] + CONFIGS[:k]
-        order += [(r, m, c) for m in ms for c in configs]
+        order += [(r, m, c) for m in ms for c in configs if configs_run is None or c in configs_run]
     return order
 
 
@@ -474,7 +476,7 @@ def run_all(
     planner refuses less); a 60 % cell whose rate has no unconstrained run yet runs it first."""
     rows: list[dict[str, Any]] = []
     unconstrained: dict[float, dict[str, Any]] = {}
-    for repeat, m, config in schedule(args.multipliers, args.repeats):
+    for repeat, m, config in schedule(args.multipliers, args.repeats, args.configs):
         rate = m * sat["items_per_s"]
         if config == "plain":
             row = run_plain(stack, dataset, args.dataset, args.model, rate, args.items, repeat)
@@ -503,6 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--multipliers", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0, 4.0])
     parser.add_argument("--saturation-items", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=1, help="runs per cell (tables: mean ± s.e.)")
+    parser.add_argument(
+        "--configs", nargs="+", choices=CONFIGS, default=None, help="run only these configs (default: all)"
+    )
     parser.add_argument("--out", default=None, help="results name (default side_by_side-DATASET-MODEL)")
     parser.add_argument("--render-only", action="store_true", help="rewrite the .md and .png from the JSON")
     parser.add_argument(

@@ -222,6 +222,9 @@ class ServiceTimes:
             for _ in range(num_workers)
         ]
         self._folded = [[False] * num_stages for _ in range(num_workers)]
+        # per worker, service_time()'s answer, recomputed when a window folds (the admission rule reads it
+        # per arrival: a median per call cost the record path's thread, issue 7j)
+        self._service = [initial] * num_workers
 
     def record(self, worker: int, stage: int, seconds: float, *, forward: bool) -> None:
         """One action of (``worker``, ``stage``) took ``seconds``; ``forward``: it was an item's F there."""
@@ -236,6 +239,7 @@ class ServiceTimes:
         self._folded[worker][stage] = True
         self._busy[worker][stage] = 0.0
         self._forwards[worker][stage] = 0
+        self._service[worker] = self._estimate(worker)
 
     def measured(self, worker: int) -> float | None:
         """:meth:`service_time` once one of the worker's stages has folded a window, else None."""
@@ -243,6 +247,9 @@ class ServiceTimes:
 
     def service_time(self, worker: int) -> float:
         """Busy seconds per item at the worker's slowest stage (``initial`` before any measurement)."""
+        return self._service[worker]
+
+    def _estimate(self, worker: int) -> float:
         measured = [
             statistics.median(samples)
             for samples, folded in zip(self._samples[worker], self._folded[worker], strict=True)

@@ -75,6 +75,7 @@ from ferret_core.engine.stage_exec import (
     backward,
     forward_no_grad,
     forward_with_grad,
+    on_device,
     predict_logits,
 )
 from ferret_core.engine.state import Counters, GradientBuffer, InFlightItem, Stamps
@@ -87,6 +88,12 @@ from ferret_core.plan import Plan
 
 # Compensators whose observe_update does nothing: skipping it saves computing θ_new − θ_old (a pass over
 # the stage's parameters and an allocation of their size) on every update.
+
+
+# Up to this many classes a prediction's top k is sorted in Python from one read-out of the probabilities
+# (stable, as torch.sort(stable=True): ties keep the lower class first): fewer torch calls on the record
+# path's thread, each of which hands the GIL to the training thread and waits to get it back (issue 7j).
+SORT_IN_PYTHON = 64
 
 
 class Pipeline:
@@ -210,8 +217,14 @@ class Pipeline:
             raise ConfigError(f"top-k needs k >= 1, got {k}")
         logits = predict_logits(self._predict_runners, self.masters() if versions is None else versions, xs)
         probs = torch.softmax(logits.float(), dim=1)
-        values, classes = torch.sort(probs, dim=1, descending=True, stable=True)
         n = min(k, probs.shape[1])
+        if probs.shape[1] <= SORT_IN_PYTHON:  # few classes: one read-out, Python's stable sort (issue 7j)
+            rows: list[list[float]] = probs.tolist()
+            if all(math.isfinite(sum(row)) for row in rows):  # a NaN row (a diverged model) sorts as torch does
+                return [
+                    tuple((c, row[c]) for c in sorted(range(len(row)), key=lambda c: -row[c])[:n]) for row in rows
+                ]
+        values, classes = torch.sort(probs, dim=1, descending=True, stable=True)
         return [
             tuple(zip(c, v, strict=True)) for c, v in zip(classes[:, :n].tolist(), values[:, :n].tolist(), strict=True)
         ]
@@ -276,12 +289,12 @@ class Pipeline:
         """Let the algorithm turn the admitted samples into a step and queue it at worker's stage 0."""
         step: TrainingStep = self.algorithm.step(new)
         p = self.num_stages
-        target = step.batch.y.to(self._devices[-1])
+        target = on_device(step.batch.y, self._devices[-1])
         item = InFlightItem(
             index, worker, lowest, target, [None] * p, [None] * p, [None] * p, [None] * p,
             loss=step.loss, samples=step.samples, shape=step.shape, held=step.batch.held,
         )
-        item.inputs[0] = step.batch.x.to(self._devices[0])
+        item.inputs[0] = on_device(step.batch.x, self._devices[0])
         self._items[index] = item
         self.scheduler.admit(worker, index, lowest)
 
@@ -343,7 +356,7 @@ class Pipeline:
             raise ConfigError(f"{a} on executor {n}/{j}: the item's input is not there (F at {j - 1} missing)")
         version = self.store.replica(n, j)
         runner = self._runners[(n, j)]
-        x = x.to(self._devices[j], non_blocking=True)
+        x = on_device(x, self._devices[j])
         if j >= item.lowest:
             item.stashes[j] = version
             if self.plan.workers[n].recompute:
@@ -502,8 +515,16 @@ class Pipeline:
         n, j = a.worker, a.stage
         grads, reads = self._buffers[n][j].take()
         read = self.store.master(j).version
+        in_place_before = self.counters.in_place_updates
         new_params = self._apply(n, j, grads, len(reads))
         del grads
+        # an in-place update of a stateless optimizer, with replicas sharing the master, keeps every storage
+        # the stable sources hold (same data_ptr and size): their cached keys stay right (issue 7j)
+        same_storages = (
+            self.counters.in_place_updates != in_place_before
+            and not self.store.clones_replicas
+            and next(iter(self.optimizer.state_tensors()), None) is None
+        )
         written = self.store.publish(j, new_params)
         del new_params
         self.store.refresh(n, j)
@@ -516,7 +537,7 @@ class Pipeline:
             c.staleness_count[j] += len(stalenesses)
             c.staleness_max[j] = max(c.staleness_max[j], *stalenesses)
             self._record(Kind.U, a, read, written.version, t0, stamps.end())
-            if self.meter is not None:
+            if self.meter is not None and not same_storages:
                 self.meter.invalidate()
             self._sample()
 

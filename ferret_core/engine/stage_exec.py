@@ -199,10 +199,17 @@ def backward(
     return tuple(grads[:n]), (grads[n] if len(grads) > n else None)
 
 
+def on_device(x: Tensor, device: torch.device) -> Tensor:
+    """``x`` on ``device`` (non-blocking); ``x`` itself, with no torch call, when it is there already (a
+    torch call on the record path's thread hands the GIL to the training thread and waits to get it back,
+    issue 7j)."""
+    return x if x.device == device else x.to(device, non_blocking=True)
+
+
 def predict_logits(runners: Sequence[StageRunner], versions: Sequence[StageVersion], x: Tensor) -> Tensor:
     """The model's output for ``x`` on the given versions, without autograd."""
     with torch.no_grad():
         for runner, version in zip(runners, versions, strict=True):
             device = version.params[0].device if version.params else x.device
-            x = runner(version.params, version.buffers, x.to(device, non_blocking=True))
+            x = runner(version.params, version.buffers, on_device(x, device))
     return x

@@ -184,6 +184,11 @@ class VersionStore:
         finaliser.atexit = False
         self._finalisers[version] = finaliser
 
+    @property
+    def clones_replicas(self) -> bool:
+        """Whether replicas are physical copies (``clone_replicas``): a refresh then allocates."""
+        return self._clone
+
     def _fresh(self, version: StageVersion) -> StageVersion:
         return version.clone() if self._clone else version
 

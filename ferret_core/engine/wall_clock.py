@@ -162,6 +162,8 @@ class WallClock:
         for stage, compensator in enumerate(pipeline.compensators):
             compensator.follow_staleness(RING_GROWTH * max(1, staleness_bound(plan, stage)))
         self._counter = itertools.count()
+        self.executor_seconds = 0.0  # the executors' action wall time, summed (admission_view)
+        self.charged_seconds = 0.0  # what ServiceTimes was charged for them (incl. the gaps between actions)
         self._submitted = 0
         self._dispatched = 0
         self._error: BaseException | None = None
@@ -265,6 +267,23 @@ class WallClock:
         what the live planner compares with the plan's profiled times (``docs/planner.md`` reading 11)."""
         return tuple(self.service_times.measured(n) for n in range(self.pipeline.plan.num_workers))
 
+    def admission_view(self, worker: int) -> dict[str, float | int | None]:
+        """What the admission rule believes for ``worker`` now (a diagnosis aid, read without the lock):
+        its service time s and W in the machine's time (seconds), the real queue's bound ⌊(W + H)/s⌋, the
+        items waiting for it, and the executors' action seconds and charged seconds so far."""
+        service_s = self.service_times.service_time(worker)
+        settings = self.admission
+        wait_s = None if settings is None else settings.wait_for(service_s)
+        slots = None if settings is None or wait_s is None else settings.start_slots(wait_s, service_s)
+        return {
+            "service_s": service_s,
+            "wait_s": wait_s,
+            "start_slots": slots,
+            "waiting": self.pipeline.scheduler.waiting(worker),
+            "executor_s": self.executor_seconds,
+            "charged_s": self.charged_seconds,
+        }
+
     def drain(self, timeout: float | None = None) -> None:
         """Wait until every submitted item is predicted, dispatched and, if admitted, finished."""
         scheduler = self.pipeline.scheduler
@@ -341,6 +360,8 @@ class WallClock:
                 previous_end = ended
                 with self._cv:
                     scheduler.finish(action)
+                    self.executor_seconds += ended - began
+                    self.charged_seconds += took
                     self.service_times.record(worker, stage, took, forward=action.kind is Kind.F)
                     p.pull()  # a buffering method draws its next mini-batch once the trainer is free
                     self._cv.notify_all()

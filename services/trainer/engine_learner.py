@@ -133,6 +133,10 @@ class EngineLearner:
 
         return outcome
 
+    def trace_view(self) -> dict[str, float | int | None]:
+        """Worker 0's admission view for the record path's trace (``path_trace.py``; a diagnosis aid)."""
+        return self.clock.admission_view(0)
+
     def _failed(self, item: int, exc: Exception) -> LearnerFailed:
         """Name the item whose action failed (it may have arrived earlier)."""
         failed = self.engine.pipeline.failed_item

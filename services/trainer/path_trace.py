@@ -13,6 +13,11 @@ b10499b; the ``-before`` results) it showed in ``arrive − fetched``. Every pau
 line. Reading it: ``fetched − event`` is the Kafka hop plus the loop's backlog, ``published − predicted``
 building and producing the Prediction (``latency_ms`` = ``published − event``).
 
+Each record's line also carries ``cpu`` (the loop thread's CPU time, ms) and, where the learner has one
+(``EngineLearner.trace_view``), the admission's view of worker 0 (``WallClock.admission_view``: ``service_s``,
+``wait_s``, ``start_slots``, ``waiting``, ``executor_s``, ``charged_s``), read by
+``benchmarks/live/admission_trace.py`` (issue 7j). ``{pid}`` in the path is replaced by the process id.
+
 Read from the environment (not the config) because it is a measurement aid, not a setting of the service.
 """
 
@@ -39,7 +44,7 @@ class PathTrace:
     @classmethod
     def from_env(cls) -> PathTrace | None:
         path = os.environ.get(TRACE_ENV)
-        return cls(path) if path else None
+        return cls(path.replace("{pid}", str(os.getpid()))) if path else None  # {pid}: one file per process
 
     def record(self, stamps: dict[str, float | int | str | None]) -> None:
         self._file.write(json.dumps(stamps, separators=(",", ":")) + "\n")

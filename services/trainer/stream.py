@@ -368,8 +368,16 @@ class RecordStream:
         self.ledger.mark_predicted(record.partition, record.offset)
         if self.trace is not None and stamps is not None:
             skipped = None if outcome.skipped is None else outcome.skipped.value
+            view = getattr(self.learner, "trace_view", None)  # the admission's view, where the learner has one
             self.trace.record(
-                {**stamps, "event": sample.event_time_ms, "published": round(wall_ms(), 3), "skipped": skipped}
+                {
+                    **stamps,
+                    "event": sample.event_time_ms,
+                    "published": round(wall_ms(), 3),
+                    "skipped": skipped,
+                    "cpu": round(time.thread_time() * 1000.0, 3),
+                    **({} if view is None else view()),
+                }
             )
 
     def _delivered(

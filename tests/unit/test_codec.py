@@ -243,3 +243,25 @@ def test_another_channel_count_is_not_resized() -> None:
     result = SampleDecoder((1, 8, 8), 10).decode(encode_sample(x, stream="s", sequence=0).SerializeToString())
     assert isinstance(result, Rejection) and result.reason == "wrong_shape"
     assert "channel count" in result.detail
+
+
+@pytest.mark.parametrize("normaliser", ["none", "clip", "minmax"])
+@pytest.mark.parametrize("input_range", [(0.0, 1.0), (0.2, 0.8), (-1.0, 2.0)])
+@pytest.mark.parametrize("dtype", ["uint8", "float32", "float64"])
+def test_the_range_read_on_the_array_decides_as_the_tensor_does(
+    dtype: str, input_range: tuple[float, float], normaliser: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decoder reads a sample's bounds on the numpy array (no torch call on the record path, issue
+    7j): the same sample or rejection as reading them on the tensor (``_bounds`` → None)."""
+    rng = np.random.default_rng(0)
+    x = (rng.random((1, 8, 8)) * (255 if dtype == "uint8" else 1.3) - (0 if dtype == "uint8" else 0.1)).astype(dtype)
+    raw = encode_sample(x, stream="s", sequence=0).SerializeToString()
+    decoder = SampleDecoder((1, 8, 8), 10, input_range=input_range, normaliser=normaliser)  # type: ignore[arg-type]
+    fast = decoder.decode(raw)
+    monkeypatch.setattr(SampleDecoder, "_bounds", lambda self, array: None)
+    slow = decoder.decode(raw)
+    assert type(fast) is type(slow)
+    if isinstance(fast, Rejection):
+        assert isinstance(slow, Rejection) and fast.reason == slow.reason
+    else:
+        assert torch.equal(valid(fast).x, valid(slow).x)

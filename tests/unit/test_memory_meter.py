@@ -61,3 +61,32 @@ def test_the_ring_caches_its_storage_keys_until_a_slot_moves() -> None:
     keys = ring.storages()
     ring.push([torch.zeros(3)])  # full: overwritten in place, same storages
     assert ring.storages() is keys
+
+
+def test_in_place_updates_keep_the_stable_keys_and_every_sample_exact() -> None:
+    """A 1 × 1 plan updates its master in place (plain SGD, no compensation): the meter keeps its cached
+    stable keys across such an update (the same storages, issue 7j) and every sample still equals a full walk."""
+    plan = make_plan(1, 1, num_units=3)
+    units = tiny_units(num_units=3)
+    engine = StreamEngine(
+        units,
+        FerretPolicy(plan).setup("tiny", len(units), 1.0),
+        EngineSettings(compensator="none", keep_trace=False, validate=False),
+    )
+    meter = engine.pipeline.meter
+    assert isinstance(meter, MemoryMeter)
+    cached, invalidate = meter.sample, meter.invalidate
+    pairs: list[tuple[int, int]] = []
+    invalidations: list[int] = []
+
+    def checked() -> int:
+        got = cached()
+        pairs.append((got, meter.walk()))
+        return got
+
+    meter.sample = checked  # type: ignore[method-assign]
+    meter.invalidate = lambda: (invalidations.append(1), invalidate())[1]  # type: ignore[method-assign]
+    engine.run_virtual(stream(30), uniform_times(1), 1.0)
+    assert engine.pipeline.counters.in_place_updates > 0
+    assert len(invalidations) < engine.pipeline.counters.in_place_updates  # kept across in-place updates
+    assert pairs and all(got == full for got, full in pairs)

@@ -115,3 +115,27 @@ def test_an_arrival_carries_the_version_that_predicted_it() -> None:
         versions = {clock.outcome(f, timeout=30).version for f in queued}
         clock.drain(timeout=60)
     assert versions == {2 * sum(a.skipped is None for a in arrivals)}
+
+
+@pytest.mark.parametrize("case", ["random", "ties", "nan"])
+def test_the_python_top_k_equals_torch_sort(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Few classes are sorted in Python from one read-out (``SORT_IN_PYTHON``, issue 7j): the same classes
+    and probabilities, in the same order, as the stable ``torch.sort`` (ties: lower class first; a NaN row,
+    a diverged model, sorts as torch does, so its NaN reaches the caller's check)."""
+    from ferret_core.engine import pipeline as pipeline_module
+
+    pipeline = _engine().pipeline
+    xs = torch.stack([item.x for item in stream(12)])
+    logits = pipeline_module.predict_logits(pipeline._predict_runners, pipeline.masters(), xs)
+    if case == "ties":
+        logits = torch.zeros_like(logits)
+    elif case == "nan":
+        logits[3, 0] = float("nan")
+    monkeypatch.setattr(pipeline_module, "predict_logits", lambda *args: logits)
+    for k in (1, 3, 100):
+        fast = pipeline.predict_top_k_batch(xs, k)
+        monkeypatch.setattr(pipeline_module, "SORT_IN_PYTHON", 0)
+        slow = pipeline.predict_top_k_batch(xs, k)
+        monkeypatch.setattr(pipeline_module, "SORT_IN_PYTHON", 64)
+        assert [[c for c, _ in row] for row in fast] == [[c for c, _ in row] for row in slow]
+        assert repr(fast) == repr(slow)  # the same floats (and NaN where torch puts it)
