@@ -37,7 +37,8 @@ class Optimizer(Protocol):
 class SGD:
     """Plain SGD, optionally with heavy-ball momentum (PyTorch's ``torch.optim.SGD`` formula, no dampening):
     ``b ← μ·b + g`` (``b = g`` at the first step), ``θ ← θ − lr·b``; without momentum ``θ ← θ − lr·g``,
-    computed as ``torch.sub(θ, g, alpha=lr)``, bit-identical to ``θ.sub_(g, alpha=lr)``."""
+    computed as ``torch.sub(θ, g, alpha=lr)``, bit-identical to ``θ.sub_(g, alpha=lr)``; into given storage
+    (``out``) as one ``torch._foreach_add_`` over all tensors, bit-identical to that."""
 
     def __init__(self, lr: float = 1e-3, momentum: float = 0.0) -> None:
         if not (math.isfinite(lr) and lr > 0):
@@ -60,9 +61,24 @@ class SGD:
                     bufs = [torch.add(g, b, alpha=self.momentum) for b, g in zip(old, grads, strict=True)]
                 self._buffers[stage] = bufs
                 grads = bufs
+            if len(params) != len(grads) or (out is not None and len(out) != len(params)):
+                raise ConfigError(
+                    f"SGD step of stage {stage}: {len(params)} parameters, {len(grads)} gradients"
+                    + ("" if out is None else f", {len(out)} output tensors")
+                    + "; they must match one to one"
+                )
             if out is None:
                 return [torch.sub(p, g, alpha=self.lr) for p, g in zip(params, grads, strict=True)]
-            return [torch.sub(p, g, alpha=self.lr, out=o) for p, g, o in zip(params, grads, out, strict=True)]
+            # θ − lr·g for every tensor in two torch calls instead of one per tensor (issue 7l: each call on
+            # the executor's thread hands the GIL to the record path's thread): θ copied into ``out`` (a no-op
+            # where ``out`` is θ's own storage, the in-place update), then ``out += (−lr)·g``, which is the
+            # kernel torch.sub(θ, g, alpha=lr) runs (ATen's sub is add with −alpha): bit-identical (test)
+            out = list(out)
+            copies = [(o, p) for o, p in zip(out, params, strict=True) if o is not p]
+            if copies:
+                torch._foreach_copy_([o for o, _ in copies], [p for _, p in copies])
+            torch._foreach_add_(out, list(grads), alpha=-self.lr)
+            return out
 
     def state_tensors(self) -> Iterator[Tensor]:
         for bufs in list(self._buffers.values()):

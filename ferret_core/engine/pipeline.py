@@ -48,7 +48,9 @@ Per worker n and stage j (plan semantics, T1–T4):
   singles them out, else all: a poisoned sample is trained, and dropped, once.
 
 Memory is sampled (independently, :mod:`ferret_core.engine.memory`) after every F, after every R (the
-recomputed graph alive), after every B's gradients are computed (before the update) and after every U.
+recomputed graph alive), after every B's gradients are computed (before the update) and after every U,
+except a U whose sample is provably at most the B sample just before it (a 1 × 1 plain plan's in-place
+update with no arrival in between: :meth:`Pipeline._update_sample_dominated`; issue 7l).
 Transients inside an action (the prediction path's activations, a gradient being summed) are not
 sampled; on CUDA ``max_memory_allocated`` covers them.
 """
@@ -162,6 +164,12 @@ class Pipeline:
             )
         self.feeder = feeder
         self.algorithm: Algorithm = algorithm if algorithm is not None else PlainSteps()
+        # one worker, one stage, a plain method: an in-place update's memory sample may be dominated
+        # (see _update_sample_dominated)
+        self._single_plain_worker = (
+            plan.num_workers == 1 and plan.num_stages == 1 and feeder is None and type(self.algorithm) is PlainSteps
+        )
+        self._items_at_gradient_sample = -1  # arrivals counted at the last B's memory sample
         self.algorithm.bind(_MasterView(self, lr))
         if meter is not None:  # versions, optimizer and compensator state change at an update (see _accumulate)
             meter.add_source("versions", self.store.held, stable=True)
@@ -216,7 +224,7 @@ class Pipeline:
         if k < 1:
             raise ConfigError(f"top-k needs k >= 1, got {k}")
         logits = predict_logits(self._predict_runners, self.masters() if versions is None else versions, xs)
-        probs = torch.softmax(logits.float(), dim=1)
+        probs = torch.softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=1)  # one call less
         n = min(k, probs.shape[1])
         if probs.shape[1] <= SORT_IN_PYTHON:  # few classes: one read-out, Python's stable sort (issue 7j)
             rows: list[list[float]] = probs.tolist()
@@ -420,6 +428,7 @@ class Pipeline:
                 self.counters.backwards[n][j] += 1
                 self._record(Kind.B, a, read, None, t0, t_end)
                 self._sample()
+                self._items_at_gradient_sample = self.counters.items  # see _update_sample_dominated
         self._after_gradient(a, stamps, t_end)
         if j == item.lowest:
             self._finish_item(item)
@@ -539,7 +548,21 @@ class Pipeline:
             self._record(Kind.U, a, read, written.version, t0, stamps.end())
             if self.meter is not None and not same_storages:
                 self.meter.invalidate()
-            self._sample()
+            if not self._update_sample_dominated(same_storages):
+                self._sample()
+
+    def _update_sample_dominated(self, same_storages: bool) -> bool:
+        """Whether the memory held after this update is provably at most the B sample taken just before it,
+        so the update's own sample can change neither the peak nor its breakdown and is not taken (issue 7l:
+        one of a 1 × 1 item's three samples, ~30 µs of Python on the executor's thread, which holds the GIL
+        the record path's thread waits for). Exactly when: the plan is one worker and one stage (no other
+        executor changes what the sources hold), the method is plain (``vanilla``, no buffering feeder: no
+        algorithm state changes at an update), the update was in place with a stateless optimizer and no
+        cloned replicas (``same_storages``: every version and optimizer storage is the one the B sample
+        counted, the compensator observed nothing), and no arrival was dispatched since that sample (the
+        only other writer of the sources; checked under :attr:`lock`, where both count). Then the sources
+        hold what the B sample counted minus the gradient the update consumed. Call under :attr:`lock`."""
+        return same_storages and self._single_plain_worker and self._items_at_gradient_sample == self.counters.items
 
     def _apply(self, worker: int, stage: int, total: list[Tensor], steps: int = 1) -> list[Tensor]:
         """Step the optimizer with the accumulated gradient of ``steps`` steps, after the OCL algorithm's

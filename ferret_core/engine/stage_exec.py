@@ -163,7 +163,9 @@ def forward_no_grad(runner: StageRunner, version: StageVersion, x: Tensor) -> Te
 
 def forward_with_grad(runner: StageRunner, version: StageVersion, x: Tensor, *, input_grad: bool) -> StageGraph:
     """Forward that keeps its graph; ``input_grad`` when the stage below wants the input's gradient."""
-    x_in = x.detach().requires_grad_(input_grad)
+    # an input that needs no gradient and is no graph's output is used as it is: two torch calls less per
+    # forward on the executor's thread (each hands the GIL to the record path's thread, issue 7l)
+    x_in = x if not input_grad and not x.requires_grad else x.detach().requires_grad_(input_grad)
     leaves = tuple(p.detach().requires_grad_(True) for p in version.params)
     with torch.enable_grad():
         out = runner(leaves, version.buffers, x_in)

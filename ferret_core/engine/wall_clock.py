@@ -338,19 +338,20 @@ class WallClock:
             scheduler = p.scheduler
             stamps = _WallStamps(self.origin)
             previous_end: float | None = None
+            action: Action | None = None  # the next action, when it was started with the previous one's finish
             while True:
-                with self._cv:
-                    action: Action | None = None
-                    waited = False
-                    while not self._stopping:
-                        action = scheduler.next_action(worker, stage)
-                        if action is not None:
-                            scheduler.start(action)
-                            break
-                        waited = True
-                        self._cv.wait()
-                    if action is None:
-                        return
+                waited = False
+                if action is None:
+                    with self._cv:
+                        while not self._stopping:
+                            action = scheduler.next_action(worker, stage)
+                            if action is not None:
+                                scheduler.start(action)
+                                break
+                            waited = True
+                            self._cv.wait()
+                        if action is None:
+                            return
                 began = time.perf_counter()
                 p.execute(action, stamps)
                 ended = time.perf_counter()
@@ -365,6 +366,12 @@ class WallClock:
                     self.service_times.record(worker, stage, took, forward=action.kind is Kind.F)
                     p.pull()  # a buffering method draws its next mini-batch once the trainer is free
                     self._cv.notify_all()
+                    # the executor's next action, chosen and started in the same hold of the lock (what the
+                    # loop's head would do after taking the lock again): one lock round trip per action
+                    # instead of two, e.g. a one-stage plan's B right after its F (issue 7l)
+                    action = None if self._stopping else scheduler.next_action(worker, stage)
+                    if action is not None:
+                        scheduler.start(action)
 
     def _prediction_loop(self) -> None:
         with self._stream_for(0):
