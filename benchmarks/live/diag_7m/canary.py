@@ -3,23 +3,11 @@
 
 import os, time, torch
 
-torch.set_num_threads(1)
-model = torch.nn.Sequential(
-    torch.nn.Flatten(),
-    torch.nn.Linear(64, 128),
-    torch.nn.ReLU(),
-    torch.nn.Linear(128, 128),
-    torch.nn.ReLU(),
-    torch.nn.Linear(128, 10),
-)
-opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-x, y = torch.rand(1, 8, 8), torch.tensor([3])
+import sys
+from pathlib import Path
 
-
-def step():
-    opt.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    opt.step()
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
+from gil_probe import step  # the same digits-MLP step (gil_probe sets one torch thread)
 
 
 for _ in range(300):

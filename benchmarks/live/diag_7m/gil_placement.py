@@ -8,23 +8,12 @@ import time
 
 import torch
 
-torch.set_num_threads(1)
-model = torch.nn.Sequential(
-    torch.nn.Flatten(),
-    torch.nn.Linear(64, 128),
-    torch.nn.ReLU(),
-    torch.nn.Linear(128, 128),
-    torch.nn.ReLU(),
-    torch.nn.Linear(128, 10),
-)
-opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-x, y = torch.rand(1, 8, 8), torch.tensor([3])
+import sys
+from pathlib import Path
 
-
-def step():
-    opt.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    opt.step()
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
+import gil_probe  # the same digits-MLP step and record-path-like thread (it sets one torch thread)
+from gil_probe import step
 
 
 def ctx():
@@ -55,17 +44,7 @@ def trainer(seconds, cpus):
 def record_path(stop, interval_s, calls, py_us, cpus):
     if cpus:
         os.sched_setaffinity(0, cpus)
-    layer, xs, due = torch.nn.Linear(64, 10), torch.rand(1, 64), time.perf_counter()
-    while not stop.is_set():
-        due += interval_s
-        with torch.no_grad():
-            for _ in range(calls):
-                layer(xs)
-        t = time.perf_counter()
-        while time.perf_counter() - t < py_us * 1e-6:
-            pass
-        if (delay := due - time.perf_counter()) > 0:
-            time.sleep(delay)
+    gil_probe.record_path(stop, interval_s, calls, py_us)
 
 
 for _ in range(300):
