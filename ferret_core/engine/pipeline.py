@@ -147,6 +147,10 @@ class Pipeline:
         # while an update decides to write in place and writes: no reader sees a half-written master
         self._masters_guard = threading.Lock()
         self._items: dict[int, InFlightItem] = {}
+        # the storage keys of admitted items no action has touched yet (input and target, fixed until their
+        # first action): the memory meter reads them instead of walking each waiting item's tensors at
+        # every sample — with K items queued that walk was most of a tiny model's sample (issue 7n)
+        self._unstarted_keys: dict[int, tuple[StorageKey, ...]] = {}
         self._buffers = [[GradientBuffer() for _ in programs] for _ in plan.workers]
         self._non_finite: set[int] = set()  # in-flight items with a dropped (non-finite) gradient
         self.failed_item: int | None = None  # the item of the first action that raised
@@ -303,6 +307,8 @@ class Pipeline:
             loss=step.loss, samples=step.samples, shape=step.shape, held=step.batch.held,
         )
         item.inputs[0] = on_device(step.batch.x, self._devices[0])
+        if self.meter is not None:
+            self._unstarted_keys[index] = tuple(storage_keys(item.tensors()))
         self._items[index] = item
         self.scheduler.admit(worker, index, lowest)
 
@@ -339,6 +345,7 @@ class Pipeline:
     def execute(self, action: Action, stamps: Stamps) -> None:
         """Run ``action`` (really: its forward, or its recompute, backward and maybe update). When it raises,
         :attr:`failed_item` names its item (a caller blames that item's input, not a later arrival)."""
+        self._unstarted_keys.pop(action.item, None)  # its tensors change from here on: walked at each sample
         try:
             self._run(action, stamps)
         except BaseException:
@@ -498,6 +505,7 @@ class Pipeline:
         ``non_finite`` (already), not as trained."""
         with self.lock:
             del self._items[item.index]
+            self._unstarted_keys.pop(item.index, None)
             if item.index in self._non_finite:
                 self._non_finite.discard(item.index)
             else:
@@ -663,8 +671,10 @@ class Pipeline:
                     yield from version.storages
 
     def _activation_storages(self) -> Iterator[StorageKey]:
-        for item in list(self._items.values()):
-            yield from storage_keys(item.tensors())
+        unstarted = self._unstarted_keys
+        for index, item in list(self._items.items()):
+            keys = unstarted.get(index)
+            yield from storage_keys(item.tensors()) if keys is None else keys
 
     def _pending_storages(self) -> Iterator[StorageKey]:
         for row in self._buffers:
