@@ -133,14 +133,23 @@ class StreamEngine:
             validate_trace(p.trace, self.setup.plan, check_staleness=False, semantics=p.trace_semantics)
 
     def wall_clock(
-        self, *, admission: AdmissionSettings | None = None, inline_predictions: bool = False
+        self,
+        *,
+        admission: AdmissionSettings | None = None,
+        inline_predictions: bool = False,
+        inline_training: bool = False,
     ) -> WallClock:
         """Real executors over this engine's pipeline (not started): ``submit`` arrivals, ``drain``,
         ``close`` — for the trainer service. ``admission``: admit arrivals submitted with an event time
         by event time (:mod:`ferret_core.engine.admission`). ``inline_predictions``: no prediction
-        thread; whoever waits for an outcome predicts the queue (:meth:`WallClock.predict_queued`)."""
+        thread; whoever waits for an outcome predicts the queue (:meth:`WallClock.predict_queued`).
+        ``inline_training``: no executor threads either; the caller trains (:meth:`WallClock.train_step`)."""
         return WallClock(
-            self.pipeline, top_k=self.settings.top_k, admission=admission, inline_predictions=inline_predictions
+            self.pipeline,
+            top_k=self.settings.top_k,
+            admission=admission,
+            inline_predictions=inline_predictions,
+            inline_training=inline_training,
         )
 
     def run_wall(

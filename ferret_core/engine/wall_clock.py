@@ -18,6 +18,19 @@ on the MLP: 1.03 → 0.56 ms, ``benchmarks/engine`` (j)). Predictions still
 never wait behind training: they read the master under the masters' guard and take the pipeline's lock
 only to dispatch, as the thread does.
 
+Inline training (``inline_training=True``; the trainer's choice for a one-executor CPU plan,
+``trainer.training_thread``): no executor threads either; the caller runs the executors' actions on its
+own thread, one per :meth:`WallClock.train_step`, between the arrivals it submits (the trainer's loop:
+after each consumer batch is predicted and published), and :meth:`WallClock.drain` runs what is left.
+The scheduler, the admission rule and every action are the same; only the thread differs. Why: on CPU a
+tiny model's step is a few dozen short kernels, and with a record-path thread beside the executor each
+kernel's release of the GIL hands it over to the other thread and back (~7 blocking hand-overs per item,
++35–110 % CPU per step in isolation: ``benchmarks/live/results/diag-7m.md``), so the executor trained
+half the items a one-thread loop did (issue 7n). A prediction then waits for at most the one action
+running when its record arrives. An action's service time is counted from the end of the previous one
+while the executor had work throughout (the record path's work in between is time the one thread could
+not train), else from its own start, as the threads count it.
+
 Admission. With ``admission`` settings, an arrival submitted with its ``event_time`` is admitted by event
 time (:mod:`ferret_core.engine.admission`): its worker takes it iff its queue holds fewer than
 ``queue_slots`` waiting items and it would have started the item within ``max_wait_s`` of its event time,
@@ -140,17 +153,25 @@ class WallClock:
         top_k: int = 1,
         admission: AdmissionSettings | None = None,
         inline_predictions: bool = False,
+        inline_training: bool = False,
     ) -> None:
         if top_k < 1:
             raise ConfigError(f"top_k must be >= 1, got {top_k}")
+        on_cuda = any(d.type == "cuda" for d in pipeline.devices)
+        if inline_training and on_cuda:
+            raise ConfigError(
+                "inline training runs CPU stages only (expected every stage on the CPU, got "
+                f"{[str(d) for d in pipeline.devices]}); use the executor threads (trainer.training_thread: executors)"
+            )
         self.pipeline = pipeline
         self.top_k = top_k
-        if any(d.type == "cuda" for d in pipeline.devices):
+        if on_cuda:
             pipeline.in_place = False
             pipeline.end_of_action = cuda_action_barrier
         self._cv = threading.Condition(pipeline.lock)
         self._queue: queue.SimpleQueue[_Entry | None] = queue.SimpleQueue()
-        self.inline_predictions = inline_predictions
+        self.inline_training = inline_training
+        self.inline_predictions = inline_predictions or inline_training  # one thread does both
         self._inline = threading.Lock()  # one caller predicts the queue at a time (submission order)
         plan = pipeline.plan
         initial = plan.stage_forward_time + plan.stage_backward_time
@@ -168,21 +189,25 @@ class WallClock:
         self._dispatched = 0
         self._error: BaseException | None = None
         self._stopping = False
+        self._started = False
         self._threads: list[threading.Thread] = []
+        self._executors = [(w.index, j) for w in plan.workers if w.live for j in range(plan.num_stages)]
+        self._next_executor = 0  # inline training: the executor asked first next time (round robin)
+        self._previous_end: float | None = None  # inline training: the last action's end, while busy throughout
         self.origin = time.perf_counter()
+        self._stamps = _WallStamps(self.origin)
         self._devices = pipeline.devices
 
     # ------------------------------------------------------------------------------------ lifecycle
     def start(self) -> WallClock:
-        if self._threads:
+        if self._started:
             raise ConfigError("the wall clock is already started")
+        self._started = True
         self.origin = time.perf_counter()
-        plan = self.pipeline.plan
-        for worker in plan.workers:
-            if not worker.live:
-                continue
-            for stage in range(plan.num_stages):
-                self._spawn(f"ferret-w{worker.index}s{stage}", self._executor_loop, worker.index, stage)
+        self._stamps = _WallStamps(self.origin)
+        if not self.inline_training:
+            for worker, stage in self._executors:
+                self._spawn(f"ferret-w{worker}s{stage}", self._executor_loop, worker, stage)
         if not self.inline_predictions:
             self._spawn("ferret-predict", self._prediction_loop)
         return self
@@ -201,6 +226,7 @@ class WallClock:
         for thread in self._threads:
             thread.join()
         self._threads = []
+        self._started = False
         if reraise:
             self._raise_if_failed()
 
@@ -223,7 +249,7 @@ class WallClock:
         settings it is admitted by event time (module docstring)."""
         with self._cv:
             self._raise_if_failed()
-            if self._stopping or not self._threads:
+            if self._stopping or not self._started:
                 raise ClockStopped("the wall clock is not running: start() it (or it was closed)")
             self._submitted += 1
         future: Future[Arrival] = Future()
@@ -288,6 +314,9 @@ class WallClock:
         """Wait until every submitted item is predicted, dispatched and, if admitted, finished."""
         scheduler = self.pipeline.scheduler
         self.predict_queued()
+        if self.inline_training:
+            self._train_until_idle(timeout)
+            return
         with self._cv:
             done = self._cv.wait_for(
                 lambda: self._error is not None or (self._dispatched == self._submitted and scheduler.idle()),
@@ -300,10 +329,14 @@ class WallClock:
     def run_stream(
         self, items: Iterable[Sample], arrival_interval: float, on_arrival: Callable[[int], None] | None = None
     ) -> None:
-        """Submit item i at i·``arrival_interval`` seconds after the first, then drain."""
+        """Submit item i at i·``arrival_interval`` seconds after the first, then drain (inline training:
+        training in the gaps between arrivals, one action at a time)."""
         first = time.perf_counter()
         for i, item in enumerate(items):
-            delay = first + i * arrival_interval - time.perf_counter()
+            due = first + i * arrival_interval
+            while self.inline_training and time.perf_counter() < due and self.train_step():
+                pass
+            delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
             self.submit(item.x, item.y)
@@ -311,6 +344,84 @@ class WallClock:
             if on_arrival is not None:
                 on_arrival(i)
         self.drain()
+
+    # ------------------------------------------------------------------------------- inline training
+    def pending_training(self) -> bool:
+        """Inline training: whether an admitted item has actions left (the caller should call
+        :meth:`train_step` soon). Always false with executor threads (they train by themselves)."""
+        if not self.inline_training:
+            return False
+        with self._cv:
+            return not self._stopping and self._error is None and not self.pipeline.scheduler.idle()
+
+    def train_step(self) -> bool:
+        """Inline training: run one ready action on the calling thread (the executors are asked in turn);
+        false when none is ready, or with executor threads (a no-op there). A failure stops the clock, as
+        an executor thread's does, and is raised."""
+        if not self.inline_training:
+            return False
+        with self._cv:
+            self._raise_if_failed()
+            chosen = None if self._stopping else self._ready_action()
+        if chosen is None:
+            self._previous_end = None  # nothing ready: the next action's time is its own
+            return False
+        action, worker, stage = chosen
+        began = time.perf_counter()
+        try:
+            self.pipeline.execute(action, self._stamps)
+        except BaseException as exc:
+            self._record_failure(exc)
+            raise
+        ended = time.perf_counter()
+        took = ended - (began if self._previous_end is None else self._previous_end)
+        with self._cv:
+            self._finished(action, worker, stage, ended - began, took)
+            # busy throughout only while admitted items remain: after an idle spell an action's time is its own
+            self._previous_end = None if self.pipeline.scheduler.idle() else ended
+        return True
+
+    def _ready_action(self) -> tuple[Action, int, int] | None:
+        """The next ready action of the executors, asked round robin from the one after the last that ran
+        (under the lock); started."""
+        scheduler = self.pipeline.scheduler
+        count = len(self._executors)
+        for k in range(count):
+            worker, stage = self._executors[(self._next_executor + k) % count]
+            action = scheduler.next_action(worker, stage)
+            if action is not None:
+                scheduler.start(action)
+                self._next_executor = (self._next_executor + k + 1) % count
+                return action, worker, stage
+        return None
+
+    def _train_until_idle(self, timeout: float | None) -> None:
+        """Inline training's drain: run actions until every submitted item is dispatched and finished."""
+        scheduler = self.pipeline.scheduler
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        while True:
+            with self._cv:
+                self._raise_if_failed()
+                if self._dispatched == self._submitted and scheduler.idle():
+                    return
+            if not self.train_step():
+                with self._cv:  # another caller runs the ready action (a drain beside the loop): wait for it
+                    self._raise_if_failed()
+                    if self._dispatched == self._submitted and scheduler.idle():
+                        return
+                    self._cv.wait(None if deadline is None else max(0.0, deadline - time.perf_counter()))
+            if deadline is not None and time.perf_counter() > deadline:
+                raise TimeoutError(f"the pipeline did not drain within {timeout} s")
+
+    def _finished(self, action: Action, worker: int, stage: int, action_s: float, charged_s: float) -> None:
+        """An action has run (under the lock): the scheduler, the admission's service times, the buffering
+        methods' next mini-batch, and whoever waits for the pipeline."""
+        self.pipeline.scheduler.finish(action)
+        self.executor_seconds += action_s
+        self.charged_seconds += charged_s
+        self.service_times.record(worker, stage, charged_s, forward=action.kind is Kind.F)
+        self.pipeline.pull()  # a buffering method draws its next mini-batch once the trainer is free
+        self._cv.notify_all()
 
     # ------------------------------------------------------------------------------------- threads
     def _spawn(self, name: str, target: Callable[..., None], *args: int) -> None:
@@ -360,12 +471,7 @@ class WallClock:
                 took = ended - (began if waited or previous_end is None else previous_end)
                 previous_end = ended
                 with self._cv:
-                    scheduler.finish(action)
-                    self.executor_seconds += ended - began
-                    self.charged_seconds += took
-                    self.service_times.record(worker, stage, took, forward=action.kind is Kind.F)
-                    p.pull()  # a buffering method draws its next mini-batch once the trainer is free
-                    self._cv.notify_all()
+                    self._finished(action, worker, stage, ended - began, took)
                     # the executor's next action, chosen and started in the same hold of the lock (what the
                     # loop's head would do after taking the lock again): one lock round trip per action
                     # instead of two, e.g. a one-stage plan's B right after its F (issue 7l)

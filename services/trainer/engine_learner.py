@@ -58,6 +58,7 @@ class EngineLearner:
         )
         self.top_k = settings.trainer.prediction_top_k  # published per Prediction (0: none)
         self.device = resolve_device(settings.trainer.device)
+        self.training_thread = settings.trainer.training_thread
         self._peak_before = 0
         self._updates_before = 0
         self._backprops_before = 0
@@ -71,8 +72,11 @@ class EngineLearner:
         self.engine = StreamEngine(self.model.units, setup, self.engine_settings, devices=self._stage_devices(plan))
         if is_enabled("trainer.mid-step"):  # test-only: fail inside a training step (CPU stages)
             self.engine.pipeline.end_of_action = lambda: failpoint("trainer.mid-step")
-        # predictions inline on the record path's thread: no hand-over to a prediction thread and back
-        self.clock: WallClock = self.engine.wall_clock(admission=admission, inline_predictions=True).start()
+        # predictions inline on the record path's thread: no hand-over to a prediction thread and back;
+        # training too with ``trainer.training_thread: loop``
+        self.clock: WallClock = self.engine.wall_clock(
+            admission=admission, inline_predictions=True, inline_training=self.training_thread == "loop"
+        ).start()
 
     def _live_setup(self, plan: Plan) -> tuple[PolicySetup, AdmissionSettings | None]:
         """The engine setup and the wall clock's admission rule this learner's method runs ``plan`` with."""
@@ -132,6 +136,18 @@ class EngineLearner:
             )
 
         return outcome
+
+    def pending_training(self) -> bool:
+        return self.clock.pending_training()
+
+    def train_step(self) -> bool:
+        """One training action on the loop's thread. A failure is not raised here, where no record is at
+        hand: the clock keeps it and the next ``submit``, outcome or drain raises it, blamed on the item
+        whose action failed, as an executor thread's failure is."""
+        try:
+            return self.clock.train_step()
+        except Exception:  # kept by the clock (the clock is stopped); reported with the next record
+            return False
 
     def trace_view(self) -> dict[str, float | int | None]:
         """Worker 0's admission view for the record path's trace (``path_trace.py``; a diagnosis aid)."""

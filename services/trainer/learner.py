@@ -110,6 +110,17 @@ class Learner(Protocol):
         nothing to queue returns its settled outcome (:func:`settled`)."""
         ...
 
+    def pending_training(self) -> bool:
+        """Whether the learner trains on the caller's thread (``trainer.training_thread``) and has admitted
+        work left: the loop then polls Kafka without waiting and calls :meth:`train_step` between batches."""
+        ...
+
+    def train_step(self) -> bool:
+        """Where the learner trains on the caller's thread: run one training action (a forward or backward
+        pass of one stage) and return true; false when none was ready or the learner trains on threads of
+        its own (a no-op)."""
+        ...
+
     def drain(self, timeout: float | None = None) -> None:
         """Block until every dispatched item's work is reflected in the weights (``TimeoutError`` after
         ``timeout`` seconds)."""

@@ -175,10 +175,13 @@ class RecordStream:
                 self.calls.serve(self.paused)  # re-plans, snapshots, restores asked by the control plane
                 if trace is not None and wall_ms() - began > 1.0:
                     trace.pause(began, wall_ms(), "control call")
-                batch = self._next_batch(consumer)
+                training = self.learner.pending_training()  # the learner trains on this thread: poll, never wait
+                batch = self._next_batch(consumer, wait=not training)
                 if trace is not None:
                     self._stamps = {"fetched": round(wall_ms(), 3), "batch": len(batch)}
                 self.process_batch(batch)
+                if training:
+                    self.learner.train_step()  # one action, then the records that came meanwhile first
                 publisher.poll(0)  # delivery callbacks: they finish offsets
                 if time.monotonic() - committed >= COMMIT_INTERVAL_S:
                     self.partitions.commit()
@@ -205,11 +208,15 @@ class RecordStream:
                     log.debug("closing the learner: %s", exc)
 
     @staticmethod
-    def _next_batch(consumer: Consumer) -> list[Message]:
-        """What the client holds now (up to :data:`BATCH`), else the first record within :data:`POLL_S`:
-        a record is processed as soon as it is there (``consume(n, timeout)`` alone waits for n records
-        or the whole timeout, adding up to 50 ms to every item of a slow stream)."""
-        return consumer.consume(num_messages=BATCH, timeout=0) or consumer.consume(num_messages=1, timeout=POLL_S)
+    def _next_batch(consumer: Consumer, *, wait: bool = True) -> list[Message]:
+        """What the client holds now (up to :data:`BATCH`), else (``wait``) the first record within
+        :data:`POLL_S`: a record is processed as soon as it is there (``consume(n, timeout)`` alone waits
+        for n records or the whole timeout, adding up to 50 ms to every item of a slow stream). Without
+        ``wait`` (the learner has training to run on this thread) only what the client holds."""
+        held = consumer.consume(num_messages=BATCH, timeout=0)
+        if held or not wait:
+            return held
+        return consumer.consume(num_messages=1, timeout=POLL_S)
 
     def connect(
         self,

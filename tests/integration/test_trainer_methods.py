@@ -4,6 +4,7 @@ plan for a budget and is refused (FAILED_PRECONDITION, plan unchanged) by the ot
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -120,3 +121,49 @@ def test_every_method_runs_live(
         assert set(status.skipped) <= {"busy", "worker_removed"}
         workers = parts.port.current_plan()[0].num_workers  # the re-plan asked for the same bytes: same plan
         assert all(p.worker == p.item % workers for p in dispatched)  # the engine's own dispatch
+
+
+@pytest.mark.parametrize("thread", ["loop", "executors"])
+def test_either_training_thread_trains_every_item_live(
+    thread: str, bootstrap_servers: str, redis_url: str, topic_prefix: str, mlp_profile: ModelProfile
+) -> None:
+    """``trainer.training_thread`` (docs/service.md "Which thread trains"): Oracle's 1 × 1 plan on the
+    record path's thread or on an executor thread of its own: every item predicted once, every item
+    trained (backward passes = items), model versions that never go back, and the thread it asked for."""
+    ensure_topics(bootstrap_servers, topic_prefix, sample_partitions=1)
+    settings = settings_for(
+        bootstrap_servers, redis_url, topic_prefix,
+        FERRET_TRAINER_METHOD="oracle", FERRET_TRAINER_MODEL="mlp", FERRET_TRAINER_TRAINING_THREAD=thread,
+    )  # fmt: skip
+    learner = EngineLearner(build_zoo_model(settings), make_planner(settings, mlp_profile).plan(None), settings)
+    assert learner.clock.inline_training == (thread == "loop")
+    before = {t.name for t in threading.enumerate()}
+    parts = assemble(settings, learner, SampleDecoder(*dataset_spec(settings.trainer.dataset)), None)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            parts.stream.run(stop)
+        except BaseException as exc:
+            errors.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    topics = TopicNames(topic_prefix)
+    try:
+        ids = produce_digits(bootstrap_servers, topics.samples, ITEMS, spacing_ms=2)
+        wait_for(lambda: parts.port.status().predictions_published >= ITEMS)
+        wait_for(lambda: parts.port.status().backward_passes >= ITEMS)  # trained between later polls
+        executors = {t.name for t in threading.enumerate()} - before
+        assert any(name.startswith("ferret-w0s0") for name in executors) == (thread == "executors")
+    finally:
+        stop.set()
+        runner.join(60)
+    assert not errors, errors
+    predictions = read_predictions(bootstrap_servers, topics.predictions, ITEMS)
+    assert sorted(p.sample_id for p in predictions) == sorted(ids)
+    status = parts.port.status()
+    assert status.items_dispatched == ITEMS and not status.skipped and status.backward_passes == ITEMS
+    by_item = sorted(predictions, key=lambda p: p.item)
+    assert all(a.model_version <= b.model_version for a, b in itertools.pairwise(by_item))

@@ -67,6 +67,12 @@ class LinearLearner:
         self._threads.append(thread)
         return ArrivalOutcome(predicted, confidence, version, None, 0)
 
+    def pending_training(self) -> bool:
+        return False  # trains on threads of its own
+
+    def train_step(self) -> bool:
+        return False
+
     def drain(self, timeout: float | None = None) -> None:
         for thread in self._threads:
             thread.join(timeout)

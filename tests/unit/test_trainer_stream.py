@@ -154,6 +154,12 @@ class ScriptedLearner:
         skip = SkipReason.NO_LABEL if y is None else self.skip
         return ArrivalOutcome(3, 0.9, 7, skip, None if skip is not None else 1)
 
+    def pending_training(self) -> bool:
+        return False  # trains on threads of its own
+
+    def train_step(self) -> bool:
+        return False
+
     def drain(self, timeout: float | None = None) -> None:
         self.drain_timeout = timeout
         if self.slow_drain:
@@ -420,3 +426,29 @@ def test_a_label_in_a_batch_settles_the_samples_before_it() -> None:
     producer.poll()
     status = parts.port.status()
     assert status.predictions_published == 2 and status.labels_joined == 1  # the label found its prediction
+
+
+class _Polls:
+    """A consumer whose ``consume`` records its (num_messages, timeout) and returns what it holds."""
+
+    def __init__(self, held: list[object]) -> None:
+        self.held = held
+        self.calls: list[tuple[int, float]] = []
+
+    def consume(self, num_messages: int, timeout: float) -> list[object]:
+        self.calls.append((num_messages, timeout))
+        out, self.held = self.held[:num_messages], self.held[num_messages:]
+        return out
+
+
+def test_the_loop_polls_without_waiting_while_it_has_training_to_run() -> None:
+    """``trainer.training_thread: loop``: with training pending the loop takes only what the client holds
+    (timeout 0) and goes back to training; without, it waits up to POLL_S for the first record."""
+    from services.trainer.stream import BATCH, POLL_S, RecordStream
+
+    idle = _Polls([])
+    assert RecordStream._next_batch(idle, wait=False) == [] and idle.calls == [(BATCH, 0)]  # type: ignore[arg-type]
+    waiting = _Polls([])
+    assert RecordStream._next_batch(waiting) == [] and waiting.calls == [(BATCH, 0), (1, POLL_S)]  # type: ignore[arg-type]
+    held = _Polls(["a", "b"])
+    assert RecordStream._next_batch(held, wait=False) == ["a", "b"] and held.calls == [(BATCH, 0)]  # type: ignore[arg-type]
