@@ -51,9 +51,10 @@ from services.units import ArrivalInterval
 LabelMode = Literal["with-sample", "delayed", "none"]
 Split = Literal["train", "test"]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-# Which thread trains (issue 7n): "executors", a thread per live (worker, stage); "loop", the record path's own
-# thread between consumer batches (CPU stages only; measured slower on 2 cores, docs/service.md).
-TrainingThread = Literal["executors", "loop"]
+# Which thread trains (issue 7n): "loop", the record path's own thread between consumer batches (CPU stages only);
+# "executors", a thread per live (worker, stage); "auto": "loop" for a plan with one live executor on CPU, else
+# "executors".
+TrainingThread = Literal["auto", "loop", "executors"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
 
 # librdkafka properties that have a named setting (or that Ferret's semantics fix): not in kafka.properties.
@@ -325,10 +326,11 @@ class TrainerSettings(Section):
     lr: float = field(default=1e-3, metadata=meta(check=between(1e-12, None, "a learning rate")))
     device: str = field(default="cpu", metadata=meta(check=check_device))
     threads: int = field(default=1, metadata=meta(check=between(1, 1024, "an integer")))
-    # "loop" trains on the record path's thread between consumer batches (no GIL hand-overs between two Python
-    # threads, but no second core either; a prediction waits for at most the one training action running when
-    # its record arrives). Measured: fewer items trained than "executors" on 2 cores (docs/service.md).
-    training_thread: TrainingThread = "executors"
+    # "loop" trains on the record path's thread between consumer batches: no GIL hand-overs between two Python
+    # threads (digits/MLP at half the plain loop's saturation: 88 % of the items trained against 57 % on an
+    # executor thread, docs/service.md "Which thread trains"); a prediction waits for at most the one training
+    # action running when its record arrives.
+    training_thread: TrainingThread = "auto"
     max_workers: int | None = field(default=None, metadata=meta(check=between(1, None, "an integer")))
     max_stages: int | None = field(default=None, metadata=meta(check=between(1, None, "an integer")))
     profile: Path | None = field(default=None, metadata=meta(check=check_file))
@@ -349,8 +351,8 @@ class TrainerSettings(Section):
         if self.training_thread == "loop" and self.device != "cpu":
             raise self._fail(
                 "training_thread",
-                f"'executors' with trainer.device {self.device!r} (the loop trains CPU stages only)",
-                "set trainer.training_thread: executors, or trainer.device: cpu",
+                f"'auto' or 'executors' with trainer.device {self.device!r} (the loop trains CPU stages only)",
+                "set trainer.training_thread: auto (or executors), or trainer.device: cpu",
             )
 
 

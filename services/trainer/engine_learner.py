@@ -73,10 +73,20 @@ class EngineLearner:
         if is_enabled("trainer.mid-step"):  # test-only: fail inside a training step (CPU stages)
             self.engine.pipeline.end_of_action = lambda: failpoint("trainer.mid-step")
         # predictions inline on the record path's thread: no hand-over to a prediction thread and back;
-        # training too with ``trainer.training_thread: loop``
+        # training too where this plan trains on the loop (``trains_on_loop``)
         self.clock: WallClock = self.engine.wall_clock(
-            admission=admission, inline_predictions=True, inline_training=self.training_thread == "loop"
+            admission=admission, inline_predictions=True, inline_training=self.trains_on_loop(self.engine.pipeline.plan)
         ).start()
+
+    def trains_on_loop(self, plan: Plan) -> bool:
+        """Whether ``plan`` trains on the record path's thread (``trainer.training_thread``): ``loop``
+        always, ``executors`` never, ``auto`` when the plan has one live executor (one worker × one stage)
+        on the CPU: with a record-path thread beside one executor thread the GIL changes hands several
+        times per item, and the executor trained fewer items (docs/service.md "Which thread trains")."""
+        if self.training_thread != "auto":
+            return self.training_thread == "loop"
+        executors = sum(1 for w in plan.workers if w.live) * plan.num_stages
+        return executors == 1 and self.device.type == "cpu"
 
     def _live_setup(self, plan: Plan) -> tuple[PolicySetup, AdmissionSettings | None]:
         """The engine setup and the wall clock's admission rule this learner's method runs ``plan`` with."""

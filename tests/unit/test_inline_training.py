@@ -113,3 +113,42 @@ def test_inline_training_refuses_cuda_stages() -> None:
     engine.pipeline._devices = [torch.device("cuda", 0)]
     with pytest.raises(FerretError, match="CPU stages only"):
         WallClock(engine.pipeline, inline_training=True)
+
+
+@pytest.mark.parametrize(
+    ("setting", "workers", "stages", "on_loop"),
+    [
+        ("auto", 1, 1, True),  # one executor on the CPU: the loop trains
+        ("auto", 2, 1, False),  # several executors: a thread each
+        ("auto", 1, 2, False),
+        ("loop", 2, 1, True),
+        ("executors", 1, 1, False),
+    ],
+)
+def test_the_trainer_picks_the_thread_that_trains(setting: str, workers: int, stages: int, on_loop: bool) -> None:
+    from services.config import load_settings
+    from services.trainer.engine_learner import EngineLearner
+    from services.trainer.runner import build_zoo_model
+
+    settings = load_settings(
+        None,
+        env={
+            "FERRET_TRAINER_DATASET": "digits",
+            "FERRET_TRAINER_MODEL": "mlp",
+            "FERRET_TRAINER_TRAINING_THREAD": setting,
+        },
+    )
+    model = build_zoo_model(settings)
+    learner = EngineLearner(model, make_plan(stages, workers, num_units=model.num_units), settings)
+    try:
+        assert learner.clock.inline_training is on_loop
+        assert not learner.pending_training() and not learner.train_step()  # nothing admitted yet
+    finally:
+        learner.close()
+
+
+def test_the_loop_cannot_train_cuda_stages() -> None:
+    from services.config import SettingsError, load_settings
+
+    with pytest.raises(SettingsError, match="training_thread"):
+        load_settings(None, env={"FERRET_TRAINER_TRAINING_THREAD": "loop", "FERRET_TRAINER_DEVICE": "cuda"})
