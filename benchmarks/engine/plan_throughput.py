@@ -84,11 +84,13 @@ def run(
                 futures = []
                 t_start = time.perf_counter()
             k = i - warm if i >= warm else i
+            clock.train_until(t_start + k * interval_s)  # a 1 × 1 CPU plan trains on this thread, as the loop does
             delay = t_start + k * interval_s - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
             event = base_event + (time.perf_counter() - t_start)
             futures.append(clock.submit(x, y, index=i, event_time=event))
+            clock.predict_queued()  # predicted and dispatched now, as the trainer's record path does (inline)
         skipped = sum(f.result(120).skipped is not None for f in futures)
         clock.drain(120)
         elapsed = time.perf_counter() - t_start

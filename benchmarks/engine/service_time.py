@@ -162,6 +162,7 @@ def engine_run(settings: Any, xs: list[torch.Tensor], ys: list[int], interval_s:
                 t_start = time.perf_counter()
                 skipped = 0
             due = t_start + (i - (warm if i >= warm else 0)) * interval_s if interval_s > 0 else 0.0
+            clock.train_until(due)  # a 1 × 1 CPU plan trains on this thread (trainer.training_thread), as the loop does
             delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)

@@ -649,6 +649,7 @@ def engine_alone(
             due = t0 + (
                 i / rate if burst_period_s <= 0 else (math.floor(i / rate / burst_period_s) + 1) * burst_period_s
             )
+            clock.train_until(due)  # a 1 × 1 CPU plan trains on this thread (trainer.training_thread), as the loop does
             delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)

@@ -334,8 +334,7 @@ class WallClock:
         first = time.perf_counter()
         for i, item in enumerate(items):
             due = first + i * arrival_interval
-            while self.inline_training and time.perf_counter() < due and self.train_step():
-                pass
+            self.train_until(due)
             delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
@@ -380,6 +379,13 @@ class WallClock:
             # busy throughout only while admitted items remain: after an idle spell an action's time is its own
             self._previous_end = None if self.pipeline.scheduler.idle() else ended
         return True
+
+    def train_until(self, deadline: float) -> None:
+        """Inline training: run ready actions on the calling thread until ``deadline`` (``perf_counter``
+        seconds) or until none is ready — what a caller that paces its own arrivals does instead of
+        sleeping. A no-op with executor threads."""
+        while self.inline_training and time.perf_counter() < deadline and self.train_step():
+            pass
 
     def _ready_action(self) -> tuple[Action, int, int] | None:
         """The next ready action of the executors, asked round robin from the one after the last that ran

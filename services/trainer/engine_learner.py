@@ -5,7 +5,10 @@ Arrivals go through :meth:`WallClock.submit`; the record path's wait for the out
 the master, inline on its thread, and dispatches each, admitting it by its event time
 (:func:`services.trainer.methods.live_admission`);
 the record path waits only for that (milliseconds), never for training, and gets the engine's own answer
-back: the skip reason or the worker it dispatched to. Online accuracy is scored
+back: the skip reason or the worker it dispatched to. Training runs on the executors' threads, or, for a
+one-executor CPU plan (``trainer.training_thread``), on the record path's thread between batches
+(:meth:`EngineLearner.train_step`), so the two do not hand the GIL back and forth (docs/service.md "Which
+thread trains"). Online accuracy is scored
 by the trainer's counters, once (the engine runs with ``score_online`` off). A re-plan drains, copies the
 master weights into the model's units and rebuilds the pipeline for the new plan: weights carry over,
 and the compensators keep what the new plan can use (:mod:`ferret_core.engine.carry`: λ per stage when the

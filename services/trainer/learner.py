@@ -3,9 +3,10 @@ frozen values it returns.
 
 The record path hands every valid item to :meth:`Learner.arrive`: the master predicts it, then it is
 dispatched for training or skipped, and ``arrive`` returns one :class:`ArrivalOutcome` saying which. The
-outcome is settled when ``arrive`` returns (training goes on in the background), so an item's offset is
-finished once its prediction is delivered. Snapshots drain the learner first, so their offsets cover
-exactly the work the weights reflect (DESIGN §4).
+outcome is settled when ``arrive`` returns (training goes on in the background, or between batches on the
+loop's thread: :meth:`Learner.train_step`), so an item's offset is finished once its prediction is
+delivered. Snapshots drain the learner first, so their offsets cover exactly the work the weights reflect
+(DESIGN §4).
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ producer). Assignment, revocation, commits and lag are :class:`~services.trainer
 One loop thread (:meth:`RecordStream.run`) owns the Kafka clients and the learner's front door. Between
 batches it serves the control plane's calls (re-plans, snapshots, restores: :mod:`.loop_calls`) and
 periodic snapshots (:mod:`.checkpoints`) with consumption paused and counted; nothing else pauses it.
+Where the learner trains on this thread (``trainer.training_thread``; the default for a 1 × 1 CPU plan), the
+loop runs one training action after each batch and polls without waiting while training is pending.
 """
 
 from __future__ import annotations

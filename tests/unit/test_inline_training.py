@@ -152,3 +152,18 @@ def test_the_loop_cannot_train_cuda_stages() -> None:
 
     with pytest.raises(SettingsError, match="training_thread"):
         load_settings(None, env={"FERRET_TRAINER_TRAINING_THREAD": "loop", "FERRET_TRAINER_DEVICE": "cuda"})
+
+
+def test_train_until_trains_what_is_ready_and_stops_at_the_deadline() -> None:
+    import time
+
+    engine = _engine()
+    with engine.wall_clock(inline_training=True) as clock:
+        for item in stream(3):
+            clock.outcome(clock.submit(item.x, item.y), timeout=30)
+        clock.train_until(time.perf_counter() - 1.0)  # already past: nothing runs
+        assert clock.pending_training()
+        clock.train_until(time.perf_counter() + 60.0)  # returns once nothing is ready, long before the deadline
+        assert not clock.pending_training()
+    with engine.wall_clock() as threads:  # executor threads: a no-op
+        threads.train_until(time.perf_counter() + 60.0)
