@@ -312,16 +312,12 @@ class WallClock:
 
     def drain(self, timeout: float | None = None) -> None:
         """Wait until every submitted item is predicted, dispatched and, if admitted, finished."""
-        scheduler = self.pipeline.scheduler
         self.predict_queued()
         if self.inline_training:
             self._train_until_idle(timeout)
             return
         with self._cv:
-            done = self._cv.wait_for(
-                lambda: self._error is not None or (self._dispatched == self._submitted and scheduler.idle()),
-                timeout,
-            )
+            done = self._cv.wait_for(lambda: self._error is not None or self._drained(), timeout)
             self._raise_if_failed()
             if not done:
                 raise TimeoutError(f"the pipeline did not drain within {timeout} s")
@@ -403,21 +399,24 @@ class WallClock:
 
     def _train_until_idle(self, timeout: float | None) -> None:
         """Inline training's drain: run actions until every submitted item is dispatched and finished."""
-        scheduler = self.pipeline.scheduler
         deadline = None if timeout is None else time.perf_counter() + timeout
         while True:
             with self._cv:
                 self._raise_if_failed()
-                if self._dispatched == self._submitted and scheduler.idle():
+                if self._drained():
                     return
             if not self.train_step():
                 with self._cv:  # another caller runs the ready action (a drain beside the loop): wait for it
                     self._raise_if_failed()
-                    if self._dispatched == self._submitted and scheduler.idle():
+                    if self._drained():
                         return
                     self._cv.wait(None if deadline is None else max(0.0, deadline - time.perf_counter()))
             if deadline is not None and time.perf_counter() > deadline:
                 raise TimeoutError(f"the pipeline did not drain within {timeout} s")
+
+    def _drained(self) -> bool:
+        """Every submitted item dispatched and every admitted one finished (call under the lock)."""
+        return self._dispatched == self._submitted and self.pipeline.scheduler.idle()
 
     def _finished(self, action: Action, worker: int, stage: int, action_s: float, charged_s: float) -> None:
         """An action has run (under the lock): the scheduler, the admission's service times, the buffering
@@ -453,7 +452,6 @@ class WallClock:
         with self._stream_for(stage):
             p = self.pipeline
             scheduler = p.scheduler
-            stamps = _WallStamps(self.origin)
             previous_end: float | None = None
             action: Action | None = None  # the next action, when it was started with the previous one's finish
             while True:
@@ -470,7 +468,7 @@ class WallClock:
                         if action is None:
                             return
                 began = time.perf_counter()
-                p.execute(action, stamps)
+                p.execute(action, self._stamps)
                 ended = time.perf_counter()
                 # the worker's cost of this action: from the end of its previous one when it went straight on
                 # (the bookkeeping, the lock and the GIL between actions are its cost too), else its own time
