@@ -36,9 +36,9 @@ from ferret_core.compensation.iter_fisher import IterFisherCompensator
 from ferret_core.data import iter_stream, load_dataset, test_split
 from ferret_core.engine import EngineSettings, FerretPolicy, StageTimes, StreamEngine
 from ferret_core.engine.ablation import AblationRun, RunInputs, run_compensators
-from ferret_core.memory_model import MemorySettings
 from ferret_core.plan import Plan
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.memory_model import MemorySettings
+from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import build_model
 

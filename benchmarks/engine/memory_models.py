@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from ferret_core.engine import EngineSettings, FerretPolicy, simulate
-from ferret_core.memory_model import MemoryModel, MemorySettings
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.memory_model import MemoryModel, MemorySettings
+from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.staleness import staleness_bound
 from ferret_core.zoo import build_model

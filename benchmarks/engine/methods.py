@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ferret_core.memory_model import MemorySettings
 from ferret_core.metrics import agm
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.memory_model import MemorySettings
+from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -51,7 +51,7 @@ def settings_for(model: str, dataset: str, profile: str) -> Any:
 
 def plan_of_shape(settings: Any, stages: int, workers: int) -> Any | None:
     """The trainer's planner's best configuration with ``stages`` stages and ``workers`` live workers (T1 off)."""
-    from ferret_core.planner import Planner
+    from ferret_core.planning.planner import Planner
     from services.trainer.runner import build_zoo_model, load_profile, make_planner
 
     base = make_planner(settings, load_profile(settings, build_zoo_model(settings)))

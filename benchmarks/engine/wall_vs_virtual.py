@@ -27,9 +27,9 @@ import torch
 
 from ferret_core.data import iter_stream, load_dataset
 from ferret_core.engine import EngineSettings, FerretPolicy, StageTimes, StreamEngine
-from ferret_core.memory_model import MemorySettings
 from ferret_core.plan import Plan
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.memory_model import MemorySettings
+from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import build_model
 

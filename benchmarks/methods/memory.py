@@ -31,13 +31,13 @@ from typing import Any
 
 import torch
 
-from ferret_core.cost_model import StageGeometry
 from ferret_core.engine import EngineSettings, FerretPolicy, simulate
 from ferret_core.engine.buffering import BUFFERING_METHODS, BufferingPolicy, BufferingSettings, buffering_bytes
-from ferret_core.memory_model import MemoryModel, MemorySettings
 from ferret_core.ocl import ALGORITHM_NAMES, AlgorithmSettings, make_algorithm
 from ferret_core.ocl.planning import planning_memory, planning_profile
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.cost_model import StageGeometry
+from ferret_core.planning.memory_model import MemoryModel, MemorySettings
+from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import build_model
 

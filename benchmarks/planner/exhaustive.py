@@ -17,12 +17,12 @@ import random
 import sys
 from pathlib import Path
 
-from ferret_core.cost_model import RateModel, StageGeometry, num_worker_slots
-from ferret_core.memory_model import MemoryModel, MemorySettings
-from ferret_core.partitioning import candidate_partitions
 from ferret_core.plan import WorkerConfig
+from ferret_core.planning.cost_model import RateModel, StageGeometry, num_worker_slots
+from ferret_core.planning.memory_model import MemoryModel, MemorySettings
+from ferret_core.planning.partitioning import candidate_partitions
+from ferret_core.planning.search import search_path
 from ferret_core.profile import LayerProfile, ModelProfile
-from ferret_core.search import search_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CASES = 300

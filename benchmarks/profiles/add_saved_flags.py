@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
+from ferret_core.planning.profiler import profile_model
 from ferret_core.profile import ModelProfile
-from ferret_core.profiler import profile_model
 from ferret_core.zoo import build_model
 
 HERE = Path(__file__).resolve().parent

@@ -6,7 +6,7 @@ run each method on them (Oracle and 1-Skip on the whole model, Ferret on its pla
 L*) on the virtual clock at the paper's rate (t^d = max_i t̂_i^f), and compare the engine's *measured* peak
 (distinct storages it holds + autograd's saved tensors, sampled after every action; independent of any
 cost model) with the method's planned bytes: the schedules' and the sequential methods' byte model
-(:mod:`ferret_core.engine.schedules.memory`, built from the same per-stage primitives as Ferret's byte
+(:mod:`ferret_core.planning.schedule_memory`, built from the same per-stage primitives as Ferret's byte
 model), and for Ferret its plan's predicted bytes. Every planned figure counts with the engine's byte
 model (``variant="engine"``) and no compensator, as the runs apply none. Inputs are random tensors of the
 model's input shape (memory does not depend on pixel values).
@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 from ferret_core.engine import METHOD_NAMES, EngineSettings, MethodOptions, StageTimes, StreamEngine, make_policy
-from ferret_core.memory_model import MemorySettings
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.memory_model import MemorySettings
+from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import build_model
 

@@ -4,7 +4,7 @@ DESIGN §3.3, §3.4): ``none``, ``step-aware``, ``gap-aware``, ``fisher``, ``ite
 """
 
 from ferret_core.compensation.base import CompensatorSettings, StageCompensator
-from ferret_core.compensation.registry import COMPENSATOR_NAMES, make_compensator
+from ferret_core.compensation.compensator_registry import COMPENSATOR_NAMES, make_compensator
 from ferret_core.compensation.ring import DeltaRing
 
 __all__ = [

@@ -7,7 +7,7 @@ to a model's ``input_shape`` when it differs (bilinear). The data root is always
 """
 
 from ferret_core.data.dataset import Dataset, normalise
-from ferret_core.data.registry import DATASET_NAMES, DATASET_SPECS, dataset_spec, load_dataset
+from ferret_core.data.dataset_registry import DATASET_NAMES, DATASET_SPECS, dataset_spec, load_dataset
 from ferret_core.data.stream import RESIZE_METHOD, StreamItem, iter_stream, needs_resize, test_batches, test_split
 
 __all__ = [

@@ -15,13 +15,13 @@ state across a re-plan), ``engine`` (the facade), ``ablation`` (compensators on 
 """
 
 from ferret_core.engine.ablation import AblationRun, RunInputs, run_compensators
-from ferret_core.engine.actions import Kind, SkipReason, TraceEvent
 from ferret_core.engine.engine import EngineSettings, StreamEngine, simulate
-from ferret_core.engine.methods import METHOD_NAMES, METHODS, MethodOptions, layout_plan, make_policy
+from ferret_core.engine.method_registry import METHOD_NAMES, METHODS, MethodOptions, layout_plan, make_policy
 from ferret_core.engine.policies import FerretPolicy, OneSkip, Oracle
 from ferret_core.engine.result import EngineStats, SimulationResult
 from ferret_core.engine.trace import TraceError, validate_trace
-from ferret_core.engine.virtual_clock import StageTimes
+from ferret_core.schedule.actions import Kind, SkipReason, TraceEvent
+from ferret_core.schedule.stage_times import StageTimes
 
 __all__ = [
     "METHODS",

@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from ferret_core.engine.engine import EngineSettings, StreamEngine
-from ferret_core.engine.memory import storage_bytes
+from ferret_core.engine.memory_meter import storage_bytes
 from ferret_core.engine.policies import FerretPolicy
 from ferret_core.engine.result import SimulationResult
-from ferret_core.engine.virtual_clock import Sample, StageTimes
+from ferret_core.engine.virtual_clock import Sample
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
 from ferret_core.profile import ModelProfile
+from ferret_core.schedule.stage_times import StageTimes
 
 RunInputs = tuple[Sequence[nn.Module], Iterable[Sample], tuple[Tensor, Tensor] | None]
 

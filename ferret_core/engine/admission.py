@@ -1,7 +1,7 @@
 """Admission by event time on the wall clock (DESIGN §4 "Admission"; ``docs/service.md`` "Admission").
 
 On the virtual clock item i arrives at i·t^d and its worker admits it iff at most ``wait_slots`` items
-would wait for the first stage (:mod:`ferret_core.engine.scheduler`). On the wall clock items reach the
+would wait for the first stage (:mod:`ferret_core.schedule.scheduler`). On the wall clock items reach the
 trainer when Kafka delivers them, and a delivery carries every record produced since the last one: read
 by *poll time* such a batch is a burst, and every item after the first finds its worker busy. Read by
 *event time* (when the producer stamped each item) it is the stream it was. So the wall clock judges
@@ -44,7 +44,7 @@ item's event time and its delivery that is not backlog; B: the most records one 
 The B term is what lets a worker that keeps up catch up after a pause (start-up, a re-plan's drain, a
 snapshot): the backlog arrives in deliveries of up to B items whose event times say the worker was free,
 and the consumer hands them over faster than one worker trains them. The queue holds K inputs per
-live worker (:func:`queue_bytes`, :mod:`ferret_core.admission_queue`), and the planner counts them in the
+live worker (:func:`queue_bytes`, :mod:`ferret_core.planning.admission_queue`), and the planner counts them in the
 plan's bytes when its memory settings carry the queue (the trainer's do). A full queue
 makes an item ``busy`` whatever the rule says (it guards memory when the measured service time lags a slowdown).
 
@@ -59,8 +59,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from ferret_core.admission_queue import MAX_QUEUE_SLOTS, max_wait, queue_bytes, queue_slots
 from ferret_core.errors import ConfigError
+from ferret_core.planning.admission_queue import MAX_QUEUE_SLOTS, max_wait, queue_bytes, queue_slots
 
 __all__ = [
     "MAX_QUEUE_SLOTS",

@@ -41,14 +41,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ferret_core.cost_model import StageGeometry
 from ferret_core.engine.coreset import RepresentativeBuffer, select_coreset
 from ferret_core.engine.policies import PolicySetup, sequential_plan
-from ferret_core.engine.scheduler import PlanRules
 from ferret_core.engine.steps import NO_FOOTPRINT, Batch, Fed, Feeder, Footprint
 from ferret_core.errors import ConfigError, InfeasibleBudgetError
 from ferret_core.plan import Partition
+from ferret_core.planning.cost_model import StageGeometry
 from ferret_core.profile import ModelProfile, dtype_bytes
+from ferret_core.schedule.scheduler import PlanRules
 
 BUFFERING_METHODS: tuple[str, ...] = ("random-n", "last-n", "camel")
 LABEL_BYTES = 8  # int64 labels of Camel's buffer

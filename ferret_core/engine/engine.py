@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from ferret_core.compensation import CompensatorSettings, make_compensator
 from ferret_core.engine.admission import AdmissionSettings
 from ferret_core.engine.carry import carry_compensator_states
-from ferret_core.engine.memory import MemoryMeter
+from ferret_core.engine.memory_meter import MemoryMeter
 from ferret_core.engine.optim import SGD, Optimizer
 from ferret_core.engine.pipeline import Pipeline
 from ferret_core.engine.policies import Policy, PolicySetup
@@ -31,10 +31,11 @@ from ferret_core.engine.result import EngineStats, SimulationResult
 from ferret_core.engine.stage_exec import build_stages
 from ferret_core.engine.steps import Algorithm
 from ferret_core.engine.trace import plan_bounds, validate_trace
-from ferret_core.engine.virtual_clock import Sample, StageTimes, VirtualClock
+from ferret_core.engine.virtual_clock import Sample, VirtualClock
 from ferret_core.engine.wall_clock import WallClock
 from ferret_core.errors import ConfigError
 from ferret_core.profile import ModelProfile
+from ferret_core.schedule.stage_times import StageTimes
 from ferret_core.staleness import ring_capacity
 
 

@@ -47,7 +47,7 @@ Per worker n and stage j (plan semantics, T1–T4):
   step's ``held`` rows) are evicted there, the rows whose output was non-finite if the last stage
   singles them out, else all: a poisoned sample is trained, and dropped, once.
 
-Memory is sampled (independently, :mod:`ferret_core.engine.memory`) after every F, after every R (the
+Memory is sampled (independently, :mod:`ferret_core.engine.memory_meter`) after every F, after every R (the
 recomputed graph alive), after every B's gradients are computed (before the update) and after every U,
 except a U whose sample is provably at most the B sample just before it (a 1 × 1 plain plan's in-place
 update with no arrival in between: :meth:`Pipeline._update_sample_dominated`; issue 7l).
@@ -68,10 +68,8 @@ import torch
 from torch import Tensor
 
 from ferret_core.compensation import StageCompensator
-from ferret_core.engine.actions import Action, Kind, SkipReason, TraceEvent
-from ferret_core.engine.memory import MemoryMeter, StorageKey, storage_keys
+from ferret_core.engine.memory_meter import MemoryMeter, StorageKey, storage_keys
 from ferret_core.engine.optim import Optimizer
-from ferret_core.engine.scheduler import Scheduler, ScheduleRules
 from ferret_core.engine.stage_exec import (
     StageProgram,
     backward,
@@ -81,12 +79,15 @@ from ferret_core.engine.stage_exec import (
     predict_logits,
 )
 from ferret_core.engine.state import Counters, GradientBuffer, InFlightItem, Stamps
-from ferret_core.engine.steps import Algorithm, Batch, Feeder, PlainSteps, StepShape, TrainingStep
+from ferret_core.engine.steps import Algorithm, Batch, Feeder, PlainSteps, TrainingStep
 from ferret_core.engine.trace import TraceSemantics
 from ferret_core.engine.versions import StageVersion, VersionStore
 from ferret_core.errors import ConfigError
 from ferret_core.metrics import OnlineAccuracy, TestAccuracy
 from ferret_core.plan import Plan
+from ferret_core.schedule.actions import Action, Kind, SkipReason, TraceEvent
+from ferret_core.schedule.scheduler import Scheduler, ScheduleRules
+from ferret_core.schedule.step_shape import StepShape
 
 # Compensators whose observe_update does nothing: skipping it saves computing θ_new − θ_old (a pass over
 # the stage's parameters and an allocation of their size) on every update.

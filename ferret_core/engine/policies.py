@@ -2,7 +2,7 @@
 separate training loop).
 
 A policy turns (model size, arrival interval) into a :class:`PolicySetup`: the plan the engine executes
-(partition and worker configuration), the :class:`~ferret_core.engine.scheduler.ScheduleRules` the
+(partition and worker configuration), the :class:`~ferret_core.schedule.scheduler.ScheduleRules` the
 scheduler consults (admission slots, T3 back-propagation, in-flight caps), whether actions take time, and
 the planner's plan whose predicted memory is reported (``None`` when no cost model applies).
 
@@ -11,21 +11,19 @@ Random-N / Last-N B-Skip and Camel (:mod:`ferret_core.engine.buffering`) are a s
 live in :mod:`ferret_core.engine.schedules`: PipeDream and PipeDream-2BW are plans executed by this
 engine as it is (c^a = 1, resp. c^a = m), DAPPLE / ZB / Hanayo bring their own scheduler and pipeline
 (``PolicySetup.pipeline_type``: a flush barrier, the B/W split, shared devices). Every method is
-registered by name in :mod:`ferret_core.engine.methods`.
+registered by name in :mod:`ferret_core.engine.method_registry`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from ferret_core.engine.scheduler import PlanRules, ScheduleRules
+from ferret_core.engine.pipeline import Pipeline
 from ferret_core.engine.steps import Feeder
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Partition, Plan, WorkerConfig
-
-if TYPE_CHECKING:
-    from ferret_core.engine.pipeline import Pipeline
+from ferret_core.schedule.scheduler import PlanRules, ScheduleRules
 
 
 @dataclass(frozen=True)

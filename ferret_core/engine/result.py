@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ferret_core.engine.actions import TraceEvent
+from ferret_core.schedule.actions import TraceEvent
 
 Grid = tuple[tuple[int, ...], ...]  # [worker][stage]
 

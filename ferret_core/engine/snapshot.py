@@ -15,16 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ferret_core.engine.engine import StreamEngine
 from ferret_core.errors import ConfigError
 from ferret_core.metrics import OnlineAccuracy
-
-if TYPE_CHECKING:
-    from ferret_core.engine.engine import StreamEngine
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,12 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ferret_core.engine.actions import SkipReason
 from ferret_core.engine.stage_exec import StageGraph
-from ferret_core.engine.steps import UNIT_STEP, Held, LossFn, StepShape
+from ferret_core.engine.steps import Held, LossFn
 from ferret_core.engine.versions import StageVersion
 from ferret_core.errors import ConfigError
+from ferret_core.schedule.actions import SkipReason
+from ferret_core.schedule.step_shape import UNIT_STEP, StepShape
 
 
 class Stamps(Protocol):

@@ -34,9 +34,9 @@ from collections import defaultdict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ferret_core.engine.actions import Kind, TraceEvent
 from ferret_core.errors import FerretError
 from ferret_core.plan import Plan
+from ferret_core.schedule.actions import Kind, TraceEvent
 from ferret_core.staleness import staleness_bound
 
 _EPS = 1e-9

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ferret_core.engine.memory import StorageKey, storage_key
+from ferret_core.engine.memory_meter import StorageKey, storage_key
 from ferret_core.errors import ConfigError
 
 

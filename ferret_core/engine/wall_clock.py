@@ -1,6 +1,6 @@
 """The wall clock: real executors driven by the same scheduler (DESIGN §2).
 
-One thread per live (worker, stage) executor asks :class:`~ferret_core.engine.scheduler.Scheduler` for
+One thread per live (worker, stage) executor asks :class:`~ferret_core.schedule.scheduler.Scheduler` for
 its next action, runs it through :meth:`Pipeline.execute` outside the lock, and reports it finished.
 Predictions run on an executor of their own: :meth:`WallClock.submit` queues an arrival, the prediction
 thread predicts it with the master and dispatches it, in submission order, so the caller (the Kafka
@@ -40,7 +40,7 @@ on to this one: the bookkeeping, lock and GIL waits between a busy worker's acti
 item costs it. Counting the actions alone (before issue 7 part G) under-estimated a worker that shares
 the CPU with the record path, so the rule admitted more than it trained and the real queue, up to K,
 grew behind the predictions: measured in ``benchmarks/live/README.md``). Without an event time, or without settings, the
-policy's own slot rule decides (:mod:`ferret_core.engine.scheduler`).
+policy's own slot rule decides (:mod:`ferret_core.schedule.scheduler`).
 
 The first exception raised in any thread stops every thread and is re-raised in the caller by the next
 :meth:`submit`, :meth:`drain` or :meth:`close` (torchgpipe's worker lesson).
@@ -85,11 +85,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ferret_core.engine.actions import Action, Kind, SkipReason
 from ferret_core.engine.admission import AdmissionSettings, EventTimeAdmission, ServiceTimes
 from ferret_core.engine.pipeline import Pipeline
 from ferret_core.engine.virtual_clock import Sample
 from ferret_core.errors import ConfigError, FerretError
+from ferret_core.schedule.actions import Action, Kind, SkipReason
 from ferret_core.staleness import staleness_bound
 
 log = logging.getLogger("ferret.admission")

@@ -15,15 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ferret_core.engine.steps import (
-    Batch,
-    Footprint,
-    ModelView,
-    PlainSteps,
-    StepShape,
-    TrainingStep,
-    cross_entropy,
-)
+from ferret_core.engine.steps import Batch, Footprint, ModelView, PlainSteps, TrainingStep, cross_entropy
 from ferret_core.engine.versions import StageVersion
 from ferret_core.errors import ConfigError
 from ferret_core.ocl.losses import (
@@ -36,6 +28,7 @@ from ferret_core.ocl.losses import (
 )
 from ferret_core.ocl.reservoir import ReservoirBuffer
 from ferret_core.ocl.settings import AlgorithmSettings
+from ferret_core.schedule.step_shape import StepShape
 
 
 class _Stateless(PlainSteps):

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from ferret_core.engine.steps import Footprint, StepShape
-from ferret_core.memory_model import MemorySettings
+from ferret_core.engine.steps import Footprint
+from ferret_core.planning.memory_model import MemorySettings
 from ferret_core.profile import ModelProfile
+from ferret_core.schedule.step_shape import StepShape
 
 
 def planning_profile(profile: ModelProfile, shape: StepShape) -> ModelProfile:

@@ -7,7 +7,7 @@ streams. A user's own model becomes a :class:`ZooModel` through :mod:`ferret_cor
 
 from ferret_core.zoo.base import NORMS, EvalBatchNorm2d, ZooModel
 from ferret_core.zoo.custom import model_from_factory, model_from_units
-from ferret_core.zoo.registry import MODEL_NAMES, build_model, load_weights, save_weights
+from ferret_core.zoo.model_registry import MODEL_NAMES, build_model, load_weights, save_weights
 
 __all__ = [
     "MODEL_NAMES",

@@ -25,7 +25,7 @@ from torch import nn
 
 from ferret_core.errors import ConfigError
 from ferret_core.zoo.base import ZooModel, check_positive
-from ferret_core.zoo.registry import seeded
+from ferret_core.zoo.model_registry import seeded
 
 
 def model_from_factory(

@@ -11,11 +11,11 @@ from pathlib import Path
 from ferret_core.compensation import COMPENSATOR_NAMES
 from ferret_core.engine.steps import Algorithm
 from ferret_core.errors import ConfigError
-from ferret_core.memory_model import IN_FLIGHT_MODES, MEMORY_VARIANTS, OPTIMIZER_SLOTS, MemorySettings
 from ferret_core.ocl import ALGORITHM_NAMES, AlgorithmSettings, make_algorithm
 from ferret_core.ocl.planning import planning_memory, planning_profile
 from ferret_core.plan import Plan
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.memory_model import IN_FLIGHT_MODES, MEMORY_VARIANTS, OPTIMIZER_SLOTS, MemorySettings
+from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import DTYPE_BYTES, ModelProfile
 from services import strict_json
 from services.cli.args import arrival_interval_type, budget_type, existing_file, non_negative_float, positive_int
@@ -151,7 +151,7 @@ def load_or_profile(
         return profile
     if args.model is None:
         raise ConfigError("give --model (a zoo name or package.module:factory) or --profile FILE")
-    from ferret_core.profiler import profile_model
+    from ferret_core.planning.profiler import profile_model
     from ferret_core.zoo import build_model
 
     if is_factory(args.model) or args.input_shape is not None:

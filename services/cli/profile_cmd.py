@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from ferret_core.errors import ConfigError
+from ferret_core.planning.profiler import CLOCKS, profile_model, resolve_device
 from ferret_core.profile import DTYPE_BYTES, LayerProfile, ModelProfile
-from ferret_core.profiler import CLOCKS, profile_model, resolve_device
 from ferret_core.zoo import NORMS, ZooModel, build_model
 from services import strict_json
 from services.cli.args import non_negative_int, positive_int

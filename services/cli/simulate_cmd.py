@@ -73,14 +73,14 @@ from ferret_core.engine import (
     make_policy,
 )
 from ferret_core.engine.buffering import BUFFERING_METHODS, BufferingSettings
-from ferret_core.engine.methods import method
+from ferret_core.engine.method_registry import method
 from ferret_core.engine.steps import Algorithm
 from ferret_core.engine.trace import to_csv
 from ferret_core.errors import ConfigError
 from ferret_core.forgetting import TaskBoundaryAccuracy, task_tensor
-from ferret_core.memory_model import MemorySettings
 from ferret_core.ocl import ALGORITHM_NAMES, AlgorithmSettings, make_algorithm
 from ferret_core.plan import Plan
+from ferret_core.planning.memory_model import MemorySettings
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel, build_model
 from services import strict_json
@@ -276,7 +276,7 @@ def _profile(args: argparse.Namespace, model: ZooModel, batch_sizes: Sequence[in
     with step times for the mini-batch ``batch_sizes`` too (:func:`step_batch_sizes`)."""
     if args.profile is not None:
         return load_or_profile(args, model.input_shape)
-    from ferret_core.profiler import profile_model
+    from ferret_core.planning.profiler import profile_model
 
     return profile_model(model, device=args.device, dtype=args.dtype, batch_sizes=batch_sizes)
 

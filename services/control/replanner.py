@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 class PlannerLike(Protocol):
-    """What the re-planner needs of ``ferret_core.planner.Planner``."""
+    """What the re-planner needs of ``ferret_core.planning.planner.Planner``."""
 
     def plan(self, budget_bytes: int | None = None) -> Plan: ...
 

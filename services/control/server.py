@@ -123,7 +123,7 @@ def create_server(
 ) -> ControlServer:
     """Wire the control plane and bind ``address`` (port 0: any free port); call ``.start()`` next.
 
-    ``planner``: the ``ferret_core.planner.Planner`` built once from the start-up profile.
+    ``planner``: the ``ferret_core.planning.planner.Planner`` built once from the start-up profile.
     ``trainer``: the trainer's :class:`TrainerPort`. ``token``: require ``authorization: Bearer
     <token>`` on every call of this port. ``tls``: serve TLS from PEM files. ``insecure``: allow binding
     beyond loopback without a token or client certificates. ``health_address``: also serve

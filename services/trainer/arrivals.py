@@ -33,10 +33,10 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
-from ferret_core.cost_model import StageGeometry
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
-from ferret_core.planner import Planner
+from ferret_core.planning.cost_model import StageGeometry
+from ferret_core.planning.planner import Planner
 from ferret_core.profile import ModelProfile
 from services.stream_rate import Headers, declared_interval
 

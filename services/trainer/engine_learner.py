@@ -1,9 +1,9 @@
 """The trainer's learner: ferret_core's engine on the wall clock, running ``trainer.method`` (any method
-of the core's registry, read live as :mod:`services.trainer.methods` says) over the planner's plan.
+of the core's registry, read live as :mod:`services.trainer.live_methods` says) over the planner's plan.
 
 Arrivals go through :meth:`WallClock.submit`; the record path's wait for the outcome predicts them with
 the master, inline on its thread, and dispatches each, admitting it by its event time
-(:func:`services.trainer.methods.live_admission`);
+(:func:`services.trainer.live_methods.live_admission`);
 the record path waits only for that (milliseconds), never for training, and gets the engine's own answer
 back: the skip reason or the worker it dispatched to. Training runs on the executors' threads, or, for a
 one-executor CPU plan (``trainer.training_thread``), on the record path's thread between batches
@@ -31,13 +31,13 @@ from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.wall_clock import WallClock
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
+from ferret_core.planning.profiler import resolve_device
 from ferret_core.profile import ModelProfile
-from ferret_core.profiler import resolve_device
 from ferret_core.zoo import ZooModel
 from services.config import Settings
 from services.failpoints import failpoint, is_enabled
 from services.trainer.learner import ArrivalOutcome, LearnerFailed, LearnerStats, ModelDivergedError
-from services.trainer.methods import live_setup, not_planned, plans_for_budget
+from services.trainer.live_methods import live_setup, not_planned, plans_for_budget
 
 PREDICTION_TIMEOUT_S = 60.0
 

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ferret_core.admission_queue import AdmissionQueue
 from ferret_core.data import dataset_spec
 from ferret_core.errors import ConfigError
-from ferret_core.memory_model import MemorySettings
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.admission_queue import AdmissionQueue
+from ferret_core.planning.memory_model import MemorySettings
+from ferret_core.planning.planner import Planner, PlannerSettings
+from ferret_core.planning.profiler import resolve_device
 from ferret_core.profile import ModelProfile
-from ferret_core.profiler import resolve_device
 from ferret_core.zoo import ZooModel
 from services.codec import SampleDecoder
 from services.config import Settings
@@ -46,14 +46,8 @@ from services.trainer.failures import ErrorPolicy
 from services.trainer.labels import LateLabelJoin
 from services.trainer.learner import Learner
 from services.trainer.ledger import OffsetLedger
+from services.trainer.live_methods import DELIVERY_ITEMS, DELIVERY_SPREAD_S, FixedPlan, budget_methods, plans_for_budget
 from services.trainer.loop_calls import LoopCalls
-from services.trainer.methods import (
-    DELIVERY_ITEMS,
-    DELIVERY_SPREAD_S,
-    FixedPlan,
-    budget_methods,
-    plans_for_budget,
-)
 from services.trainer.metrics import TrainerMetrics
 from services.trainer.service import Trainer
 from services.trainer.state import Lifecycle, PlanInForce
@@ -211,7 +205,7 @@ def load_profile(settings: Settings, model: ZooModel) -> ModelProfile:
             )
         profile.check_input(model.input_shape, source=f"profile {str(settings.trainer.profile)!r}")
         return profile
-    from ferret_core.profiler import profile_model
+    from ferret_core.planning.profiler import profile_model
 
     log.info("profiling %s (no trainer.profile given)", model.name)
     return profile_model(model, device=settings.trainer.device)

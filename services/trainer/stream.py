@@ -53,8 +53,8 @@ from services.trainer.failures import TOO_LARGE, Decision, ErrorPolicy, RecordFa
 from services.trainer.labels import LateLabelJoin
 from services.trainer.learner import ArrivalOutcome, Learner
 from services.trainer.ledger import OffsetLedger
+from services.trainer.live_methods import DELIVERY_ITEMS
 from services.trainer.loop_calls import LoopCalls
-from services.trainer.methods import DELIVERY_ITEMS
 from services.trainer.partitions import COMMIT_INTERVAL_S, PartitionOwner
 from services.trainer.path_trace import PathTrace, wall_ms
 from services.trainer.predictions import HEADERS as PREDICTION_HEADERS

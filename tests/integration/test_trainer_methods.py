@@ -23,7 +23,7 @@ from services.control.client import ControlCallError, ControlClient
 from services.control.server import create_server
 from services.kafka.admin import TopicNames, ensure_topics
 from services.trainer.engine_learner import EngineLearner
-from services.trainer.methods import FixedPlan, plans_for_budget
+from services.trainer.live_methods import FixedPlan, plans_for_budget
 from services.trainer.runner import TrainerParts, assemble, build_zoo_model, load_profile, make_planner
 
 from .trainer_support import produce_digits, read_predictions, settings_for

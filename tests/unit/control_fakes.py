@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from ferret_core.plan import Plan
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.planner import Planner, PlannerSettings
 from services.control.errors import SnapshotNotFound
 from services.control.trainer_port import AppliedPlan, SnapshotInfo, TrainerState, TrainerStatus
 

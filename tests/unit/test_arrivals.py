@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from ferret_core.errors import ConfigError
-from ferret_core.memory_model import MemorySettings
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.memory_model import MemorySettings
+from ferret_core.planning.planner import Planner, PlannerSettings
 from services.trainer.arrivals import ArrivalRate, DriftReplanner, SwitchablePlanner
 
 from .planner_fixtures import golden_a

@@ -20,11 +20,11 @@ from ferret_core.engine.buffering import (
     fit_batch,
 )
 from ferret_core.engine.coreset import RepresentativeBuffer, select_coreset
-from ferret_core.engine.methods import MethodOptions, make_policy
-from ferret_core.engine.virtual_clock import StageTimes
+from ferret_core.engine.method_registry import MethodOptions, make_policy
 from ferret_core.errors import ConfigError, InfeasibleBudgetError
 from ferret_core.ocl import AlgorithmSettings, make_algorithm
 from ferret_core.profile import LayerProfile, ModelProfile
+from ferret_core.schedule.stage_times import StageTimes
 from tests.unit.test_engine_support import IN_FEATURES, sequential_model, stream, tiny_units
 
 

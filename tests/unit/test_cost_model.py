@@ -6,16 +6,16 @@ import math
 
 import pytest
 
-from ferret_core.cost_model import (
+from ferret_core.errors import ProfileError
+from ferret_core.plan import Partition
+from ferret_core.planning.cost_model import (
     RateModel,
     StageGeometry,
     backprop_period,
     num_worker_slots,
     paper_worker_elements,
 )
-from ferret_core.errors import ProfileError
-from ferret_core.plan import Partition
-from ferret_core.search import accumulation_increment
+from ferret_core.planning.search import accumulation_increment
 
 from .planner_fixtures import golden_a, golden_b
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ferret_core.engine import EngineSettings, FerretPolicy, StreamEngine
-from ferret_core.engine.memory import MemoryMeter, SavedTensorTracker, storage_bytes, storage_keys
+from ferret_core.engine.memory_meter import MemoryMeter, SavedTensorTracker, storage_bytes, storage_keys
 from ferret_core.engine.stage_exec import backward, build_stages, forward_with_grad
 from ferret_core.plan import Partition
 from tests.unit.test_engine_support import make_plan, run_plan, stream, tiny_units, uniform_times
@@ -80,7 +80,7 @@ def test_stashes_are_freed_when_no_item_references_them() -> None:
 def test_the_meter_counts_queued_items_as_the_plan_does() -> None:
     """Items admitted but not started (the wall clock's admission queue) hold their input and label: the
     measured bytes grow by exactly the planner's queue term per item, K × (input + label) (issue 7 D)."""
-    from ferret_core.residency import LABEL_BYTES
+    from ferret_core.planning.residency import LABEL_BYTES
     from tests.unit.test_engine_support import IN_FEATURES
 
     plan = make_plan(1, 1)

@@ -8,7 +8,7 @@ import pytest
 
 from ferret_core.engine import FerretPolicy, OneSkip, Oracle, make_policy, simulate, validate_trace
 from ferret_core.errors import ConfigError
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import LayerProfile, ModelProfile
 from tests.unit.test_engine_support import Item, stream, tiny_units
 

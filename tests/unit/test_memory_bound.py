@@ -15,14 +15,14 @@ from hypothesis import strategies as st
 from torch import nn
 
 from ferret_core.compensation import COMPENSATOR_NAMES
-from ferret_core.cost_model import StageGeometry
 from ferret_core.engine import EngineSettings, FerretPolicy, StageTimes, StreamEngine
-from ferret_core.memory_model import MemoryModel, MemorySettings
 from ferret_core.plan import Partition, Plan, WorkerConfig
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.cost_model import StageGeometry
+from ferret_core.planning.memory_model import MemoryModel, MemorySettings
+from ferret_core.planning.planner import Planner, PlannerSettings
+from ferret_core.planning.profiler import profile_model
+from ferret_core.planning.residency import replay_worker
 from ferret_core.profile import LayerProfile, ModelProfile
-from ferret_core.profiler import profile_model
-from ferret_core.residency import replay_worker
 from ferret_core.zoo.base import ZooModel
 from tests.unit.test_engine_support import Item
 

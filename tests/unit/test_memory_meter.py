@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from ferret_core.compensation import COMPENSATOR_NAMES, DeltaRing
 from ferret_core.engine import EngineSettings, FerretPolicy, StreamEngine
-from ferret_core.engine.memory import MemoryMeter
+from ferret_core.engine.memory_meter import MemoryMeter
 from tests.unit.test_engine_support import make_plan, stream, tiny_units, uniform_times
 
 runs = st.fixed_dictionaries(

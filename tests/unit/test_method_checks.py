@@ -36,9 +36,9 @@ from ferret_core.engine.snapshot import engine_state, load_unit_weights, restore
 from ferret_core.errors import ConfigError
 from ferret_core.ocl import ALGORITHM_NAMES, AlgorithmSettings, make_algorithm
 from ferret_core.ocl.planning import planning_memory, planning_profile
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.planner import Planner, PlannerSettings
+from ferret_core.planning.profiler import profile_model
 from ferret_core.profile import ModelProfile
-from ferret_core.profiler import profile_model
 from ferret_core.zoo import ZooModel, build_model
 
 ALGORITHMS: tuple[str, ...] = ALGORITHM_NAMES  # every check runs for each OCL algorithm of the core's registry

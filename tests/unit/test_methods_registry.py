@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ferret_core.engine import METHOD_NAMES, MethodOptions, make_policy
-from ferret_core.engine.methods import method
+from ferret_core.engine.method_registry import method
 from ferret_core.errors import ConfigError
 from tests.unit.test_engine_support import make_plan
 

@@ -21,7 +21,7 @@ from ferret_core.ocl import ALGORITHM_NAMES, AlgorithmSettings, make_algorithm
 from ferret_core.ocl.algorithms import LearningWithoutForgetting, MaximallyInterferedRetrieval, MemoryAwareSynapses
 from ferret_core.ocl.losses import distillation_loss, interference
 from ferret_core.ocl.reservoir import ReservoirBuffer
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import LayerProfile, ModelProfile
 from tests.unit.test_engine_support import CLASSES, IN_FEATURES, sequential_model, stream, tiny_units
 

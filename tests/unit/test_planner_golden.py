@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ferret_core.errors import ConfigError, InfeasibleBudgetError
-from ferret_core.memory_model import MemorySettings
-from ferret_core.partitioning import candidate_caps, candidate_partitions, partition_for_cap
-from ferret_core.planner import Planner, PlannerSettings, default_decay
+from ferret_core.planning.memory_model import MemorySettings
+from ferret_core.planning.partitioning import candidate_caps, candidate_partitions, partition_for_cap
+from ferret_core.planning.planner import Planner, PlannerSettings, default_decay
 
 from .planner_fixtures import golden_a, golden_b
 

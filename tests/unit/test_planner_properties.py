@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ferret_core.errors import InfeasibleBudgetError
-from ferret_core.memory_model import MemoryModel, MemorySettings
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.memory_model import MemoryModel, MemorySettings
+from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import LayerProfile, ModelProfile
 
 unit = st.tuples(

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ferret_core.admission_queue import AdmissionQueue, max_wait, queue_bytes, queue_slots
-from ferret_core.cost_model import StageGeometry
 from ferret_core.errors import ConfigError, InfeasibleBudgetError
-from ferret_core.memory_model import MemoryModel, MemorySettings
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.admission_queue import AdmissionQueue, max_wait, queue_bytes, queue_slots
+from ferret_core.planning.cost_model import StageGeometry
+from ferret_core.planning.memory_model import MemoryModel, MemorySettings
+from ferret_core.planning.planner import Planner, PlannerSettings
+from ferret_core.planning.residency import LABEL_BYTES
 from ferret_core.profile import LayerProfile, ModelProfile
-from ferret_core.residency import LABEL_BYTES
 
 PROFILES = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles"
 QUEUE = AdmissionQueue(delivery_s=0.1, delivery_items=256)  # the trainer's D and B

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ferret_core.errors import ConfigError, ProfileError
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from services.trainer.arrivals import DriftReplanner, SwitchablePlanner, measured_time_scale
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from ferret_core.errors import ProfileError
+from ferret_core.planning.profiler import profile_model
 from ferret_core.profile import LayerProfile, ModelProfile
-from ferret_core.profiler import profile_model
 from ferret_core.zoo import build_model
 from services.cli import main
 
@@ -82,11 +82,11 @@ def test_profile_cli_batch_sizes(tmp_path, capsys) -> None:  # type: ignore[no-u
 
 
 def test_stage_times_of_a_step() -> None:
-    from ferret_core.engine.actions import Action, Kind
-    from ferret_core.engine.steps import StepShape
-    from ferret_core.engine.virtual_clock import StageTimes
     from ferret_core.errors import ConfigError
     from ferret_core.plan import Partition
+    from ferret_core.schedule.actions import Action, Kind
+    from ferret_core.schedule.stage_times import StageTimes
+    from ferret_core.schedule.step_shape import StepShape
 
     times = StageTimes.from_profile(batched_profile(), Partition((0, 1, 2)))
     f0, f1, b1 = Action(Kind.F, 0, 0, 7), Action(Kind.F, 0, 1, 7), Action(Kind.B, 0, 1, 7)

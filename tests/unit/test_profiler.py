@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from ferret_core.errors import ConfigError, ProfileError
+from ferret_core.planning.profiler import profile_model
 from ferret_core.profile import LayerProfile, ModelProfile
-from ferret_core.profiler import profile_model
 from ferret_core.zoo import ZooModel, build_model
 
 FAST = {"warmup": 0, "repeats": 1}

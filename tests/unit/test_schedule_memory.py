@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from ferret_core.engine import EngineSettings, MethodOptions, StageTimes, StreamEngine, make_policy
-from ferret_core.memory_model import MemorySettings
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.memory_model import MemorySettings
+from ferret_core.planning.planner import Planner, PlannerSettings
+from ferret_core.planning.profiler import profile_model
 from ferret_core.profile import ModelProfile
-from ferret_core.profiler import profile_model
 from ferret_core.zoo import build_model
 from tests.unit.test_method_checks import Item
 

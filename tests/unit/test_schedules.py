@@ -25,7 +25,7 @@ from ferret_core.engine import (
     TraceEvent,
     make_policy,
 )
-from ferret_core.engine.methods import MethodOptions
+from ferret_core.engine.method_registry import MethodOptions
 from ferret_core.engine.schedules.flush_pipeline import FlushPipeline
 from ferret_core.engine.schedules.split_backward import backward_root, input_gradient, weight_gradients
 from ferret_core.engine.stage_exec import backward, build_stages, forward_with_grad

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from ferret_core.cost_model import StageGeometry
 from ferret_core.engine import EngineSettings, Oracle, StreamEngine
 from ferret_core.engine.buffering import LABEL_BYTES, NN_BYTES, BufferingPolicy, BufferingSettings
-from ferret_core.engine.memory import storage_bytes
-from ferret_core.engine.virtual_clock import StageTimes
-from ferret_core.memory_model import MemoryModel, MemorySettings
+from ferret_core.engine.memory_meter import storage_bytes
 from ferret_core.ocl import AlgorithmSettings, make_algorithm
 from ferret_core.ocl.planning import planning_memory
 from ferret_core.plan import Partition
+from ferret_core.planning.cost_model import StageGeometry
+from ferret_core.planning.memory_model import MemoryModel, MemorySettings
 from ferret_core.profile import LayerProfile, ModelProfile
+from ferret_core.schedule.stage_times import StageTimes
 from tests.unit.test_engine_support import IN_FEATURES, stream, tiny_units
 
 SMALL = AlgorithmSettings(buffer_size=12, replay_batch=3, mir_candidates=6, lwf_every=8, mas_every=5)

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from ferret_core.memory_model import MemorySettings
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.memory_model import MemorySettings
+from ferret_core.planning.planner import Planner, PlannerSettings
 from services.stream_rate import PARTITIONS_HEADER, RATE_HEADER, declared_interval, rate_headers
 from services.trainer.arrivals import DriftReplanner, SwitchablePlanner
 

@@ -1,4 +1,4 @@
-"""Every method of the engine's registry as the trainer runs it live (``services.trainer.methods``):
+"""Every method of the engine's registry as the trainer runs it live (``services.trainer.live_methods``):
 oracle trains every item in order even in a burst, 1-skip only when free, fixed-plan methods refuse a
 budget (FAILED_PRECONDITION) while ferret re-plans."""
 
@@ -15,7 +15,7 @@ from services.config import load_settings
 from services.control.errors import BudgetNotPlanned
 from services.control.servicer import status_for
 from services.trainer.engine_learner import EngineLearner
-from services.trainer.methods import DELIVERY_ITEMS, FixedPlan, QueueEveryItem, live_setup, plans_for_budget
+from services.trainer.live_methods import DELIVERY_ITEMS, FixedPlan, QueueEveryItem, live_setup, plans_for_budget
 from services.trainer.runner import build_zoo_model, load_profile
 from tests.unit.test_engine_policies import tiny_profile
 from tests.unit.test_engine_support import make_plan

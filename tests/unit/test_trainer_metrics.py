@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ferret_core.planner import Planner
+from ferret_core.planning.planner import Planner
 from services.control.replanner import Replanner
 from services.control.trainer_port import TrainerState, TrainerStatus
 from services.trainer.metrics import BY_REASON, COUNTERS, GAUGES, RATIOS, TrainerMetrics

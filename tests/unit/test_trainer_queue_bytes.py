@@ -10,13 +10,13 @@ import math
 import pytest
 import torch
 
-from ferret_core.admission_queue import AdmissionQueue
 from ferret_core.engine import METHOD_NAMES
-from ferret_core.memory_model import MemorySettings, admission_queue_bytes
-from ferret_core.planner import Planner, PlannerSettings
+from ferret_core.planning.admission_queue import AdmissionQueue
+from ferret_core.planning.memory_model import MemorySettings, admission_queue_bytes
+from ferret_core.planning.planner import Planner, PlannerSettings
 from services.config import load_settings
 from services.trainer.engine_learner import EngineLearner
-from services.trainer.methods import DELIVERY_ITEMS, DELIVERY_SPREAD_S, live_setup
+from services.trainer.live_methods import DELIVERY_ITEMS, DELIVERY_SPREAD_S, live_setup
 from services.trainer.runner import build_zoo_model, load_profile, make_planner
 from tests.unit.test_engine_policies import tiny_profile
 from tests.unit.test_engine_support import make_plan
@@ -85,7 +85,7 @@ def test_measured_peak_stays_within_planned_with_the_queue_full(method: str, mon
     """A backlog delivered at once, stamped 1 s apart: by event time every item finds its worker free, so
     they all wait in the queue up to K; the meter counts them, and the plan does too. (The real queue's
     bound ⌊(W + H)/s⌋ is lifted here, H = ∞, so the queue can reach the K the plan counts.)"""
-    monkeypatch.setattr("services.trainer.methods.START_HORIZON_S", math.inf)
+    monkeypatch.setattr("services.trainer.live_methods.START_HORIZON_S", math.inf)
     env = {"FERRET_TRAINER_DATASET": "digits", "FERRET_TRAINER_MODEL": "mlp", "FERRET_TRAINER_METHOD": method}
     settings = load_settings(None, env={**env, "FERRET_TRAINER_STREAM_RATE": "50"})
     model = build_zoo_model(settings)

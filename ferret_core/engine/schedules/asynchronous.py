@@ -10,13 +10,13 @@ item per worker by default). Their staleness bound is the plan's (:mod:`ferret_c
 from __future__ import annotations
 
 from ferret_core.engine.policies import PolicySetup
-from ferret_core.engine.scheduler import PlanRules
 from ferret_core.engine.schedules.common import check_units, micro_batches, rows_from_slots, schedule_plan
-from ferret_core.engine.schedules.memory import ScheduleShape
 from ferret_core.errors import ConfigError
-from ferret_core.memory_model import MemorySettings
 from ferret_core.plan import Plan
+from ferret_core.planning.memory_model import MemorySettings
+from ferret_core.planning.schedule_memory import ScheduleShape
 from ferret_core.profile import ModelProfile
+from ferret_core.schedule.scheduler import PlanRules
 
 _NO_COMPENSATOR = MemorySettings(variant="engine", compensator="none")
 

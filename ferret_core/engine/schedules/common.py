@@ -5,7 +5,7 @@ pipeline strategies (appendix, Hyper-parameters), on its N worker slots: the N·
 Ferret's own techniques T2–T4 (accumulation, omission, worker removal) do not carry over — every slot
 is live and back-propagates every item — but a slot's recomputation (T1, activation checkpointing,
 which every compared system offers) does. The schedule's plan keeps Ferret's timing fields and carries
-the schedule's planned bytes (:mod:`ferret_core.engine.schedules.memory`), so results report them as
+the schedule's planned bytes (:mod:`ferret_core.planning.schedule_memory`), so results report them as
 ``planned_bytes``.
 """
 
@@ -14,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 
 from ferret_core.engine.policies import Policy, PolicySetup
-from ferret_core.engine.schedules.memory import ScheduleShape, schedule_memory
 from ferret_core.errors import ConfigError
-from ferret_core.memory_model import MemorySettings
 from ferret_core.plan import Plan, WorkerConfig
+from ferret_core.planning.memory_model import MemorySettings
+from ferret_core.planning.schedule_memory import ScheduleShape, schedule_memory
 from ferret_core.profile import ModelProfile
 
 

@@ -29,10 +29,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from ferret_core.engine.actions import Action, Kind
-from ferret_core.engine.memory import StorageKey, storage_keys
+from ferret_core.engine.memory_meter import StorageKey, storage_keys
 from ferret_core.engine.pipeline import Pipeline, all_finite
-from ferret_core.engine.schedules.flush_scheduler import FlushRules, FlushScheduler
 from ferret_core.engine.schedules.split_backward import backward_root, input_gradient, weight_gradients
 from ferret_core.engine.stage_exec import StageProgram, backward
 from ferret_core.engine.state import InFlightItem, Stamps
@@ -40,6 +38,8 @@ from ferret_core.engine.trace import TraceSemantics
 from ferret_core.engine.versions import StageVersion
 from ferret_core.errors import ConfigError, FerretError
 from ferret_core.plan import Plan
+from ferret_core.schedule.actions import Action, Kind
+from ferret_core.schedule.flush_scheduler import FlushRules, FlushScheduler
 
 
 class ScheduleError(FerretError, RuntimeError):

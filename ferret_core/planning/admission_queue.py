@@ -9,7 +9,7 @@ label only (no activations: nothing has run yet). Its size is
 (W: the longest an item may wait, ln 2 / c; D: the consumer's delivery spread; B: the most records one
 delivery hands over; N·t^d: the interval between two items of one worker). Its bytes,
 K × (input + label) per live worker, are part of the plan's bytes when
-:class:`~ferret_core.memory_model.MemorySettings` carries an :class:`AdmissionQueue` (the trainer's
+:class:`~ferret_core.planning.memory_model.MemorySettings` carries an :class:`AdmissionQueue` (the trainer's
 planner does; the virtual clock, which admits by its own ``wait_slots``, does not). This module is
 pure arithmetic: the planner (no engine import) and the wall clock both use it.
 """

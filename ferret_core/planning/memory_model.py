@@ -3,7 +3,7 @@
 Two variants (``MemorySettings.variant``):
 
 * ``engine`` (the default): a bound on what the engine of DESIGN §3.13 holds at any of its sampled
-  points (:mod:`ferret_core.engine.memory`), per live worker n and stage j:
+  points (:mod:`ferret_core.engine.memory_meter`), per live worker n and stage j:
 
   - **versions**: the replica plus the stashes of items back-propagated at j while they are in flight,
     ``1 + ⌈(K_j − 1)/c^a_{n,j}⌉`` copies of |w_j|, where K_j is the most such items in flight at once
@@ -12,7 +12,7 @@ Two variants (``MemorySettings.variant``):
     With K_j = P − j this is eq. ferret-svre's ``1 + ⌈(P−j−1)/c^a⌉``;
   - **activations**: what the worker's in-flight items hold (graphs, queued stage inputs, output
     gradients; under T1 only stage inputs plus the recomputed graph), from
-    :mod:`ferret_core.residency`. T2 does not free activations (items in flight keep their graphs);
+    :mod:`ferret_core.planning.residency`. T2 does not free activations (items in flight keep their graphs);
   - **accumulation buffer**: |w_j| where c^a_{n,j} > 1 (the engine sums compensated gradients into
     one buffer per worker and stage, T2).
 
@@ -44,7 +44,7 @@ importances and anchor 2ΣW).
 
 **Plus the admission queue (ours, not in the paper).** With ``MemorySettings.admission_queue`` set (the
 trainer's planner), every live worker adds K × (input + label) elements, K = max(⌈(W + D)/(N·t^d)⌉,
-⌈B/N⌉) (:mod:`ferret_core.admission_queue`): the inputs admitted items hold while they wait for the
+⌈B/N⌉) (:mod:`ferret_core.planning.admission_queue`): the inputs admitted items hold while they wait for the
 worker's first stage. It is a per-worker term in both variants (in ``paper`` next to eq. ferret-svre's
 M_F worker term, like the accumulation buffers), so S4 (worker removal) frees it.
 ``extras=False`` leaves eq. ferret-svre alone (and the queue, when one is set);
@@ -65,12 +65,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ferret_core.admission_queue import AdmissionQueue, queue_bytes
-from ferret_core.cost_model import StageGeometry, paper_worker_elements
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan, WorkerConfig
+from ferret_core.planning.admission_queue import AdmissionQueue, queue_bytes
+from ferret_core.planning.cost_model import StageGeometry, paper_worker_elements
+from ferret_core.planning.residency import LABEL_BYTES, Residency, StageSizes, cap_residency, replay_worker
 from ferret_core.profile import ModelProfile, dtype_bytes
-from ferret_core.residency import LABEL_BYTES, Residency, StageSizes, cap_residency, replay_worker
 from ferret_core.staleness import bound_for_workers
 
 MEMORY_VARIANTS = ("engine", "paper")
@@ -251,7 +251,7 @@ class MemoryModel:
 
     def queue_elements(self, worker: WorkerConfig) -> int:
         """Worker n's admission queue (ours, not in the paper): K waiting items' inputs and labels, K =
-        max(⌈(W + D)/(N·t^d)⌉, ⌈B/N⌉) (:mod:`ferret_core.admission_queue`); 0 when removed or not counted."""
+        max(⌈(W + D)/(N·t^d)⌉, ⌈B/N⌉) (:mod:`ferret_core.planning.admission_queue`); 0 when removed or not counted."""
         if not worker.live:
             return 0
         return self.queue_slots * self._queue_slot_elements

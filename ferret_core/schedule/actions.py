@@ -32,7 +32,7 @@ class SkipReason(StrEnum):
     """Why an arriving item (predicted all the same) was not trained.
 
     ``worker_removed``: its worker slot was removed (T4). ``no_label``: it came without a label.
-    ``busy``: its worker could not admit it (see :mod:`ferret_core.engine.scheduler`). ``omitted``: T3
+    ``busy``: its worker could not admit it (see :mod:`ferret_core.schedule.scheduler`). ``omitted``: T3
     omits its backward pass at every stage (only possible when c^o_{n,P−1} > 0, which Alg. 2 never
     sets), so forwarding it would change nothing. ``non_finite``: it was admitted, but its loss or a
     gradient of it (as computed, or after compensation) holds NaN or ±inf, so its contribution was

@@ -9,7 +9,7 @@ worker configuration. Readings of the paper (DESIGN §3):
 * V_D = 1 (it cancels, §3.9); the decay constant c is given in 1/(profile time unit).
 
 Both R_F and M_F are sums over workers, so step deltas re-evaluate only the changed worker's term
-(DESIGN §3.12). Bytes (what the planner's budget is compared against) live in :mod:`ferret_core.memory_model`.
+(DESIGN §3.12). Bytes (what the planner's budget is compared against) live in :mod:`ferret_core.planning.memory_model`.
 """
 
 from __future__ import annotations

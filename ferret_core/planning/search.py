@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from ferret_core.cost_model import RateModel, paper_worker_elements
-from ferret_core.memory_model import MemoryModel
 from ferret_core.plan import PlanStep, WorkerConfig
+from ferret_core.planning.cost_model import RateModel, paper_worker_elements
+from ferret_core.planning.memory_model import MemoryModel
 from ferret_core.staleness import own_updates_in_flight, refresh_interval, refresh_window
 
 

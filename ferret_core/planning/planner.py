@@ -25,13 +25,13 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from ferret_core.cost_model import RateModel, StageGeometry, num_worker_slots
 from ferret_core.errors import ConfigError, InfeasibleBudgetError
-from ferret_core.memory_model import MemoryModel, MemorySettings
-from ferret_core.partitioning import candidate_partitions
 from ferret_core.plan import Partition, Plan
+from ferret_core.planning.cost_model import RateModel, StageGeometry, num_worker_slots
+from ferret_core.planning.memory_model import MemoryModel, MemorySettings
+from ferret_core.planning.partitioning import candidate_partitions
+from ferret_core.planning.search import PathPoint, SearchPath, search_path
 from ferret_core.profile import ModelProfile
-from ferret_core.search import PathPoint, SearchPath, search_path
 
 
 def default_decay(profile: ModelProfile) -> float:

@@ -18,8 +18,8 @@ from ferret_core.engine.schedules import Dapple, Hanayo, PipeDream, PipeDream2BW
 from ferret_core.engine.schedules.common import WithPlannedBytes
 from ferret_core.engine.steps import NO_FOOTPRINT, Footprint
 from ferret_core.errors import ConfigError
-from ferret_core.memory_model import MemorySettings
 from ferret_core.plan import Partition, Plan, WorkerConfig
+from ferret_core.planning.memory_model import MemorySettings
 from ferret_core.profile import ModelProfile
 
 
@@ -63,7 +63,7 @@ def _plan(plan: Plan | None, name: str) -> Plan:
     if plan is None:
         raise ConfigError(
             f"method {name!r} runs on a planner's plan (Ferret's partition L* and worker slots): pass plan= "
-            "(from ferret_core.planner.Planner)"
+            "(from ferret_core.planning.planner.Planner)"
         )
     return plan
 

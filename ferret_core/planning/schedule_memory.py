@@ -1,8 +1,8 @@
 """Planned bytes of a pipeline schedule, from the same per-stage primitives as Ferret's byte model
-(:class:`~ferret_core.cost_model.StageGeometry`: |w_j|, autograd's saved elements per item, stage inputs
-and outputs; :class:`~ferret_core.memory_model.MemoryModel`'s shared extras: master copy, transient
+(:class:`~ferret_core.planning.cost_model.StageGeometry`: |w_j|, autograd's saved elements per item, stage inputs
+and outputs; :class:`~ferret_core.planning.memory_model.MemoryModel`'s shared extras: master copy, transient
 gradient, optimizer and compensator state, prediction path). The measurement it is checked against is
-the engine's meter (:mod:`ferret_core.engine.memory`), never this model.
+the engine's meter (:mod:`ferret_core.engine.memory_meter`), never this model.
 
 What the schedule holds at its peak, in elements, per pipeline (a worker slot: one row, or Hanayo's 2W
 rows sharing one set of devices) and stage j:
@@ -39,9 +39,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ferret_core.cost_model import StageGeometry
-from ferret_core.memory_model import MemoryModel, MemorySettings
 from ferret_core.plan import Partition, WorkerConfig
+from ferret_core.planning.cost_model import StageGeometry
+from ferret_core.planning.memory_model import MemoryModel, MemorySettings
 from ferret_core.profile import ModelProfile
 
 

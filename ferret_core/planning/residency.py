@@ -13,7 +13,7 @@ N·t^d between its arrivals. Per item the engine (:mod:`ferret_core.engine.pipel
 Storages two holders share (a stage's output is the next stage's input) are counted once. Two bounds:
 
 * :func:`replay_worker` (``in_flight="schedule"``) runs the engine's own
-  :class:`~ferret_core.engine.scheduler.Scheduler` on the worker's arrivals with the profiled stage
+  :class:`~ferret_core.schedule.scheduler.Scheduler` on the worker's arrivals with the profiled stage
   times, as the virtual clock does, and takes the largest total after any F, R or B. The virtual clock
   is deterministic and its arrivals periodic, so the replay runs until the worker's state at an arrival
   repeats (same items at the same progress, same remaining times, same place in T3's cycle): from there
@@ -25,7 +25,7 @@ Storages two holders share (a stage's output is the next stage's input) are coun
   sample; under T1, one recomputed graph per stage (executors run concurrently on the wall clock).
 
 Both also report K_j, the most items back-propagated at j in flight there at once, which bounds the
-replica versions the worker keeps (:mod:`ferret_core.memory_model`). Units: elements of the profile's
+replica versions the worker keeps (:mod:`ferret_core.planning.memory_model`). Units: elements of the profile's
 dtype (the label counts 8 bytes).
 """
 
@@ -35,12 +35,10 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ferret_core.errors import ConfigError
-
-if TYPE_CHECKING:
-    from ferret_core.engine.actions import Action
+from ferret_core.schedule.actions import Action, Kind
+from ferret_core.schedule.scheduler import Scheduler
 
 LABEL_BYTES = 8  # an int64 class index per item (InFlightItem.target)
 WARM_ARRIVALS_PER_STAGE = 8  # the replay's horizon: 8·P items taken to fill and settle the pipeline,
@@ -50,7 +48,7 @@ MAX_HORIZON = 1024
 
 @dataclass(frozen=True)
 class StageSizes:
-    """Per-stage element counts of one item (from :class:`~ferret_core.cost_model.StageGeometry`)."""
+    """Per-stage element counts of one item (from :class:`~ferret_core.planning.cost_model.StageGeometry`)."""
 
     sample: int  # the model's input
     outputs: tuple[int, ...]  # stage j's output (stage j+1's input)
@@ -82,7 +80,7 @@ class Residency:
 
 
 class _OneWorker:
-    """Ferret's schedule rules (:class:`~ferret_core.engine.scheduler.PlanRules`) for one worker."""
+    """Ferret's schedule rules (:class:`~ferret_core.schedule.scheduler.PlanRules`) for one worker."""
 
     num_workers = 1
 
@@ -168,10 +166,6 @@ def replay_worker(
         raise ConfigError(f"replay needs per-stage times and omissions for {p} stages")
     if not (math.isfinite(arrival_period) and arrival_period > 0):
         raise ConfigError(f"arrival period must be a positive number, got {arrival_period}")
-    # imported here: the engine's package imports the schedules, whose memory imports memory_model → this
-    from ferret_core.engine.actions import Kind
-    from ferret_core.engine.scheduler import Scheduler
-
     rules = _OneWorker(p, omission, wait_slots)
     cycle = math.lcm(*rules.periods)
     horizon = min(MAX_HORIZON, WARM_ARRIVALS_PER_STAGE * p + CYCLES * cycle)  # in items taken (busy ones do not count)

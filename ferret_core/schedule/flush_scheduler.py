@@ -24,7 +24,7 @@ Rules, over R pipeline rows ("workers" of the engine) of P stages:
 * **Devices**: executors mapped to one device run one action at a time (Hanayo); by default every
   executor is its own device.
 
-Pure bookkeeping, like :class:`~ferret_core.engine.scheduler.Scheduler` (whose interface it keeps).
+Pure bookkeeping, like :class:`~ferret_core.schedule.scheduler.Scheduler` (whose interface it keeps).
 """
 
 from __future__ import annotations
@@ -33,15 +33,12 @@ import math
 from collections import defaultdict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from ferret_core.engine.actions import Action, Kind
-from ferret_core.engine.scheduler import Scheduler
-from ferret_core.engine.steps import UNIT_STEP, StepShape
 from ferret_core.errors import ConfigError
-
-if TYPE_CHECKING:
-    from ferret_core.engine.virtual_clock import StageTimes
+from ferret_core.schedule.actions import Action, Kind
+from ferret_core.schedule.scheduler import Scheduler
+from ferret_core.schedule.stage_times import StageTimes
+from ferret_core.schedule.step_shape import UNIT_STEP, StepShape
 
 Executor = tuple[int, int]  # (row, stage)
 Device = tuple[int, int]
@@ -49,7 +46,7 @@ Device = tuple[int, int]
 
 @dataclass(frozen=True)
 class FlushRules:
-    """A synchronous schedule's shape (implements :class:`~ferret_core.engine.scheduler.ScheduleRules`)."""
+    """A synchronous schedule's shape (implements :class:`~ferret_core.schedule.scheduler.ScheduleRules`)."""
 
     num_workers: int  # R pipeline rows
     num_stages: int  # P

@@ -358,7 +358,7 @@ def _meta(
 ) -> dict[str, Any]:
     device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name()
     return {
-        "profiler": "ferret_core.profiler",
+        "profiler": "ferret_core.planning.profiler",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "warmup": warmup,

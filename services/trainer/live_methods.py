@@ -52,10 +52,10 @@ import sys
 from ferret_core.engine import METHOD_NAMES, METHODS, MethodOptions, make_policy
 from ferret_core.engine.admission import AdmissionSettings, max_wait, queue_slots
 from ferret_core.engine.policies import PolicySetup
-from ferret_core.engine.scheduler import ScheduleRules
-from ferret_core.memory_model import MemorySettings, admission_queue_bytes
 from ferret_core.plan import Plan
+from ferret_core.planning.memory_model import MemorySettings, admission_queue_bytes
 from ferret_core.profile import ModelProfile
+from ferret_core.schedule.scheduler import ScheduleRules
 from services.control.errors import BudgetNotPlanned
 
 # D: the longest an item's delivery may lag its event time without the trainer being behind: the
@@ -150,7 +150,7 @@ def count_admission_queue(
 ) -> PolicySetup:
     """``setup`` with the wall clock's admission queue in its planned bytes: K (``admission.queue_slots``,
     what the wall clock enforces) × (input + label) per live worker of the executed plan, as the planner
-    counts it for Ferret (:func:`~ferret_core.memory_model.admission_queue_bytes`), under
+    counts it for Ferret (:func:`~ferret_core.planning.memory_model.admission_queue_bytes`), under
     ``memory_breakdown["admission_queue"]``. Unchanged where the plan counts it already (the trainer's
     planner made it), where no bytes are planned (no profile), where admission is unbounded (instant
     methods) and where arrivals wait in a method's window instead (buffering methods)."""

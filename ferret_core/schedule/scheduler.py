@@ -26,15 +26,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from ferret_core.engine.actions import Action, Kind
-from ferret_core.engine.steps import UNIT_STEP, StepShape
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
-
-if TYPE_CHECKING:
-    from ferret_core.engine.virtual_clock import StageTimes
+from ferret_core.schedule.actions import Action, Kind
+from ferret_core.schedule.stage_times import StageTimes
+from ferret_core.schedule.step_shape import UNIT_STEP, StepShape
 
 
 class ScheduleRules(Protocol):
