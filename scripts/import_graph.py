@@ -185,7 +185,9 @@ def main() -> int:
     arrows = up_arrows(core_edges)
     core_circles = circles(core_edges)
     lazy = disallowed_lazy(core_lazy)
-    cli_below = [e for e in service_edges if e.target.startswith("services.cli") and not e.source.startswith("services.cli")]
+    cli_below = [
+        e for e in service_edges if e.target.startswith("services.cli") and not e.source.startswith("services.cli")
+    ]
     print(f"ferret_core: {len(core_edges)} import edges, {len(arrows)} up-arrows, {len(core_circles)} circles, "
           f"{len(lazy)} lazy imports (besides optional dependencies: {len(core_lazy) - len(lazy)})")
     for edge in arrows:
