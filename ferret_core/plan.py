@@ -43,6 +43,14 @@ class Partition:
         return tuple(tuple(range(b[j], b[j + 1])) for j in range(self.num_stages))
 
 
+def backprop_period(omission: tuple[int, ...], stage: int) -> int:
+    """LCM({c^o_{n,k} + 1 | k ∈ [stage, P−1]}) (eq. ferret-svre's LCM factor; DESIGN §3.6): under T3 a
+    worker with per-stage omissions ``omission`` back-propagates ``stage`` for one item in this many. The
+    one home of the formula: :meth:`WorkerConfig.backprop_period`, the cost model and the residency
+    replay all call it."""
+    return reduce(math.lcm, (o + 1 for o in omission[stage:]), 1)
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     """Configuration of worker slot n: c_n^d, c_n^r, c_{n,j}^a, c_{n,j}^o."""
@@ -71,9 +79,8 @@ class WorkerConfig:
         return self.index if self.live else -1
 
     def backprop_period(self, stage: int) -> int:
-        """LCM({c^o_{n,k} + 1 | k ∈ [stage, P−1]}): the worker back-propagates ``stage`` for one item in
-        this many (eq. ferret-svre's LCM factor; DESIGN §3.6)."""
-        return reduce(math.lcm, (o + 1 for o in self.omission[stage:]), 1)
+        """The worker back-propagates ``stage`` for one item in this many (:func:`backprop_period`)."""
+        return backprop_period(self.omission, stage)
 
     def backpropagates(self, item_in_worker: int, stage: int) -> bool:
         """Whether the worker's m-th item (m counted within the worker from 0) is back-propagated at
@@ -115,7 +122,7 @@ class Plan:
     stage_forward_time: float  # t^f = max_j Σ t̂^f over stage j
     stage_backward_time: float  # t^b
     adaptation_rate: float  # R_F (eq. ferret-svre), V_D = 1
-    predicted_bytes: int
+    planned_bytes: int
     paper_memory_elements: int  # M_F of eq. ferret-svre alone
     min_feasible_bytes: int
     budget_bytes: int | None
@@ -169,7 +176,7 @@ class Plan:
             "workers": [w.to_dict() for w in self.workers],
             "num_workers": self.num_workers,
             "live_workers": self.live_workers,
-            "predicted_bytes": self.predicted_bytes,
+            "planned_bytes": self.planned_bytes,
             "paper_memory_elements": self.paper_memory_elements,
             "min_feasible_bytes": self.min_feasible_bytes,
             "budget_bytes": self.budget_bytes,
@@ -198,7 +205,9 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
-        """Inverse of :meth:`to_dict` (used by snapshots and the control plane)."""
+        """Inverse of :meth:`to_dict` (used by snapshots and the control plane). A document written before
+        the planned bytes had one name (a snapshot's manifest, a ``ferret plan --json`` file) carries them
+        as ``predicted_bytes``; it still reads."""
         partition = Partition(tuple(int(x) for x in data["partition"]))
         workers = tuple(
             WorkerConfig(
@@ -231,7 +240,7 @@ class Plan:
             stage_forward_time=float(data["stage_forward_time"]),
             stage_backward_time=float(data["stage_backward_time"]),
             adaptation_rate=float(data["adaptation_rate"]),
-            predicted_bytes=int(data["predicted_bytes"]),
+            planned_bytes=int(data["planned_bytes"] if "planned_bytes" in data else data["predicted_bytes"]),
             paper_memory_elements=int(data["paper_memory_elements"]),
             min_feasible_bytes=int(data["min_feasible_bytes"]),
             budget_bytes=None if budget is None else int(budget),

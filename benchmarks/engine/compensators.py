@@ -53,7 +53,7 @@ LAMBDA_SCALES = (1.0, 10.0, 100.0, 1000.0)
 def plans(profile: ModelProfile) -> dict[str, Plan]:
     memory = MemorySettings(in_flight="schedule", compensator="none")
     planner = Planner(profile, PlannerSettings(memory=memory))
-    low, high = planner.min_feasible_bytes, planner.plan(None).predicted_bytes
+    low, high = planner.min_feasible_bytes, planner.plan(None).planned_bytes
     return {"unconstrained": planner.plan(None), "2/3 budget": planner.plan(int(low + 2 / 3 * (high - low)))}
 
 
@@ -189,7 +189,7 @@ def main() -> int:
         results[label] = {"plan": plan.to_dict(), "summary": rows}
         lines += [
             f"**{label}** plan ({describe(plan)}, planned with compensator none, "
-            f"{plan.predicted_bytes / 2**20:.2f} MiB without compensator state):",
+            f"{plan.planned_bytes / 2**20:.2f} MiB without compensator state):",
             "",
             "| compensator | oacc % (mean ± s.e.) | tacc % (mean ± s.e.) | relative correction per stage "
             "| λ per stage | mean τ per stage | state MiB | measured peak MiB |",

@@ -65,7 +65,7 @@ def run_model(key: str) -> list[dict[str, object]]:
     profile = ModelProfile.load(PROFILES / f"{key}.json")
     schedule = MemorySettings(in_flight="schedule", compensator=COMPENSATOR)
     planner = Planner(profile, PlannerSettings(memory=schedule))
-    low, high = planner.min_feasible_bytes, planner.plan(None).predicted_bytes
+    low, high = planner.min_feasible_bytes, planner.plan(None).planned_bytes
     rows = []
     for fraction in FRACTIONS:
         budget = int(low + fraction * (high - low))
@@ -100,10 +100,10 @@ def run_model(key: str) -> list[dict[str, object]]:
             "accumulation": any(a > 1 for w in plan.workers if w.live for a in w.accumulation),
             "omission": any(o > 0 for w in plan.workers if w.live for o in w.omission),
             "measured_peak_bytes": measured,
-            "predicted_bytes": plan.predicted_bytes,
+            "planned_bytes": plan.planned_bytes,
             "cap_bytes": cap_bytes,
             "paper_bytes": paper_bytes,
-            "measured_over_predicted": measured / plan.predicted_bytes,
+            "measured_over_predicted": measured / plan.planned_bytes,
             "measured_over_cap": measured / cap_bytes,
             "measured_over_paper": measured / paper_bytes,
             "measured_breakdown": dict(result.memory_breakdown),
@@ -114,7 +114,7 @@ def run_model(key: str) -> list[dict[str, object]]:
         }
         rows.append(row)
         print(
-            f"{key} {fraction:.2f}: measured {measured / 2**20:.2f} MiB, predicted {plan.predicted_bytes / 2**20:.2f} "
+            f"{key} {fraction:.2f}: measured {measured / 2**20:.2f} MiB, predicted {plan.planned_bytes / 2**20:.2f} "
             f"(ratio {row['measured_over_predicted']:.3f}), cap {cap_bytes / 2**20:.2f}, paper "
             f"{paper_bytes / 2**20:.2f}; {count} items in {seconds:.0f} s",
             file=sys.stderr,
@@ -140,7 +140,7 @@ def table(rows: list[dict[str, object]]) -> str:
         lines.append(
             f"| {r['model']} | {r['budget_fraction']:.2f} | {r['stages']}, {r['live_workers']}/{r['slots']}, "
             f"{technique_list(r)} | {r['items']} | {r['measured_peak_bytes'] / mib:.2f} | "  # type: ignore[operator]
-            f"{r['predicted_bytes'] / mib:.2f} | **{r['measured_over_predicted']:.3f}** | "  # type: ignore[operator]
+            f"{r['planned_bytes'] / mib:.2f} | **{r['measured_over_predicted']:.3f}** | "  # type: ignore[operator]
             f"{r['cap_bytes'] / mib:.2f} ({r['measured_over_cap']:.2f}) | "  # type: ignore[operator]
             f"{r['paper_bytes'] / mib:.2f} ({r['measured_over_paper']:.2f}) |"  # type: ignore[operator]
         )

@@ -49,7 +49,7 @@ def main() -> None:
         return
     profile = ModelProfile.load(PROFILE)
     planner = Planner(profile, PlannerSettings(memory=MemorySettings(compensator="iter-fisher")))  # as committed
-    low, high = planner.min_feasible_bytes, planner.plan(None).predicted_bytes
+    low, high = planner.min_feasible_bytes, planner.plan(None).planned_bytes
     budgets = [low + (high - low) // 3, low + 2 * (high - low) // 3]
     runs: list[tuple[str, str, list[str]]] = [
         ("oracle", "oracle", []),

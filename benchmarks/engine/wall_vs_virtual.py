@@ -74,7 +74,7 @@ def main() -> None:
     profile = ModelProfile.load(PROFILE)
     planner = Planner(profile, PlannerSettings(memory=MemorySettings(compensator="iter-fisher")))  # as committed
     unconstrained = planner.plan(None)
-    low, high = planner.min_feasible_bytes, unconstrained.predicted_bytes
+    low, high = planner.min_feasible_bytes, unconstrained.planned_bytes
     two_stage = planner.plan(low + 2 * (high - low) // 3)
     engine(unconstrained).run_wall(items[:20], 0.0)  # warm-up (lazy autograd initialisation per thread)
     rows = [measure("ferret M+", unconstrained, profile, items), measure("ferret 2/3", two_stage, profile, items)]

@@ -207,7 +207,7 @@ def run_ferret(
         online_accuracy=100 * sum(p.correct for p in labelled) / len(labelled) if labelled else math.nan,
         trained_pct=100 * sum(p.decision == DISPATCHED for p in preds) / max(1, report.produced),
         p50_ms=h.quantile(latencies, 0.5), p99_ms=h.quantile(latencies, 0.99),
-        peak_bytes=peak, planned_bytes=status.predicted_bytes,
+        peak_bytes=peak, planned_bytes=status.planned_bytes,
         budget_bytes=status.budget_bytes if status.HasField("budget_bytes") else None,
         broker_cores=h.cpu_shares(window).get("broker", math.nan),
         trainer_cores=h.cpu_shares(window).get("trainer", math.nan),

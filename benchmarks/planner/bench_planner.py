@@ -33,7 +33,7 @@ GOAL_SECONDS = 1.0
 
 def budget_sweep(planner: Planner) -> list[int]:
     low = planner.min_feasible_bytes
-    high = planner.plan(None).predicted_bytes
+    high = planner.plan(None).planned_bytes
     if high <= low:
         return [low]
     return sorted({round(low * (high / low) ** (k / (SWEEP_POINTS - 1))) for k in range(SWEEP_POINTS)})
@@ -55,7 +55,7 @@ def time_model(name: str) -> dict[str, object]:
             {
                 "budget_bytes": budget,
                 "adaptation_rate": plan.adaptation_rate,
-                "predicted_bytes": plan.predicted_bytes,
+                "planned_bytes": plan.planned_bytes,
                 "stages": plan.num_stages,
                 "workers": plan.num_workers,
                 "live_workers": plan.live_workers,
@@ -67,7 +67,7 @@ def time_model(name: str) -> dict[str, object]:
         "units": profile.num_units,
         "partitions": len(reference.partitions),
         "min_feasible_bytes": reference.min_feasible_bytes,
-        "unconstrained_bytes": reference.plan(None).predicted_bytes,
+        "unconstrained_bytes": reference.plan(None).planned_bytes,
         "cold_seconds_median": statistics.median(cold),
         "cold_seconds_max": max(cold),
         "warm_seconds_median": statistics.median(warm),
@@ -82,7 +82,7 @@ def decay_study(name: str) -> list[dict[str, object]]:
     for label, decay in (("0", 0.0), ("ln2/T", math.log(2) / period), ("10·ln2/T", 10 * math.log(2) / period)):
         # compensator pinned to what the committed results counted (the planner default before issue 13)
         planner = Planner(profile, PlannerSettings(decay=decay, memory=MemorySettings(compensator="iter-fisher")))
-        low, high = planner.min_feasible_bytes, planner.plan(None).predicted_bytes
+        low, high = planner.min_feasible_bytes, planner.plan(None).planned_bytes
         for budget_label, budget in (("unconstrained", None), ("mid", int(math.sqrt(low * high)))):
             plan = planner.plan(budget)
             kinds = [s.kind for s in plan.steps]

@@ -51,7 +51,7 @@ def measure(name: str, budget_name: str, method: str, items: int) -> dict[str, o
     batches = PROFILES / f"{name}-batches.json"
     profile = ModelProfile.load(batches if batches.exists() else PROFILES / f"{name}.json")
     planner = Planner(profile, PlannerSettings(memory=COUNTED))
-    low, high = planner.min_feasible_bytes, planner.plan(None).predicted_bytes
+    low, high = planner.min_feasible_bytes, planner.plan(None).planned_bytes
     fraction = BUDGETS[budget_name]
     budget = None if fraction is None else int(low + fraction * (high - low))
     plan = planner.plan(budget)

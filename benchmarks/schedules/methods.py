@@ -57,7 +57,7 @@ def main() -> None:
         return
     profile = ModelProfile.load(PROFILE)
     planner = Planner(profile, PlannerSettings(memory=MemorySettings(compensator="none")))  # as the CLI plans here
-    low, high = planner.min_feasible_bytes, planner.plan(None).predicted_bytes
+    low, high = planner.min_feasible_bytes, planner.plan(None).planned_bytes
     budget = low + (high - low) // 2
     load_before = os.getloadavg()[0]
     reports: dict[str, dict[str, Any]] = {}

@@ -85,7 +85,7 @@ def search(model: str, budget: int | None, kafka: str, dataset: Any) -> dict[str
                     serving_s=round(service.startup.serving_s, 2),
                     first_prediction_after_serving_s=round(service.startup.first_prediction_after_serving_s, 2),
                     warmup=warm.as_dict(),
-                    plan={k: service.plan.get(k) for k in ("stages", "num_workers", "live_workers", "predicted_bytes")},
+                    plan={k: service.plan.get(k) for k in ("stages", "num_workers", "live_workers", "planned_bytes")},
                 )
             else:
                 time.sleep(1.0)  # the consumer has its partition (readiness); let it issue its first fetch

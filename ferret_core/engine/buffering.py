@@ -25,7 +25,7 @@ needs no such care: it is emptied at every draw, so a sample is trained at most 
 own anti-forgetting component and, as in the paper, is not combined with the OCL algorithms.
 
 Memory: :func:`buffering_bytes` is the byte model of what these methods hold (the plan's
-``predicted_bytes``); the engine measures the same things independently (the window and Camel's buffer
+``planned_bytes``); the engine measures the same things independently (the window and Camel's buffer
 are a memory-meter source). Given a budget, a policy trains the largest mini-batch N (up to
 ``--bskip-batch``) whose predicted bytes fit it.
 """
@@ -187,7 +187,7 @@ class CamelFeeder(WindowFeeder):
 def buffering_bytes(
     profile: ModelProfile, method: str, settings: BufferingSettings, footprint: Footprint = NO_FOOTPRINT
 ) -> int:
-    """Bytes a buffering method holds (its plan's ``predicted_bytes``), in the profile's dtype, at the
+    """Bytes a buffering method holds (its plan's ``planned_bytes``), in the profile's dtype, at the
     points the engine's memory meter samples (after each action):
 
     * ΣW: the master (the one worker's replica is the master itself);
@@ -270,7 +270,7 @@ class BufferingPolicy:
         if self.profile is not None:
             planned = dataclasses.replace(
                 plan,
-                predicted_bytes=buffering_bytes(self.profile, self.name, self.settings, self.footprint),
+                planned_bytes=buffering_bytes(self.profile, self.name, self.settings, self.footprint),
                 budget_bytes=self.budget,
                 memory_model="buffering",
                 dtype=self.profile.dtype,

@@ -233,7 +233,7 @@ class StreamEngine:
             updates_per_stage=c.updates_per_stage(),
             peak_bytes=None if meter is None else meter.peak_bytes,
             cuda_peak_bytes=None if meter is None else meter.cuda_peak_bytes(),
-            planned_bytes=None if self.setup.planned is None else self.setup.planned.predicted_bytes,
+            planned_bytes=None if self.setup.planned is None else self.setup.planned.planned_bytes,
             memory_breakdown={} if meter is None else dict(meter.peak_breakdown),
             mean_staleness=p.mean_staleness(),
             max_staleness=tuple(c.staleness_max),

@@ -154,6 +154,6 @@ def layout_plan(plan: Plan, partition: Partition, num_workers: int, *, recompute
         for n in range(num_workers)
     )
     return dataclasses.replace(
-        plan, partition=partition, workers=workers, predicted_bytes=0, memory_breakdown={}, steps=(),
+        plan, partition=partition, workers=workers, planned_bytes=0, memory_breakdown={}, steps=(),
         recompute_note=f"layout chosen by hand: {stages} stages, {num_workers} slots",
     )

@@ -58,7 +58,7 @@ def sequential_plan(model: str, num_units: int, arrival_interval: float) -> Plan
         stage_forward_time=0.0,
         stage_backward_time=0.0,
         adaptation_rate=0.0,
-        predicted_bytes=0,
+        planned_bytes=0,
         paper_memory_elements=0,
         min_feasible_bytes=0,
         budget_bytes=None,

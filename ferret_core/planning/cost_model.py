@@ -17,10 +17,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from functools import reduce
 
 from ferret_core.errors import ProfileError
-from ferret_core.plan import Partition
+from ferret_core.plan import Partition, backprop_period
 from ferret_core.profile import LayerProfile, ModelProfile
 
 
@@ -127,11 +126,6 @@ def _graph_internal(profile: ModelProfile, stage: tuple[int, ...]) -> int:
 def num_worker_slots(geometry: StageGeometry, arrival_interval: float, recompute: bool) -> int:
     """N = ⌈(t^f + t^b + c^r t^f) / t^d⌉ (Alg. 2), computed as ⌈x − 1e-9⌉ (DESIGN §3.6)."""
     return max(1, math.ceil(geometry.worker_time(recompute) / arrival_interval - 1e-9))
-
-
-def backprop_period(omission: tuple[int, ...], stage: int) -> int:
-    """LCM({c^o_{n,k} + 1 | k ∈ [stage, P−1]}) (eq. ferret-svre)."""
-    return reduce(math.lcm, (o + 1 for o in omission[stage:]), 1)
 
 
 def stored_versions(num_stages: int, stage: int, accumulation: int, omission: int) -> int:

@@ -54,7 +54,7 @@ API for planners and policies that build on it (all in elements unless named ``b
 :meth:`MemoryModel.stage_versions` (n, j) → versions, :meth:`MemoryModel.residency` (n) → K_j and the
 activation peak, :meth:`MemoryModel.worker_elements` / :meth:`MemoryModel.worker_breakdown` (n),
 :meth:`MemoryModel.shared_elements` (all workers), :meth:`MemoryModel.total` and
-:meth:`MemoryModel.breakdown` in bytes. The planner's search condition, ``predicted_bytes`` and
+:meth:`MemoryModel.breakdown` in bytes. The planner's search condition, ``planned_bytes`` and
 ``min_feasible_bytes`` all use :meth:`MemoryModel.total`.
 """
 

@@ -243,7 +243,7 @@ class Planner:
             stage_forward_time=cand.geometry.t_f,
             stage_backward_time=cand.geometry.t_b,
             adaptation_rate=point.rate,
-            predicted_bytes=point.bytes,
+            planned_bytes=point.bytes,
             paper_memory_elements=point.paper_elements,
             min_feasible_bytes=minimum,
             budget_bytes=budget,

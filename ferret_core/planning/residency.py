@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass
 
 from ferret_core.errors import ConfigError
+from ferret_core.plan import backprop_period
 from ferret_core.schedule.actions import Action, Kind
 from ferret_core.schedule.scheduler import Scheduler
 
@@ -87,7 +88,7 @@ class _OneWorker:
     def __init__(self, num_stages: int, omission: tuple[int, ...], wait_slots: int) -> None:
         self.num_stages = num_stages
         self.wait_slots = wait_slots
-        self.periods = tuple(math.lcm(*(o + 1 for o in omission[j:])) for j in range(num_stages))
+        self.periods = tuple(backprop_period(omission, j) for j in range(num_stages))
 
     def lowest_backprop_stage(self, worker: int, item_in_worker: int) -> int | None:
         for stage, period in enumerate(self.periods):
@@ -97,11 +98,6 @@ class _OneWorker:
 
     def in_flight_cap(self, worker: int, stage: int) -> int:
         return self.num_stages - stage
-
-
-def backprop_periods(omission: tuple[int, ...]) -> tuple[int, ...]:
-    """LCM({c^o_k + 1 | k ≥ j}) per stage j: one item in that many is back-propagated at j (DESIGN §3.6)."""
-    return _OneWorker(len(omission), omission, 0).periods
 
 
 def cap_residency(sizes: StageSizes, recompute: bool, *, wait_slots: int = 1) -> Residency:

@@ -102,7 +102,7 @@ def resolve_budgets(setting: Setting, plan: PlanFn, measure: MeasureFn, algorith
         m=m,
         m_minus=high,
         absolute_min=int(unconstrained["min_feasible_bytes"]),
-        planner_m_plus=int(unconstrained["predicted_bytes"]),
+        planner_m_plus=int(unconstrained["planned_bytes"]),
         algorithm=algorithm,
     )
 

@@ -232,7 +232,7 @@ def format_plan_reply(reply: pb.PlanReply, title: str = "Plan") -> str:
         timing = f"; planning {reply.planning_seconds * 1e3:.3g} ms, stall {reply.stall_seconds * 1e3:.3g} ms"
     lines = [
         f"{title} v{reply.plan_version} for {plan.model} (applied {_utc(reply.applied_time_ms)} UTC{timing})",
-        f"  budget {budget}; predicted {format_bytes(plan.predicted_bytes)}; "
+        f"  budget {budget}; planned {format_bytes(plan.planned_bytes)}; "
         f"minimum feasible {format_bytes(plan.min_feasible_bytes)}; R_F = {plan.adaptation_rate:.6g}",
         f"  {plan.num_stages} stages (t^f = {plan.stage_forward_time * 1e3:.4g} ms, "
         f"t^b = {plan.stage_backward_time * 1e3:.4g} ms), {plan.num_workers} worker slots, "
@@ -282,7 +282,7 @@ def format_status(reply: pb.StatusReply) -> str:
         f"({reply.correct_predictions}/{reply.labelled_predictions} labelled)",
         f"  training     backward passes {reply.backward_passes}; skipped {skipped}; "
         f"re-plans {reply.replans}, pauses {reply.pauses}",
-        f"  memory       budget {budget}, predicted {format_bytes(reply.predicted_bytes)}, "
+        f"  memory       budget {budget}, planned {format_bytes(reply.predicted_bytes)}, "
         f"measured {format_bytes(reply.measured_bytes)}",
         f"  lag          {reply.lag_items} items, {reply.lag_seconds:.3f} s; {reply.items_per_second:.1f} items/s; "
         f"latency p50 {reply.latency_ms_p50:.2f} ms, p99 {reply.latency_ms_p99:.2f} ms",

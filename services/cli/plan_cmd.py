@@ -239,7 +239,7 @@ def format_plan(plan: Plan, profile: ModelProfile, source: Path | None = None) -
         f"  memory model {plan.memory_note or plan.memory_model}",
         f"  budget {'unconstrained (M+)' if plan.budget_bytes is None else format_bytes(plan.budget_bytes)}; "
         f"minimum feasible {format_bytes(plan.min_feasible_bytes)}",
-        f"  predicted memory {format_bytes(plan.predicted_bytes)} "
+        f"  planned memory {format_bytes(plan.planned_bytes)} "
         f"(eq. ferret-svre alone: {plan.paper_memory_elements:,} elements); adaptation rate R_F = "
         f"{plan.adaptation_rate:.6g}",
         f"  {plan.num_stages} stages (t^f = {plan.stage_forward_time * 1e3:.4g} ms, "

@@ -46,7 +46,7 @@ def plan_reply(
         ],
         num_workers=plan.num_workers,
         live_workers=plan.live_workers,
-        predicted_bytes=plan.predicted_bytes,
+        predicted_bytes=plan.planned_bytes,
         paper_memory_elements=plan.paper_memory_elements,
         min_feasible_bytes=plan.min_feasible_bytes,
         adaptation_rate=plan.adaptation_rate,
@@ -76,9 +76,9 @@ def plan_from_reply(reply: pb.PlanReply) -> Plan:
 def status_reply(status: TrainerStatus, *, state: TrainerState, time_ms: int, uptime_s: float) -> pb.StatusReply:
     """``state`` overrides the trainer's (the control plane knows about re-plans and shutdown);
     dead letters by reason go to ``counters`` as ``dead_lettered.<reason>``, and so does
-    ``compensations_truncated``. The one translation of the
-    status's names to the published proto's: ``skipped`` → ``items_skipped``, ``planned_bytes`` →
-    ``predicted_bytes``, the sum of ``dead_lettered`` → ``items_dead_lettered``."""
+    ``compensations_truncated``. The one translation of the status's names to the published proto's:
+    ``skipped`` → ``items_skipped``, ``planned_bytes`` → ``predicted_bytes`` (ferret.v1 keeps its published
+    field name), the sum of ``dead_lettered`` → ``items_dead_lettered``."""
     counters = dict(status.counters)
     counters.update({f"dead_lettered.{reason}": n for reason, n in status.dead_lettered.items()})
     counters["compensations_truncated"] = status.compensations_truncated

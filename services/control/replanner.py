@@ -189,7 +189,7 @@ class Replanner:
             plan.num_stages,
             plan.live_workers,
             plan.num_workers,
-            plan.predicted_bytes,
+            plan.planned_bytes,
             planning_seconds,
             applied.stall_seconds,
         )

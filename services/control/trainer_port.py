@@ -53,7 +53,7 @@ class TrainerStatus:
     """A point-in-time view of the trainer's counters (proto ``StatusReply``); every field has a default
     so a trainer fills what it tracks. Counters count since the start (or the restored snapshot). Names
     are the counters' own, also in metrics and snapshots; where the published proto says otherwise
-    (``items_skipped``, ``predicted_bytes``), :func:`services.control.messages.status_reply` translates."""
+    (``items_skipped``, ``planned_bytes``), :func:`services.control.messages.status_reply` translates."""
 
     state: TrainerState = TrainerState.RUNNING
     instance_id: str = ""

@@ -144,9 +144,9 @@ def fresh_topic_prefix(stamp: str) -> str:
     return f"demo-{stamp}-{secrets.token_hex(2)}"
 
 
-def default_new_budget(min_feasible_bytes: int, predicted_bytes: int) -> int:
+def default_new_budget(min_feasible_bytes: int, planned_bytes: int) -> int:
     """Halfway between the minimum feasible bytes and the current plan's predicted bytes."""
-    return (int(min_feasible_bytes) + int(predicted_bytes)) // 2
+    return (int(min_feasible_bytes) + int(planned_bytes)) // 2
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ class BudgetStep:
     why: str
 
 
-def budget_step(min_feasible_bytes: int, predicted_bytes: int, new_budget: int | None = None) -> BudgetStep:
+def budget_step(min_feasible_bytes: int, planned_bytes: int, new_budget: int | None = None) -> BudgetStep:
     """What the demo's budget step asks for, given the start-up plan (GetPlan):
 
     - ``new_budget`` (``--new-budget``) when given; below the minimum feasible bytes it is refused here,
@@ -170,7 +170,7 @@ def budget_step(min_feasible_bytes: int, predicted_bytes: int, new_budget: int |
     - else (the plan in force is the smallest feasible one) half the minimum feasible bytes, which the
       trainer must refuse (FAILED_PRECONDITION, the minimum in the reply, the plan unchanged).
     """
-    minimum, predicted = int(min_feasible_bytes), int(predicted_bytes)
+    minimum, predicted = int(min_feasible_bytes), int(planned_bytes)
     if new_budget is not None:
         if new_budget < minimum:
             raise InfeasibleBudgetError(new_budget, minimum)

@@ -294,7 +294,7 @@ class DemoRun:
     def _budget_step(self, plan: PlanView) -> BudgetStep:
         """The budget step for the start-up plan (:func:`services.demo.options.budget_step`), logged and
         recorded: a cut when a smaller plan exists, else the refusal the demo shows instead."""
-        step = budget_step(plan.min_feasible_bytes, plan.predicted_bytes, self.options.new_budget)
+        step = budget_step(plan.min_feasible_bytes, plan.planned_bytes, self.options.new_budget)
         self.record.budget_step = f"{'refusal' if step.refusal else 'cut'} to {step.budget} bytes: {step.why}"
         log.info("budget step: %s", self.record.budget_step)
         return step
@@ -390,8 +390,8 @@ class DemoRun:
             predictions_before=before.predictions_published,
             plan_version_before=plan.version,
             plan_version_after=after.version,
-            predicted_bytes_before=plan.predicted_bytes,
-            predicted_bytes_after=after.predicted_bytes,
+            planned_bytes_before=plan.planned_bytes,
+            planned_bytes_after=after.planned_bytes,
             plan_changed=after.plan != plan.plan,
         )
 

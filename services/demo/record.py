@@ -82,7 +82,7 @@ class PlanView:
     plan: dict[str, Any]  # Plan.to_dict(), i.e. the `ferret plan --json` schema
     version: int
     budget_bytes: int | None
-    predicted_bytes: int
+    planned_bytes: int
     min_feasible_bytes: int
 
     @classmethod
@@ -91,7 +91,7 @@ class PlanView:
             plan=json.loads(reply.plan_json),
             version=reply.plan_version,
             budget_bytes=reply.budget_bytes if reply.HasField("budget_bytes") else None,
-            predicted_bytes=reply.predicted_bytes,
+            planned_bytes=reply.predicted_bytes,
             min_feasible_bytes=reply.min_feasible_bytes,
         )
 
@@ -115,8 +115,8 @@ class BudgetChange:
     predictions_before: int  # predictions published when the call was made
     plan_version_before: int
     plan_version_after: int
-    predicted_bytes_before: int
-    predicted_bytes_after: int
+    planned_bytes_before: int
+    planned_bytes_after: int
     plan_changed: bool
 
     def to_dict(self, origin_ms: int | None = None) -> dict[str, Any]:

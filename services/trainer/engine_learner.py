@@ -295,7 +295,7 @@ class EngineLearner:
             measured_bytes=measured,
             peak_bytes=max(self._peak_before, measured),
             mean_staleness=sum(staleness) / len(staleness) if staleness else None,
-            planned_bytes=None if planned is None else planned.predicted_bytes,
+            planned_bytes=None if planned is None else planned.planned_bytes,
             max_staleness=stats.max_staleness,
             staleness_bound=stats.staleness_bound,
             compensations_truncated=self._truncated_before + sum(stats.compensations_truncated),

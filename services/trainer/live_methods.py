@@ -163,7 +163,7 @@ def count_admission_queue(
     queue = admission_queue_bytes(profile, admission.queue_slots, live, planned.dtype)
     counted = dataclasses.replace(
         planned,
-        predicted_bytes=planned.predicted_bytes + queue,
+        planned_bytes=planned.planned_bytes + queue,
         memory_breakdown={**planned.memory_breakdown, "admission_queue": queue},
     )
     executed = counted if setup.plan == planned else setup.plan  # a schedule executes its planned plan

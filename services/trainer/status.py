@@ -76,7 +76,7 @@ class StatusView:
                 online_accuracy=c.online.get(),
                 budget_bytes=plan.budget_bytes,
                 # the method's own bytes where it plans them (a schedule on Ferret's partition), else the plan's
-                planned_bytes=plan.predicted_bytes if stats.planned_bytes is None else stats.planned_bytes,
+                planned_bytes=plan.planned_bytes if stats.planned_bytes is None else stats.planned_bytes,
                 measured_bytes=stats.measured_bytes,  # peak under the plan in force
                 lag_items=lag.items,
                 lag_seconds=lag.seconds,

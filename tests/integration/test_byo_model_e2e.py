@@ -43,9 +43,9 @@ def test_your_own_model_profile_plan_simulate_run(
     assert json.loads(profile.read_text())["model"] == SPEC
 
     plan = json.loads(ferret("plan", "--profile", str(profile), "--json").stdout)
-    tight = (plan["min_feasible_bytes"] + plan["predicted_bytes"]) // 2
+    tight = (plan["min_feasible_bytes"] + plan["planned_bytes"]) // 2
     tight_plan = json.loads(ferret("plan", "--profile", str(profile), "--budget", str(tight), "--json").stdout)
-    assert tight_plan["model"] == SPEC and tight_plan["predicted_bytes"] <= tight
+    assert tight_plan["model"] == SPEC and tight_plan["planned_bytes"] <= tight
 
     simulated = json.loads(
         ferret(
@@ -82,7 +82,7 @@ def test_your_own_model_profile_plan_simulate_run(
     client = ControlClient(trainer.target)
     try:
         served = json.loads(client.get_plan().plan_json)
-        assert served["model"] == SPEC and served["predicted_bytes"] <= tight
+        assert served["model"] == SPEC and served["planned_bytes"] <= tight
         ferret(
             "produce", "--dataset", "digits", "--items", str(ITEMS), "--rate", "max", "--quiet",
             "--bootstrap-servers", bootstrap_servers, "--topic-prefix", topic_prefix, "--no-create-topics",

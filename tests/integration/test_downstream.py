@@ -76,7 +76,7 @@ def live(bootstrap_servers: str, redis_url: str, tmp_path_factory: pytest.TempPa
         unlabelled = produce_digits(bootstrap_servers, samples, UNLABELLED, start=LABELLED, labels=False)
         wait_status(client, "predictions_published", TOTAL)
         plan = json.loads(client.get_plan().plan_json)
-        budget = control(trainer.target, "budget", str((plan["min_feasible_bytes"] + plan["predicted_bytes"]) // 2))
+        budget = control(trainer.target, "budget", str((plan["min_feasible_bytes"] + plan["planned_bytes"]) // 2))
         assert budget.returncode == 0, budget.stderr
         y = load_dataset("digits", None).y_train
         labels: dict[str, int | None] = {i: int(y[n]) for n, i in enumerate(labelled)}

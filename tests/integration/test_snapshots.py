@@ -48,7 +48,7 @@ def a_plan() -> Plan:
         stage_forward_time=0.002,
         stage_backward_time=0.004,
         adaptation_rate=0.5,
-        predicted_bytes=9_600_000,
+        planned_bytes=9_600_000,
         paper_memory_elements=2_400_000,
         min_feasible_bytes=5_000_000,
         budget_bytes=16 * 2**20,

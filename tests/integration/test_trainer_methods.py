@@ -100,7 +100,7 @@ def test_every_method_runs_live(
             plan_before = client.get_plan()
             if budgeted:
                 # the planner's own bytes (they count the admission queue; a schedule's planned bytes do not yet)
-                applied = client.set_memory_budget(planner.plan(None).predicted_bytes)
+                applied = client.set_memory_budget(planner.plan(None).planned_bytes)
                 assert applied.plan_version == plan_before.plan_version + 1
             else:
                 with pytest.raises(ControlCallError) as refused:

@@ -102,11 +102,11 @@ def test_budget_change_mid_stream_from_another_process(trainer_env: dict[str, st
         ids = produce_digits(bootstrap, topics.samples, 150, spacing_ms=5)
         wait_status(client, "predictions_published", 100)
 
-        tight = (before["min_feasible_bytes"] + before["predicted_bytes"]) // 2
+        tight = (before["min_feasible_bytes"] + before["planned_bytes"]) // 2
         changed = control(trainer.target, "budget", str(tight))
         assert changed.returncode == 0, changed.stderr
         after = json.loads(client.get_plan().plan_json)
-        assert after["predicted_bytes"] <= tight < before["predicted_bytes"]
+        assert after["planned_bytes"] <= tight < before["planned_bytes"]
         assert client.get_plan().plan_version == 2
 
         too_small = control(trainer.target, "budget", str(before["min_feasible_bytes"] - 1))

@@ -113,7 +113,7 @@ def one_stage_plan() -> Plan:
         stage_forward_time=0.5,
         stage_backward_time=0.5,
         adaptation_rate=1.0,
-        predicted_bytes=1,
+        planned_bytes=1,
         paper_memory_elements=1,
         min_feasible_bytes=1,
         budget_bytes=None,

@@ -135,7 +135,7 @@ def test_failpoint_mid_replan_leaves_the_plan_in_force(secured: ControlServer) -
     failpoints.configure({failpoints.ENV: "control.mid-replan"})
     try:
         with ControlClient(secured.target, token=TOKEN) as client, pytest.raises(ControlCallError) as err:
-            client.set_memory_budget(PLANNER.plan(None).predicted_bytes)
+            client.set_memory_budget(PLANNER.plan(None).planned_bytes)
     finally:
         failpoints.configure({})
     assert err.value.code == grpc.StatusCode.INTERNAL and "control.mid-replan" in err.value.details

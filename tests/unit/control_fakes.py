@@ -54,8 +54,8 @@ class FakeTrainer:
                 correct_predictions=(n - 2) // 2,
                 online_accuracy=50.0,  # percent, as the trainer reports it
                 budget_bytes=self._plan.budget_bytes,
-                planned_bytes=self._plan.predicted_bytes,
-                measured_bytes=self._plan.predicted_bytes - 100,
+                planned_bytes=self._plan.planned_bytes,
+                measured_bytes=self._plan.planned_bytes - 100,
                 lag_items=2,
                 latency_ms_p50=1.5,
                 latency_ms_p99=4.0,
@@ -127,4 +127,4 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
 
 PLANNER = Planner(golden_a(), PlannerSettings())
 MIN_BYTES = PLANNER.min_feasible_bytes  # 24_003_016 for golden case (a)
-FULL_BYTES = PLANNER.plan(None).predicted_bytes  # 53_654_832
+FULL_BYTES = PLANNER.plan(None).planned_bytes  # 53_654_832

@@ -141,7 +141,7 @@ def test_m_minus_is_the_smallest_budget_keeping_ms_partition() -> None:
         if budget is not None and budget < 200_000:
             return None
         partition = [0, 2, 4] if budget is not None and budget < threshold else [0, 4]
-        return {"partition": partition, "min_feasible_bytes": 200_000, "predicted_bytes": 2_000_000}
+        return {"partition": partition, "min_feasible_bytes": 200_000, "planned_bytes": 2_000_000}
 
     budgets = resolve_budgets(setting, plan, lambda _: 1_000_000)
     assert budgets.m == 1_000_000 and budgets.absolute_min == 200_000

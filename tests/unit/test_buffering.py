@@ -175,7 +175,7 @@ def test_budget_fits_the_largest_mini_batch() -> None:
     assert info.value.min_feasible_bytes == sizes[0]
     policy = make_policy("camel", profile=profile, options=MethodOptions(buffering=base, budget=10**9))
     setup = policy.setup("tiny", 3, 1.0)
-    assert setup.planned is not None and setup.planned.predicted_bytes == buffering_bytes(profile, "camel", base)
+    assert setup.planned is not None and setup.planned.planned_bytes == buffering_bytes(profile, "camel", base)
 
 
 def test_planned_and_measured_bytes_are_reported() -> None:

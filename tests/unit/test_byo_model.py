@@ -152,7 +152,7 @@ def test_profile_then_plan_from_the_profile_alone(tmp_path: Path, capsys: pytest
     capsys.readouterr()
     assert main(["plan", "--profile", str(profile), "--json"]) == 0  # no --model: planning needs no weights
     plan = json.loads(capsys.readouterr().out)
-    assert plan["model"] == SPEC and plan["predicted_bytes"] > 0
+    assert plan["model"] == SPEC and plan["planned_bytes"] > 0
     assert main(["plan", "--profile", str(profile), "--model", "mlp"]) == 1
     assert "is for model 'examples.custom_cnn:build' but --model is 'mlp'" in capsys.readouterr().err
     assert main(["profile", "--model", SPEC, "--out", str(tmp_path / "x.json")]) == 1

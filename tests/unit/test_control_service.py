@@ -51,7 +51,7 @@ def test_set_memory_budget_applies_and_returns_the_plan(client: ControlClient, t
     reply = client.set_memory_budget(MID_BYTES)
     plan = plan_from_reply(reply)
     assert plan == PLANNER.plan(MID_BYTES)
-    assert isinstance(plan, Plan) and plan.predicted_bytes <= MID_BYTES == reply.budget_bytes
+    assert isinstance(plan, Plan) and plan.planned_bytes <= MID_BYTES == reply.budget_bytes
     assert reply.plan_version == 2 and trainer.applied == [(plan, 2)]
     assert reply.planning_seconds > 0 and reply.stall_seconds == pytest.approx(0.001)
     assert reply.applied_time_ms > 0

@@ -7,11 +7,10 @@ import math
 import pytest
 
 from ferret_core.errors import ProfileError
-from ferret_core.plan import Partition
+from ferret_core.plan import Partition, backprop_period
 from ferret_core.planning.cost_model import (
     RateModel,
     StageGeometry,
-    backprop_period,
     num_worker_slots,
     paper_worker_elements,
 )

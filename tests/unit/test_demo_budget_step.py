@@ -56,7 +56,7 @@ def test_the_refusal_goes_through_grpc_and_leaves_the_plan(tmp_path: Path, small
     with ControlClient(smallest_plan_server.target, timeout_s=10) as client:
         before_plan = PlanView.from_reply(client.get_plan())
         run.record.plan_before = before_plan
-        assert before_plan.predicted_bytes == before_plan.min_feasible_bytes == MIN_BYTES
+        assert before_plan.planned_bytes == before_plan.min_feasible_bytes == MIN_BYTES
         step = run._budget_step(before_plan)
         assert step.refusal and step.budget == MIN_BYTES // 2
         assert run.record.budget_step is not None and run.record.budget_step.startswith("refusal")

@@ -60,7 +60,7 @@ def test_serving_probe_is_false_while_nothing_listens() -> None:
 def test_plan_and_status_replies_are_recorded(client: ControlClient) -> None:
     plan = PlanView.from_reply(client.get_plan())
     assert plan.version == 1 and plan.budget_bytes is None
-    assert plan.predicted_bytes == FULL_BYTES and plan.min_feasible_bytes == MIN_BYTES
+    assert plan.planned_bytes == FULL_BYTES and plan.min_feasible_bytes == MIN_BYTES
     assert plan.plan == PLANNER.plan(None).to_dict()  # the `ferret plan --json` document
     point = StatusPoint.from_reply(client.get_status())
     assert point.state == "running" and point.budget_bytes is None
@@ -78,8 +78,8 @@ def test_budget_change_goes_through_grpc_and_records_the_reply(tmp_path: Path, c
     change, after = run._change_budget(client, budget, before)
     assert change.from_bytes is None and change.to_bytes == budget
     assert (change.plan_version_before, change.plan_version_after) == (1, 2)
-    assert change.plan_changed and after.predicted_bytes <= budget
-    assert change.predicted_bytes_after == after.predicted_bytes < change.predicted_bytes_before
+    assert change.plan_changed and after.planned_bytes <= budget
+    assert change.planned_bytes_after == after.planned_bytes < change.planned_bytes_before
     assert change.stall_seconds == pytest.approx(0.001) and change.planning_seconds > 0
     assert change.applied_time_ms >= change.requested_time_ms
     assert client.get_plan().plan_version == 2

@@ -61,7 +61,7 @@ def stream(n: int = 100) -> list[PredictionRecord]:
 
 def plan_view(version: int, budget: int | None, predicted: int) -> PlanView:
     plan = {"model": "mlp", "num_stages": 2, "num_workers": 2, "live_workers": 2 if budget is None else 1}
-    return PlanView(plan=plan, version=version, budget_bytes=budget, predicted_bytes=predicted, min_feasible_bytes=1000)
+    return PlanView(plan=plan, version=version, budget_bytes=budget, planned_bytes=predicted, min_feasible_bytes=1000)
 
 
 def status(**kw: object) -> StatusPoint:
@@ -95,8 +95,8 @@ def run_record(tmp_path: Path) -> RunRecord:
             predictions_before=50,
             plan_version_before=1,
             plan_version_after=2,
-            predicted_bytes_before=5000,
-            predicted_bytes_after=2500,
+            planned_bytes_before=5000,
+            planned_bytes_after=2500,
             plan_changed=True,
         )
     )

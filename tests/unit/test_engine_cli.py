@@ -48,7 +48,7 @@ def test_simulate_prints_the_result_and_the_same_seed_gives_the_same_json(
     first.pop("wall_seconds"), second.pop("wall_seconds")
     assert first == second
     if method == "ferret":
-        assert first["planned_bytes"] == first["plan"]["predicted_bytes"] and first["num_workers"] > 1
+        assert first["planned_bytes"] == first["plan"]["planned_bytes"] and first["num_workers"] > 1
     else:  # sequential: planned bytes from the schedules' byte model, never stale, no compensator
         assert first["planned_bytes"] > 0 and first["plan"] is None and first["compensator"] == "none"
     if method == "1-skip":

@@ -50,7 +50,7 @@ def test_one_extra_stash_raises_the_measured_peak_by_its_bytes_and_not_the_predi
     (peak, planned), (peak_extra, planned_extra) = run(False), run(True)
     version_bytes = storage_bytes(build_stages(units, plan.partition)[1][1].tensors())
     assert peak_extra - peak == version_bytes
-    assert planned_extra == planned == plan.predicted_bytes
+    assert planned_extra == planned == plan.planned_bytes
 
 
 def test_recomputation_lowers_the_measured_peak_for_wide_activations() -> None:

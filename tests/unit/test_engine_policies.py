@@ -48,7 +48,7 @@ def test_ferret_executes_a_planners_plan() -> None:
     r = simulate(tiny_units(), FerretPolicy(plan), stream(40), model="tiny", profile=profile, arrival_interval=1.0)
     assert r.trace is not None
     validate_trace(r.trace, plan)
-    assert r.planned_bytes == plan.predicted_bytes
+    assert r.planned_bytes == plan.planned_bytes
     assert r.skipped["busy"] == 0 and r.trained == 40
 
 

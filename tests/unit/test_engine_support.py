@@ -74,7 +74,7 @@ def make_plan(
                                     accumulation=acc, omission=om))
     return Plan(
         model="tiny", partition=Partition(bounds), workers=tuple(configs), arrival_interval=1.0, decay=0.1,
-        stage_forward_time=1.0, stage_backward_time=2.0, adaptation_rate=0.0, predicted_bytes=12345,
+        stage_forward_time=1.0, stage_backward_time=2.0, adaptation_rate=0.0, planned_bytes=12345,
         paper_memory_elements=0, min_feasible_bytes=0, budget_bytes=None, memory_model="paper",
         dtype="float32",
     )

@@ -63,7 +63,7 @@ def make_items(count: int, seed: int) -> list[Item]:
 def plan_of(bounds: tuple[int, ...], workers: list[WorkerConfig], arrival: float) -> Plan:
     return Plan(
         model="tiny", partition=Partition(bounds), workers=tuple(workers), arrival_interval=arrival, decay=0.1,
-        stage_forward_time=1.0, stage_backward_time=1.0, adaptation_rate=0.0, predicted_bytes=0,
+        stage_forward_time=1.0, stage_backward_time=1.0, adaptation_rate=0.0, planned_bytes=0,
         paper_memory_elements=0, min_feasible_bytes=0, budget_bytes=None, memory_model="engine", dtype="float32",
     )
 
@@ -148,7 +148,7 @@ plans = st.fixed_dictionaries(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plans)
-def test_predicted_bytes_bound_the_measured_peak(c: dict) -> None:  # type: ignore[type-arg]
+def test_planned_bytes_bound_the_measured_peak(c: dict) -> None:  # type: ignore[type-arg]
     units = wide_units(c["widths"], c["seed"])
     profile = sized_profile(units, c["times"][: len(units)])
     bounds = _bounds(len(units), c["cut"])
@@ -191,15 +191,15 @@ def test_planned_bytes_hold_on_an_activation_heavy_model() -> None:
              for _ in range(30)]
     for memory in (MemorySettings(in_flight="schedule", compensator="fisher"), MemorySettings(compensator="fisher")):
         planner = Planner(profile, PlannerSettings(memory=memory))
-        low, high = planner.min_feasible_bytes, planner.plan(None).predicted_bytes
+        low, high = planner.min_feasible_bytes, planner.plan(None).planned_bytes
         for fraction in (0.0, 0.5, 1.0):
             plan = planner.plan(int(low + fraction * (high - low)))
             _, measured = run(plan, units, profile, items, "fisher")
-            assert measured <= plan.predicted_bytes, (memory.in_flight, fraction, measured, plan.predicted_bytes)
+            assert measured <= plan.planned_bytes, (memory.in_flight, fraction, measured, plan.planned_bytes)
             if memory.in_flight == "schedule" and any(w.recompute for w in plan.workers):
                 # the gradient and the recomputed graph count as their max (one is alive at a sample); summed,
                 # the gradient was slack too. What is left unused here is the prediction path (kept summed)
-                slack = plan.predicted_bytes - measured
+                slack = plan.planned_bytes - measured
                 assert slack <= plan.memory_breakdown["prediction_path"] + 64, (fraction, slack, plan.memory_breakdown)
 
 

@@ -56,11 +56,11 @@ def test_a_schedule_runs_on_a_layout_of_your_choice() -> None:
 
     plan = make_plan(3, 2, accumulation=2, omission=1)
     layout = layout_plan(plan, Partition((0, 1, 3)), 4)
-    assert (layout.num_stages, layout.num_workers, layout.predicted_bytes, layout.steps) == (2, 4, 0, ())
+    assert (layout.num_stages, layout.num_workers, layout.planned_bytes, layout.steps) == (2, 4, 0, ())
     assert all(w.live and w.accumulation == (1, 1) and w.omission == (0, 0) for w in layout.workers)
     setup = make_policy("dapple", layout, profile=tiny_profile()).setup("tiny", 3, 1.0)
     assert setup.plan.partition == Partition((0, 1, 3)) and setup.plan.num_workers == 4
-    assert setup.planned is not None and setup.planned.predicted_bytes > 0  # its own bytes on this layout
+    assert setup.planned is not None and setup.planned.planned_bytes > 0  # its own bytes on this layout
     r = StreamEngine(tiny_units(num_units=3), setup, EngineSettings()).run_virtual(
         stream(12), uniform_times(2), 1.0
     )

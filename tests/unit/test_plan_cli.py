@@ -21,7 +21,7 @@ REQUIRED_KEYS = {
     "workers",
     "num_workers",
     "live_workers",
-    "predicted_bytes",
+    "planned_bytes",
     "paper_memory_elements",
     "adaptation_rate",
     "min_feasible_bytes",
@@ -65,7 +65,7 @@ def test_json_round_trips_into_a_plan(profile_file: Path, capsys: pytest.Capture
     out = run_json(capsys, "--model", "mnistnet", "--profile", str(profile_file), "--budget", "40MiB")
     plan = Plan.from_dict(out)
     assert plan.to_dict() == out
-    assert plan.predicted_bytes <= 40 * 2**20
+    assert plan.planned_bytes <= 40 * 2**20
 
 
 def test_budget_below_minimum_exits_3_with_the_minimum(profile_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -94,7 +94,7 @@ def test_profile_for_another_model_is_an_error(profile_file: Path, capsys: pytes
 
 def test_readable_table_explains_the_techniques(profile_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = run_json(capsys, "--model", "mnistnet", "--profile", str(profile_file))
-    budget = (int(out["predicted_bytes"]) + int(out["min_feasible_bytes"])) // 2  # type: ignore[call-overload]
+    budget = (int(out["planned_bytes"]) + int(out["min_feasible_bytes"])) // 2  # type: ignore[call-overload]
     assert main(["plan", "--model", "mnistnet", "--profile", str(profile_file), "--budget", str(budget)]) == 0
     text = capsys.readouterr().out
     assert "why:" in text and "T1 (activation recomputation)" in text
@@ -134,4 +134,16 @@ def test_the_default_compensator_is_the_lean_variant(profile_file: Path, capsys:
     algorithm_1 = run_json(capsys, *common, "--compensator", "iter-fisher")
     assert "compensator_ring" not in lean["memory_breakdown"]  # type: ignore[operator]
     assert "compensator_ring" in algorithm_1["memory_breakdown"]  # type: ignore[operator]
-    assert lean["predicted_bytes"] < algorithm_1["predicted_bytes"]  # type: ignore[operator]
+    assert lean["planned_bytes"] < algorithm_1["planned_bytes"]  # type: ignore[operator]
+
+
+def test_a_plan_document_from_before_the_rename_still_reads(
+    profile_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Snapshots and saved ``--json`` plans written when the planned bytes were called ``predicted_bytes``."""
+    from ferret_core.plan import Plan
+
+    out = run_json(capsys, "--model", "mnistnet", "--profile", str(profile_file), "--budget", "40MiB")
+    old = {("predicted_bytes" if key == "planned_bytes" else key): value for key, value in out.items()}
+    assert "planned_bytes" not in old
+    assert Plan.from_dict(old) == Plan.from_dict(out)

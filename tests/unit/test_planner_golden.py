@@ -23,7 +23,7 @@ def test_unconstrained_plan(planner_a: Planner) -> None:
     assert plan.partition.boundaries == (0, 1, 2, 4)
     assert plan.num_workers == 3 and plan.live_workers == 3
     assert plan.adaptation_rate == pytest.approx(0.15680749731239846, rel=1e-14)
-    assert plan.predicted_bytes == 3761436 == plan.paper_memory_elements
+    assert plan.planned_bytes == 3761436 == plan.paper_memory_elements
     assert all(not w.recompute for w in plan.workers)
 
 
@@ -35,7 +35,7 @@ def test_budgeted_plans(planner_a: Planner, budget: int, live: int, rate: float)
     plan = planner_a.plan(budget)
     assert plan.live_workers == live
     assert plan.adaptation_rate == pytest.approx(rate, rel=1e-14)
-    assert plan.predicted_bytes <= budget
+    assert plan.planned_bytes <= budget
 
 
 def test_minimum_feasible_is_weights_plus_first_activation(planner_a: Planner) -> None:
@@ -44,7 +44,7 @@ def test_minimum_feasible_is_weights_plus_first_activation(planner_a: Planner) -
     assert closed_form == 1205290
     assert planner_a.min_feasible_bytes == closed_form
     plan = planner_a.plan(1205290)
-    assert plan.predicted_bytes == 1205290
+    assert plan.planned_bytes == 1205290
     live = [w for w in plan.workers if w.live]
     assert plan.num_stages == 1 and len(live) == 1 and live[0].recompute
     with pytest.raises(InfeasibleBudgetError) as info:
@@ -82,11 +82,11 @@ def test_defaults_follow_the_paper() -> None:
     assert planner.decay == pytest.approx(default_decay(profile))
 
 
-def test_predicted_bytes_use_the_same_function_as_the_search() -> None:
+def test_planned_bytes_use_the_same_function_as_the_search() -> None:
     planner = Planner(golden_a(), PlannerSettings(arrival_interval=3.0, decay=0.05))
     plan = planner.plan(None)
-    assert sum(plan.memory_breakdown.values()) == plan.predicted_bytes
-    assert plan.predicted_bytes > plan.paper_memory_elements * 4  # extras are counted
+    assert sum(plan.memory_breakdown.values()) == plan.planned_bytes
+    assert plan.planned_bytes > plan.paper_memory_elements * 4  # extras are counted
 
 
 @pytest.mark.parametrize("bad", [{"arrival_interval": 0.0}, {"decay": -1.0}, {"max_workers": 0}])

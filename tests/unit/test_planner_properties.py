@@ -42,7 +42,7 @@ def planners(draw: st.DrawFn) -> Planner:
 
 
 def _budget(planner: Planner, fraction: float) -> int:
-    top = planner.plan(None).predicted_bytes
+    top = planner.plan(None).planned_bytes
     low = planner.min_feasible_bytes
     return int(low + fraction * (top - low))
 
@@ -51,13 +51,13 @@ def _budget(planner: Planner, fraction: float) -> int:
 def test_plan_fits_and_partition_covers_every_unit(planner: Planner, fraction: float) -> None:
     budget = _budget(planner, fraction)
     plan = planner.plan(budget)
-    assert plan.predicted_bytes <= budget
+    assert plan.planned_bytes <= budget
     units = [u for stage in plan.stages for u in stage]
     assert units == list(range(planner.profile.num_units))  # contiguous, each unit once, in order
     assert all(len(stage) >= 1 for stage in plan.stages)
     # the reported bytes are the search's own byte function
     model = MemoryModel.for_plan(plan, planner.profile, planner.settings.memory)
-    assert model.total(plan.workers) == plan.predicted_bytes
+    assert model.total(plan.workers) == plan.planned_bytes
     assert plan.live_workers >= 1
     assert all(len(w.accumulation) == plan.num_stages for w in plan.workers)
 
@@ -81,7 +81,7 @@ def test_more_budget_never_lowers_the_rate(planner: Planner, f1: float, f2: floa
 @given(planners())
 def test_plans_exist_exactly_from_the_minimum_up(planner: Planner) -> None:
     minimum = planner.min_feasible_bytes
-    assert planner.plan(minimum).predicted_bytes <= minimum
+    assert planner.plan(minimum).planned_bytes <= minimum
     try:
         planner.plan(minimum - 1)
     except InfeasibleBudgetError as exc:
@@ -130,5 +130,5 @@ def test_incremental_ring_pricing_matches_a_full_recount(planner: Planner, fract
     scratch with ferret_core.staleness. Both must agree (they are the same bytes)."""
     plan = planner.plan(_budget(planner, fraction))
     model = MemoryModel.for_plan(plan, planner.profile, planner.settings.memory)
-    assert model.total(plan.workers) == plan.predicted_bytes
+    assert model.total(plan.workers) == plan.planned_bytes
     assert model.breakdown(plan.workers).get("compensator_ring", 0) == plan.memory_breakdown.get("compensator_ring", 0)

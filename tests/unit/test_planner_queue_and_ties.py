@@ -48,12 +48,12 @@ def test_the_queue_adds_exactly_its_bytes(name: str, multiple: float) -> None:
     model = MemoryModel.for_plan(plan, profile, with_queue.settings.memory)
     slots = queue_slots(max_wait(plan.decay), 0.1, interval, plan.num_workers, 256)
     extra = queue_bytes(slots, plan.live_workers, profile.input_elements, 4, LABEL_BYTES)
-    assert model.total(plan.workers) - plan.predicted_bytes == extra
+    assert model.total(plan.workers) - plan.planned_bytes == extra
     assert model.breakdown(plan.workers)["admission_queue"] == extra
     assert sum(model.breakdown(plan.workers).values()) == model.total(plan.workers)
     queued = with_queue.plan(None)
     if queued.workers == plan.workers and queued.partition == plan.partition:  # same choice: same difference
-        assert queued.predicted_bytes == plan.predicted_bytes + extra
+        assert queued.planned_bytes == plan.planned_bytes + extra
         assert queued.memory_breakdown["admission_queue"] == extra
 
 
@@ -64,8 +64,8 @@ def test_a_budget_that_fits_only_without_the_queue() -> None:
     without, with_queue = _planners(profile, interval)
     top = without.plan(None)
     assert top.live_workers > 1
-    fitted = with_queue.plan(top.predicted_bytes)  # fits without the queue exactly
-    assert fitted.predicted_bytes <= top.predicted_bytes
+    fitted = with_queue.plan(top.planned_bytes)  # fits without the queue exactly
+    assert fitted.planned_bytes <= top.planned_bytes
     assert fitted.live_workers < top.live_workers or fitted.adaptation_rate < top.adaptation_rate
     # the smallest plan without the queue does not fit at all with it
     with pytest.raises(InfeasibleBudgetError) as refused:
@@ -81,12 +81,12 @@ def test_queue_bytes_are_per_live_worker(
     profile = _profile(units, inputs)
     without, with_queue = _planners(profile, multiple * profile.max_forward_time, decay)
     plan = with_queue.plan(None)
-    for budget in (None, (plan.predicted_bytes + with_queue.min_feasible_bytes) // 2, with_queue.min_feasible_bytes):
+    for budget in (None, (plan.planned_bytes + with_queue.min_feasible_bytes) // 2, with_queue.min_feasible_bytes):
         chosen = with_queue.plan(budget)
         bare = MemoryModel.for_plan(chosen, profile, without.settings.memory).total(chosen.workers)
         slots = queue_slots(max_wait(chosen.decay), 0.1, chosen.arrival_interval, chosen.num_workers, 256)
         per_item = (inputs + -(-LABEL_BYTES // 4)) * 4
-        assert chosen.predicted_bytes - bare == slots * chosen.live_workers * per_item
+        assert chosen.planned_bytes - bare == slots * chosen.live_workers * per_item
 
 
 def test_the_queue_needs_its_wait_resolved() -> None:
@@ -140,14 +140,14 @@ def test_equal_rate_means_least_bytes(
     profile = _profile(units, 100)
     interval = (1.0 + multiple if slow else multiple) * (profile.sequential_time if slow else profile.max_forward_time)
     planner = Planner(profile, PlannerSettings(arrival_interval=interval, decay=decay))
-    top = planner.plan(None).predicted_bytes
+    top = planner.plan(None).planned_bytes
     budget = int(planner.min_feasible_bytes + fraction * (top - planner.min_feasible_bytes))
     plan = planner.plan(budget)
     options = planner.options(budget)
     best = min(options, key=planner.rank)
-    assert plan.predicted_bytes == best.bytes
+    assert plan.planned_bytes == best.bytes
     tied = [o for o in options if _key(planner.rank(o)) == _key(planner.rank(best))]
-    assert plan.predicted_bytes == min(o.bytes for o in tied)
+    assert plan.planned_bytes == min(o.bytes for o in tied)
     if slow and budget >= top:  # unconstrained at a stream one worker keeps up with
         assert planner.stream_bound
         assert (plan.num_stages, plan.live_workers) == (1, 1)

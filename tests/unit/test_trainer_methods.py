@@ -71,10 +71,10 @@ def test_live_setups_report_the_methods_own_planned_bytes_given_the_profile() ->
     for method in ("dapple", "zb", "hanayo-2w", "pipedream", "pipedream-2bw", "oracle", "1-skip"):
         planned = live_setup(method, plan, "tiny", 3, profile=tiny_profile())[0].planned
         assert planned is not None and planned.memory_model == f"schedule:{method}", method
-        assert planned.predicted_bytes == sum(planned.memory_breakdown.values()) > 0, method
+        assert planned.planned_bytes == sum(planned.memory_breakdown.values()) > 0, method
     none = live_setup("pipedream", plan, "tiny", 3, profile=tiny_profile())[0].planned
     asked = live_setup("pipedream", plan, "tiny", 3, profile=tiny_profile(), compensator="iter-fisher")[0].planned
-    assert none is not None and asked is not None and asked.predicted_bytes > none.predicted_bytes  # its state
+    assert none is not None and asked is not None and asked.planned_bytes > none.planned_bytes  # its state
 
 
 def test_the_learner_reports_a_schedules_planned_bytes_for_the_status() -> None:
@@ -90,7 +90,7 @@ def test_the_learner_reports_a_schedules_planned_bytes_for_the_status() -> None:
     finally:
         learner.close()
     assert learner.engine.setup.planned is not None
-    assert stats.planned_bytes == learner.engine.setup.planned.predicted_bytes > 0
+    assert stats.planned_bytes == learner.engine.setup.planned.planned_bytes > 0
 
 
 def test_oracle_trains_every_item_of_a_burst_in_order() -> None:

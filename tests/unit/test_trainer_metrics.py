@@ -105,7 +105,7 @@ def test_every_applied_replan_is_observed_and_a_failing_listener_does_not_fail_i
     planner = Planner(golden_a())
     trainer = FakeTrainer(planner.plan(None), stall_seconds=0.02)
     replanner = Replanner(planner, trainer, on_applied=metrics.observe_replan)
-    outcome = replanner.request(planner.plan(None).predicted_bytes)
+    outcome = replanner.request(planner.plan(None).planned_bytes)
     assert outcome.seconds >= outcome.planning_seconds and outcome.stall_seconds == 0.02
     duration = {s.name: s.value for s in metrics.replan_duration.collect()[0].samples if not s.labels}
     stall = {s.name: s.value for s in metrics.replan_stall.collect()[0].samples if not s.labels}
@@ -118,7 +118,7 @@ def test_every_applied_replan_is_observed_and_a_failing_listener_does_not_fail_i
         raise RuntimeError("listener")
 
     failing = Replanner(planner, trainer, on_applied=broken)
-    assert failing.request(planner.plan(None).predicted_bytes).version == 3  # applied, and the call succeeds
+    assert failing.request(planner.plan(None).planned_bytes).version == 3  # applied, and the call succeeds
     failing.close()
 
 

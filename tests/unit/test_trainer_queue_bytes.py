@@ -45,9 +45,9 @@ def test_queued_methods_count_the_queue_the_wall_clock_enforces(method: str) -> 
     expected = admission_queue_bytes(tiny_profile(), admission.queue_slots, live)
     assert expected == admission.queue_slots * live * (6 + 2) * 4  # 6 inputs + an int64 label, float32
     assert setup.planned.memory_breakdown["admission_queue"] == expected, method
-    assert setup.planned.predicted_bytes == sum(setup.planned.memory_breakdown.values()), method
+    assert setup.planned.planned_bytes == sum(setup.planned.memory_breakdown.values()), method
     if method == "ferret":  # the planner counted it: not twice
-        assert setup.planned.predicted_bytes == plan.predicted_bytes
+        assert setup.planned.planned_bytes == plan.planned_bytes
     if method == "1-skip":  # W = 0: K is one delivery's share (or what reaches it in D)
         assert admission.max_wait_s == 0.0 and admission.queue_slots == DELIVERY_ITEMS
 
@@ -56,7 +56,7 @@ def test_queued_methods_count_the_queue_the_wall_clock_enforces(method: str) -> 
 def test_a_schedules_executed_plan_reports_the_same_bytes(method: str) -> None:
     """GetPlan reports the executed plan (``learner.plan``); the status the planned one: the same bytes."""
     setup, _ = live_setup(method, planner_plan(), "tiny", 3, profile=tiny_profile())
-    assert setup.planned is not None and setup.plan.predicted_bytes == setup.planned.predicted_bytes
+    assert setup.planned is not None and setup.plan.planned_bytes == setup.planned.planned_bytes
 
 
 def test_a_hand_plan_counts_the_queue_too() -> None:
@@ -65,7 +65,7 @@ def test_a_hand_plan_counts_the_queue_too() -> None:
     setup, admission = live_setup("ferret", plan, "tiny", 3, profile=tiny_profile())
     assert admission is not None and setup.planned is not None
     queue = admission_queue_bytes(tiny_profile(), admission.queue_slots, 2)
-    assert setup.planned.predicted_bytes == plan.predicted_bytes + queue
+    assert setup.planned.planned_bytes == plan.planned_bytes + queue
     assert setup.plan.partition == plan.partition and setup.plan.workers == plan.workers
 
 

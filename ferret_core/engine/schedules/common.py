@@ -73,7 +73,7 @@ def schedule_plan(
         dataclasses.replace(
             plan,
             workers=workers,
-            predicted_bytes=sum(breakdown.values()),
+            planned_bytes=sum(breakdown.values()),
             memory_model=f"schedule:{method}",
             memory_breakdown=breakdown,
             steps=(),
@@ -106,7 +106,7 @@ class WithPlannedBytes:
         breakdown = schedule_memory(self.profile, setup.plan.partition, shape, self.memory, arrival_interval)
         planned = dataclasses.replace(
             setup.plan,
-            predicted_bytes=sum(breakdown.values()),
+            planned_bytes=sum(breakdown.values()),
             memory_model=f"schedule:{self.name}",
             memory_breakdown=breakdown,
         )
