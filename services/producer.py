@@ -4,9 +4,9 @@
     report = producer.run()        # blocks; producer.stop() (thread- and signal-safe) ends it cleanly
     print(report.summary())
 
-- **Records**: value = a serialized ``ferret.v1.Sample`` (:class:`services.codec.SampleEncoder`), key =
+- **Records**: value = a serialized ``ferret.v1.Sample`` (:class:`services.kafka.record_codec.SampleEncoder`), key =
   the sample id ``<stream>/<sequence>``, header ``content-type`` naming the message
-  (:mod:`services.content_type`); the idempotent producer (acks=all) partitions by key with
+  (:mod:`services.kafka.content_type`); the idempotent producer (acks=all) partitions by key with
   murmur2, so items spread over the partitions and a label keyed by the same id lands on the same
   partition index of ``<prefix>.labels`` (both topics have the same count when this producer creates them).
 - **Labels** (``labels``): ``with-sample`` puts the label in the Sample; ``delayed`` sends a
@@ -45,10 +45,10 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ferret_core.data import Dataset
 from ferret_core.errors import ConfigError, FerretError
-from services import content_type
-from services.codec import SampleEncoder, now_ms
 from services.config import KafkaSettings, ProducerSettings
+from services.kafka import content_type
 from services.kafka.admin import ensure_topics
+from services.kafka.record_codec import SampleEncoder, now_ms
 from services.producer_ready import ProducerReadiness, Readiness
 from services.proto_gen.ferret.v1.messages_pb2 import Label, Sample
 from services.stream_rate import HeaderValue, rate_headers
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 _MAX_WAIT_S = 0.05  # longest single wait, so a stop request is seen quickly
 _PROGRESS_EVERY_S = 0.1
-# Every record names its message (services.content_type; docs/predictions.md "Record headers").
+# Every record names its message (services.kafka.content_type; docs/predictions.md "Record headers").
 SAMPLE_HEADERS = [content_type.header(Sample)]
 LABEL_HEADERS: list[tuple[str, HeaderValue]] = [content_type.header(Label)]
 

@@ -26,7 +26,6 @@ from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.planning.profiler import resolve_device
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
-from services.codec import SampleDecoder
 from services.config import Settings
 from services.control.auth import ServerTls
 from services.control.health import ControlHealth
@@ -34,6 +33,7 @@ from services.control.server import ControlServer, create_server
 from services.control.trainer_port import SnapshotInfo
 from services.failpoints import configure as configure_failpoints
 from services.kafka.admin import ensure_topics
+from services.kafka.record_codec import SampleDecoder
 from services.metrics_http import serve_metrics
 from services.models import build_model_for
 from services.snapshots import Reconnect, SnapshotStore, redis_client
