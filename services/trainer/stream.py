@@ -45,8 +45,8 @@ from services.kafka.record_codec import (
     dead_letter_record,
     now_ms,
 )
+from services.producer.rate import Headers
 from services.proto_gen.ferret.v1 import messages_pb2
-from services.stream_rate import Headers
 from services.trainer.checkpoints import Checkpoints
 from services.trainer.counters import StreamCounters
 from services.trainer.failures import TOO_LARGE, Decision, ErrorPolicy, RecordFailure, RecordPathStopped, Step
