@@ -34,7 +34,6 @@ from services.control.trainer_port import SnapshotInfo
 from services.failpoints import configure as configure_failpoints
 from services.kafka.admin import ensure_topics
 from services.kafka.record_codec import SampleDecoder
-from services.metrics_http import serve_metrics
 from services.models import build_model_for
 from services.snapshots import Reconnect, SnapshotStore, redis_client
 from services.trainer.arrivals import DriftReplanner, SwitchablePlanner, measured_time_scale
@@ -49,6 +48,7 @@ from services.trainer.ledger import OffsetLedger
 from services.trainer.live_methods import DELIVERY_ITEMS, DELIVERY_SPREAD_S, FixedPlan, budget_methods, plans_for_budget
 from services.trainer.loop_calls import LoopCalls
 from services.trainer.metrics import TrainerMetrics
+from services.trainer.metrics_http import serve_metrics
 from services.trainer.service import Trainer
 from services.trainer.state import Lifecycle, PlanInForce
 from services.trainer.status import StatusView
