@@ -39,8 +39,8 @@ import torch.nn.functional as F  # noqa: E402
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition  # noqa: E402
 
 from ferret_core.data import normalise  # noqa: E402
-from services.codec import SampleDecoder, now_ms  # noqa: E402
 from services.config import Settings, load_settings  # noqa: E402
+from services.kafka.record_codec import SampleDecoder, now_ms  # noqa: E402
 from services.proto_gen.ferret.v1 import messages_pb2  # noqa: E402
 from services.trainer.runner import build_zoo_model  # noqa: E402
 from services.trainer.stream import CONSUMER_DEFAULTS  # noqa: E402

@@ -43,11 +43,11 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from ferret_core.data import Dataset, load_dataset  # noqa: E402
 from services.cli.produce_cmd import default_data_root  # noqa: E402
-from services.codec import now_ms  # noqa: E402
 from services.config import ProducerSettings, load_settings  # noqa: E402
 from services.kafka.admin import ensure_topics  # noqa: E402
+from services.kafka.record_codec import now_ms  # noqa: E402
 from services.localstack import LocalStack  # noqa: E402
-from services.producer import SampleProducer  # noqa: E402
+from services.producer.stream import SampleProducer  # noqa: E402
 from services.proto_gen.ferret.v1 import messages_pb2  # noqa: E402
 from services.trainer.stream import CONSUMER_DEFAULTS  # noqa: E402
 

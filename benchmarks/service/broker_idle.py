@@ -26,7 +26,7 @@ import harness as h
 from services.config import ProducerSettings, load_settings
 from services.kafka.admin import ensure_topics
 from services.localstack import LocalStack
-from services.producer import SampleProducer
+from services.producer.stream import SampleProducer
 
 COMMAND = "python benchmarks/service/broker_idle.py"
 CASES: dict[str, dict[str, Any] | None] = {

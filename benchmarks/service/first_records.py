@@ -16,7 +16,7 @@ produce → receipt, and of produce → receipt over the records produced in the
 Then, once: librdkafka's ``eos`` debug log of a producer made as ``main`` makes it, and of one that waits
 (the producer-id mechanism, lines relative to the client's creation), and the CPU cost of the statistics
 the wait reads (an idle producer's process CPU over 4 s, with and without them). The case
-``ferret produce`` is :class:`services.producer.SampleProducer` as this checkout has it (``--rate 84``),
+``ferret produce`` is :class:`services.producer.stream.SampleProducer` as this checkout has it (``--rate 84``),
 latency = receipt − the sample's event time (wall clock).
 
     .venv/bin/python benchmarks/service/first_records.py          # → results/first_records.{md,json}
@@ -46,8 +46,8 @@ from ferret_core.data import Dataset
 from services.config import KafkaSettings, ProducerSettings
 from services.kafka.admin import ensure_topics
 from services.localstack import LocalStack
-from services.producer import SampleProducer
-from services.producer_ready import ProducerReadiness
+from services.producer.ready import ProducerReadiness
+from services.producer.stream import SampleProducer
 from services.proto_gen.ferret.v1.messages_pb2 import Sample
 from services.trainer.stream import CONSUMER_DEFAULTS
 

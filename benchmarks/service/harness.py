@@ -39,7 +39,7 @@ from services.cli.produce_cmd import default_data_root  # noqa: E402
 from services.config import ProducerSettings, Settings, load_settings  # noqa: E402
 from services.control.client import ControlClient  # noqa: E402
 from services.localstack import LocalStack, free_port  # noqa: E402
-from services.producer import ProduceReport, SampleProducer  # noqa: E402
+from services.producer.stream import ProduceReport, SampleProducer  # noqa: E402
 from services.proto_gen.ferret.v1 import messages_pb2  # noqa: E402
 
 # The local broker (Tansu) does not answer a waiting fetch when records arrive: with librdkafka's default

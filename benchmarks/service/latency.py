@@ -41,7 +41,7 @@ from confluent_kafka import Consumer
 from services.config import ProducerSettings, load_settings
 from services.kafka.admin import ensure_topics
 from services.localstack import LocalStack
-from services.producer import SampleProducer
+from services.producer.stream import SampleProducer
 from services.proto_gen.ferret.v1 import messages_pb2
 
 COMMAND = "python benchmarks/service/latency.py"

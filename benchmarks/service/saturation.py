@@ -3,7 +3,7 @@
 
 The trainer runs as its own process (``ferret run``, configured by FERRET_* variables) against the embedded
 local stack (Tansu + Valkey); this script produces MNIST items (784-byte uint8 ``ferret.v1.Sample``) with
-:class:`services.producer.SampleProducer` at a paced rate and reads every prediction back with an
+:class:`services.producer.stream.SampleProducer` at a paced rate and reads every prediction back with an
 independent consumer (fresh group, from the beginning; distinct sample ids). Each rate is its own stream
 (``stream`` name = step), so its predictions are told apart.
 

@@ -2,7 +2,7 @@
 stream that a fresh idempotent producer starts at that moment (84 records/s)? Variants: assign as the
 trainer does; with the start offsets resolved in on_assign (committed, else the low watermark: no second
 OffsetFetch by the client); with fetch.error.backoff.ms 10; and (``wait_id``, issue 7i) with the producer
-waiting for its producer id before the stream starts (``services.producer_ready``, what ``ferret produce``
+waiting for its producer id before the stream starts (``services.producer.ready``, what ``ferret produce``
 does since issue 7i). Prints one line per case: ms from produce to
 receive for the first 5 records, records 40–42 (~0.5 s in) and the last 3 (issue 7g's start-up
 diagnosis; results/startup_probe.md).
@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from services.kafka.admin import ensure_topics
 from services.localstack import LocalStack
-from services.producer_ready import ProducerReadiness
+from services.producer.ready import ProducerReadiness
 
 
 def run(stack, extra, explicit=False, wait_id=False):

@@ -28,6 +28,7 @@ from types import FrameType
 
 from ferret_core.data import DATASET_NAMES
 from services.cli.args import budget_type, fraction, positive_float, positive_int
+from services.cli.logs import add_logging_arguments, configure_logging
 from services.demo.options import (
     DEFAULT_CHANGE_AT,
     DEFAULT_ITEMS,
@@ -41,7 +42,6 @@ from services.demo.options import (
     resolve_model,
     run_stamp,
 )
-from services.logs import add_logging_arguments, configure_logging
 from services.models import MODEL_HELP, model_spec_type
 
 log = logging.getLogger("ferret.demo")

@@ -31,9 +31,9 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 
 from ferret_core.data import DATASET_NAMES, load_dataset
 from services.cli.args import default_data_root, non_negative_float, non_negative_int, positive_int, rate_type
+from services.cli.logs import add_logging_arguments, configure_logging
 from services.config import Settings, load_settings
-from services.logs import add_logging_arguments, configure_logging
-from services.producer import SampleProducer
+from services.producer.stream import SampleProducer
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

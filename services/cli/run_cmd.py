@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ferret_core.engine import METHOD_NAMES, METHODS
 from services.cli.args import budget_type, positive_int
+from services.cli.logs import add_logging_arguments, configure_logging
 from services.config import load_settings
-from services.logs import add_logging_arguments, configure_logging
 from services.models import MODEL_HELP, model_spec_type, shape_type
 
 

@@ -14,7 +14,6 @@ from ferret_core.data import DATASET_NAMES
 from ferret_core.engine import METHOD_NAMES
 from ferret_core.errors import ConfigError
 from ferret_core.zoo import MODEL_NAMES
-from services.codec import DEFAULT_INPUT_RANGE, Normaliser
 from services.config.values import (
     SECRET,
     Invalid,
@@ -44,6 +43,7 @@ from services.config.values import (
     shown,
 )
 from services.kafka.admin import TopicNames
+from services.kafka.record_codec import DEFAULT_INPUT_RANGE, Normaliser
 from services.models import check_model_spec
 from services.models import parse_shape as parse_shape_text
 from services.units import ArrivalInterval

@@ -2,7 +2,8 @@
 
 Modules: ``options`` (what a run does, its defaults), ``commands`` (the children's command lines),
 ``orchestrator`` (process life cycle), ``live_view`` (the terminal), ``collect`` (the independent
-read-back), ``record`` / ``report`` / ``plot`` (summary.json, report.md, the PNG).
+read-back), ``record`` / ``report`` / ``plot`` (summary.json, report.md, the PNG), ``accuracy_curve``
+(the online accuracy over time that report.md's PNG draws).
 """
 
 from services.demo.options import DemoOptions

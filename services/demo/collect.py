@@ -7,7 +7,7 @@ too, so the report's accuracy curve, latencies and throughput come from what was
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -55,6 +55,16 @@ class PredictionRecord:
             model_version=message.model_version,
             predicted_time_ms=message.predicted_time_ms,
         )
+
+
+def distinct_in_time_order(records: Iterable[PredictionRecord]) -> list[PredictionRecord]:
+    """One record per sample id (a non-duplicate one when there is one), ordered by prediction time."""
+    chosen: dict[str, PredictionRecord] = {}
+    for record in records:
+        kept = chosen.get(record.sample_id)
+        if kept is None or (kept.duplicate and not record.duplicate):
+            chosen[record.sample_id] = record
+    return sorted(chosen.values(), key=lambda r: (r.predicted_time_ms, r.item))
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,6 @@ import redis
 
 from ferret_core.errors import FerretError, InfeasibleBudgetError
 from services import strict_json
-from services.codec import now_ms
 from services.control.client import ControlCallError, ControlClient
 from services.demo.collect import Outcome, read_outcome
 from services.demo.commands import (
@@ -59,6 +58,7 @@ from services.demo.options import BudgetStep, DemoOptions, budget_step
 from services.demo.record import BudgetChange, BudgetRefusal, PlanView, RunRecord, StatusPoint
 from services.demo.report import PRODUCER_LOG, TRAINER_LOG, write_report
 from services.kafka.admin import TopicNames, ensure_topics
+from services.kafka.record_codec import now_ms
 from services.localstack import LocalStack, LocalStackError, free_port
 from services.localstack.process import ChildProcess, ServerExitedError, log_tail
 from services.snapshots import SnapshotStore

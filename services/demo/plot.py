@@ -11,9 +11,9 @@ matplotlib.use("Agg")  # files only; never a display
 
 import matplotlib.pyplot as plt
 
+from services.demo.accuracy_curve import AccuracyCurve
 from services.demo.baseline import BaselineResult
 from services.demo.record import RunRecord
-from services.demo.report import AccuracyCurve
 from services.units import format_bytes
 
 MIB = 2**20

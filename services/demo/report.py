@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from ferret_core.metrics import LatencyQuantiles
 from services import strict_json
-from services.demo.collect import Outcome, PredictionRecord
+from services.demo.accuracy_curve import accuracy_curve
+from services.demo.collect import Outcome, PredictionRecord, distinct_in_time_order
 from services.demo.record import RunRecord
 from services.units import format_bytes
 
@@ -69,16 +70,6 @@ class PredictionStats:
         return (self.distinct - 1) / self.span_s if self.distinct > 1 and self.span_s > 0 else None
 
 
-def distinct_in_time_order(records: Iterable[PredictionRecord]) -> list[PredictionRecord]:
-    """One record per sample id (a non-duplicate one when there is one), ordered by prediction time."""
-    chosen: dict[str, PredictionRecord] = {}
-    for record in records:
-        kept = chosen.get(record.sample_id)
-        if kept is None or (kept.duplicate and not record.duplicate):
-            chosen[record.sample_id] = record
-    return sorted(chosen.values(), key=lambda r: (r.predicted_time_ms, r.item))
-
-
 def _quantiles(values: Iterable[float]) -> dict[str, float]:
     """p50 and p99 of ``values`` ({} when there are none)."""
     kept = [max(0.0, v) for v in values]
@@ -114,35 +105,6 @@ def prediction_stats(records: Sequence[PredictionRecord]) -> PredictionStats:
         last_time_ms=ordered[-1].predicted_time_ms,
         decisions=dict(sorted(Counter(r.decision for r in ordered).items())),
     )
-
-
-@dataclass(frozen=True)
-class AccuracyCurve:
-    """Online accuracy over time: x in seconds after the first prediction, y in percent."""
-
-    seconds: list[float]
-    running: list[float]  # cumulative oacc, as the trainer reports it
-    windowed: list[float]  # accuracy over the last ``window`` labelled predictions
-    window: int
-
-
-def accuracy_curve(records: Sequence[PredictionRecord], window: int = 100) -> AccuracyCurve:
-    ordered = [r for r in distinct_in_time_order(records) if r.has_label]
-    if not ordered:
-        return AccuracyCurve([], [], [], window)
-    origin = ordered[0].predicted_time_ms
-    seconds, running, windowed = [], [], []
-    correct = 0
-    hits: list[int] = []
-    for n, record in enumerate(ordered, start=1):
-        hit = int(record.correct)
-        correct += hit
-        hits.append(hit)
-        in_window = hits[-window:]
-        seconds.append((record.predicted_time_ms - origin) / 1000)
-        running.append(100.0 * correct / n)
-        windowed.append(100.0 * sum(in_window) / len(in_window))
-    return AccuracyCurve(seconds, running, windowed, window)
 
 
 def build_summary(

@@ -1,4 +1,5 @@
-"""Kafka adapters of the services: topic set-up and counting (producer and consumer loops come later)."""
+"""Kafka adapters of the services: topic set-up and counting, and the record formats (``record_codec``:
+the ``Sample`` codec and dead letters; ``content_type``: the header naming a record's message)."""
 
 from services.kafka.admin import (
     KafkaSetupError,

@@ -1,7 +1,7 @@
 """Typed, frozen records of ``ferret.v1.Prediction`` as a downstream reader sees them (docs/predictions.md).
 
 :meth:`PredictionRecord.from_kafka` decodes one Kafka record of ``<prefix>.predictions``: it checks the
-``content-type`` header (:mod:`services.content_type`), parses the protobuf value and adds where the
+``content-type`` header (:mod:`services.kafka.content_type`), parses the protobuf value and adds where the
 record was read (topic, partition, offset, timestamp). Fields keep the proto's names and units, with
 Python's types where the proto has sentinels: ``label`` and ``correct`` are None when the label was not
 known at prediction time, ``worker`` is None when the item was not dispatched, ``decision`` is a name
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from google.protobuf.message import DecodeError
 
 from ferret_core.errors import FerretError
-from services import content_type
+from services.kafka import content_type
 from services.proto_gen.ferret.v1 import messages_pb2
 
 CONTENT_TYPE = content_type.content_type(messages_pb2.Prediction)

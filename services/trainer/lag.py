@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from services.codec import now_ms
+from services.kafka.record_codec import now_ms
 
 UNKNOWN = -1
 

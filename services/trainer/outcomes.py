@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from services.codec import DLQ_OFFSET, DLQ_PARTITION, DLQ_TOPIC
+from services.kafka.record_codec import DLQ_OFFSET, DLQ_PARTITION, DLQ_TOPIC
 from services.proto_gen.ferret.v1 import messages_pb2
 
 log = logging.getLogger("ferret.trainer")

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ferret_core.engine import SkipReason
-from services import content_type
-from services.codec import ValidSample
+from services.kafka import content_type
+from services.kafka.record_codec import ValidSample
 from services.proto_gen.ferret.v1 import messages_pb2
 from services.trainer.learner import ArrivalOutcome
 

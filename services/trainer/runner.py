@@ -26,7 +26,6 @@ from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.planning.profiler import resolve_device
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
-from services.codec import SampleDecoder
 from services.config import Settings
 from services.control.auth import ServerTls
 from services.control.health import ControlHealth
@@ -34,7 +33,7 @@ from services.control.server import ControlServer, create_server
 from services.control.trainer_port import SnapshotInfo
 from services.failpoints import configure as configure_failpoints
 from services.kafka.admin import ensure_topics
-from services.metrics_http import serve_metrics
+from services.kafka.record_codec import SampleDecoder
 from services.models import build_model_for
 from services.snapshots import Reconnect, SnapshotStore, redis_client
 from services.trainer.arrivals import DriftReplanner, SwitchablePlanner, measured_time_scale
@@ -49,6 +48,7 @@ from services.trainer.ledger import OffsetLedger
 from services.trainer.live_methods import DELIVERY_ITEMS, DELIVERY_SPREAD_S, FixedPlan, budget_methods, plans_for_budget
 from services.trainer.loop_calls import LoopCalls
 from services.trainer.metrics import TrainerMetrics
+from services.trainer.metrics_http import serve_metrics
 from services.trainer.service import Trainer
 from services.trainer.state import Lifecycle, PlanInForce
 from services.trainer.status import StatusView

@@ -13,8 +13,8 @@ import time
 from collections.abc import Mapping
 
 from ferret_core.plan import Plan
-from services.codec import now_ms
 from services.control.trainer_port import AppliedPlan, SnapshotInfo, TrainerState, TrainerStatus
+from services.kafka.record_codec import now_ms
 from services.trainer.checkpoints import Checkpoints
 from services.trainer.counters import StreamCounters
 from services.trainer.learner import Learner

@@ -32,7 +32,11 @@ from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 
-from services.codec import (
+from services.config import KafkaSettings
+from services.control.trainer_port import TrainerState
+from services.failpoints import failpoint
+from services.kafka.fetch_wake import resume_and_wake
+from services.kafka.record_codec import (
     DEFAULT_MESSAGE_LIMIT,
     Rejection,
     RejectReason,
@@ -41,12 +45,8 @@ from services.codec import (
     dead_letter_record,
     now_ms,
 )
-from services.config import KafkaSettings
-from services.control.trainer_port import TrainerState
-from services.failpoints import failpoint
-from services.kafka.fetch_wake import resume_and_wake
+from services.producer.rate import Headers
 from services.proto_gen.ferret.v1 import messages_pb2
-from services.stream_rate import Headers
 from services.trainer.checkpoints import Checkpoints
 from services.trainer.counters import StreamCounters
 from services.trainer.failures import TOO_LARGE, Decision, ErrorPolicy, RecordFailure, RecordPathStopped, Step
@@ -435,7 +435,7 @@ class RecordStream:
 
     def _dead_letter(self, record: Record, failure: RecordFailure) -> None:
         """The original record to ``<prefix>.samples.dlq`` with the failure's reason (bounded to the
-        producer's message limit, :func:`services.codec.dead_letter_record`); finished on delivery. One an
+        producer's message limit, :func:`services.kafka.record_codec.dead_letter_record`); finished on delivery. One an
         earlier run or owner already wrote carries ``ferret.dlq.duplicate: true``."""
         self.counters.count_dead_letter(failure.reason)
         rejection = Rejection(cast(RejectReason, failure.reason), failure.detail)

@@ -15,12 +15,12 @@ import pytest
 from confluent_kafka import Message
 
 from ferret_core.data import Dataset, load_dataset
-from services.codec import SampleDecoder, ValidSample, now_ms
 from services.config import KafkaSettings, ProducerSettings
 from services.kafka import TopicNames, count_distinct
-from services.producer import SampleProducer
+from services.kafka.record_codec import SampleDecoder, ValidSample, now_ms
+from services.producer.rate import declared_interval
+from services.producer.stream import SampleProducer
 from services.proto_gen.ferret.v1.messages_pb2 import Label, Sample
-from services.stream_rate import declared_interval
 
 pytestmark = pytest.mark.integration
 

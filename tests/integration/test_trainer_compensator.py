@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from ferret_core.data import dataset_spec
-from services.codec import SampleDecoder
+from services.kafka.record_codec import SampleDecoder
 from services.snapshots import SnapshotStore
 from services.trainer.engine_learner import EngineLearner
 from services.trainer.runner import assemble, build_zoo_model

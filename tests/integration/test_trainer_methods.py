@@ -17,11 +17,11 @@ import pytest
 from ferret_core.data import dataset_spec
 from ferret_core.engine import METHOD_NAMES
 from ferret_core.profile import ModelProfile
-from services.codec import SampleDecoder
 from services.config import Settings
 from services.control.client import ControlCallError, ControlClient
 from services.control.server import create_server
 from services.kafka.admin import TopicNames, ensure_topics
+from services.kafka.record_codec import SampleDecoder
 from services.trainer.engine_learner import EngineLearner
 from services.trainer.live_methods import FixedPlan, plans_for_budget
 from services.trainer.runner import TrainerParts, assemble, build_zoo_model, load_profile, make_planner

@@ -191,7 +191,7 @@ def test_a_declared_slow_stream_gets_one_worker_that_trains_every_item(
     (issue 7 item 1: N never exceeds what the stream needs)."""
     from ferret_core.data import load_dataset
     from services.config import ProducerSettings, load_settings
-    from services.producer import SampleProducer
+    from services.producer.stream import SampleProducer
     from services.proto_gen.ferret.v1 import messages_pb2
 
     bootstrap, prefix = trainer_env["FERRET_KAFKA_BOOTSTRAP_SERVERS"], trainer_env["FERRET_KAFKA_TOPIC_PREFIX"]

@@ -12,9 +12,9 @@ import pytest
 import redis
 from confluent_kafka import Producer
 
-from services.codec import DLQ_REASON, SampleDecoder, encode_sample
 from services.config import Settings
 from services.kafka.admin import TopicNames, count_distinct, ensure_topics
+from services.kafka.record_codec import DLQ_REASON, SampleDecoder, encode_sample
 from services.snapshots import SnapshotStore
 from services.trainer.runner import TrainerParts, assemble
 

@@ -18,8 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ferret_core.engine import SkipReason
 from ferret_core.plan import Partition, Plan, WorkerConfig
-from services.codec import encode_sample
 from services.config import Settings, load_settings
+from services.kafka.record_codec import encode_sample
 from services.proto_gen.ferret.v1 import messages_pb2
 from services.trainer.learner import ArrivalOutcome, LearnerStats, settled
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError
 
-from services.codec import dead_letter_info
 from services.config import Settings, load_settings
 from services.kafka.admin import TopicNames
+from services.kafka.record_codec import dead_letter_info
 from services.localstack.ports import free_port
 from services.proto_gen.ferret.v1 import messages_pb2
 from services.trainer.runner import TrainerProcess, start_trainer

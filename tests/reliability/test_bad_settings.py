@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter
 from ferret_core.errors import ConfigError
 from services.cli.main import main
 from services.config import MetricsSettings
-from services.metrics_http import serve_metrics
+from services.trainer.metrics_http import serve_metrics
 
 PASSWORD = "hunter2-s3cret"
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from services.codec import (
+from services.kafka.record_codec import (
     DEFAULT_INPUT_RANGE,
     MAX_ID_BYTES,
     REASONS,

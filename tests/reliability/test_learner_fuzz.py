@@ -24,8 +24,8 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from services.codec import SampleDecoder
 from services.config import load_settings
+from services.kafka.record_codec import SampleDecoder
 from services.proto_gen.ferret.v1 import messages_pb2
 from services.proto_gen.ferret.v1.messages_pb2 import Sample, Tensor
 from services.trainer.engine_learner import EngineLearner

@@ -18,9 +18,9 @@ import torch
 from confluent_kafka import Producer
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.codec import encode_sample
 from services.control.health import SNAPSHOTS
 from services.kafka.admin import TopicNames, ensure_topics
+from services.kafka.record_codec import encode_sample
 from services.localstack.broker import TansuBroker
 from services.localstack.ports import free_port
 from services.localstack.redis_server import RedisServer

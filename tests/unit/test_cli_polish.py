@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from services import strict_json
+from services.cli.logs import configure_logging
 from services.cli.main import DISTRIBUTION, EXIT_BROKEN_PIPE, build_parser, main
 from services.control.server import ControlServer, create_server
 from services.demo.report import write_report
-from services.logs import configure_logging
 
 from .control_fakes import PLANNER, FakeTrainer
 from .test_demo_report import run_record, status

@@ -12,7 +12,7 @@ import torch
 from ferret_core.data import normalise
 from ferret_core.data.stream import resize_images
 from ferret_core.errors import ConfigError
-from services.codec import (
+from services.kafka.record_codec import (
     REASONS,
     Rejection,
     SampleDecoder,

@@ -9,12 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.demo.collect import Outcome, PredictionRecord
+from services.demo.accuracy_curve import accuracy_curve
+from services.demo.collect import Outcome, PredictionRecord, distinct_in_time_order
 from services.demo.record import BudgetChange, PlanView, RunRecord, StatusPoint
 from services.demo.report import (
-    accuracy_curve,
     build_summary,
-    distinct_in_time_order,
     prediction_stats,
     render_markdown,
     table_rows,

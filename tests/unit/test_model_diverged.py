@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from services.codec import SampleDecoder, encode_sample
 from services.config import load_settings
+from services.kafka.record_codec import SampleDecoder, encode_sample
 from services.proto_gen.ferret.v1 import messages_pb2
 from services.trainer.engine_learner import EngineLearner
 from services.trainer.runner import assemble, build_zoo_model

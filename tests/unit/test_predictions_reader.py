@@ -15,9 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ferret_core.engine import SkipReason
-from services import content_type
 from services.cli.predictions_cmd import TABLE_HEADER, table_row, write
-from services.codec import ValidSample
+from services.kafka import content_type
+from services.kafka.record_codec import ValidSample
 from services.predictions import (
     CONTENT_TYPE,
     ClassProbability,

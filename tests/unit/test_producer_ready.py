@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-import services.producer as producer_module
+import services.producer.stream as producer_module
 from ferret_core.data import Dataset
 from services.config import KafkaSettings, ProducerSettings
-from services.producer import SampleProducer
-from services.producer_ready import STATS_INTERVAL_MS, ProducerReadiness
+from services.producer.ready import STATS_INTERVAL_MS, ProducerReadiness
+from services.producer.stream import SampleProducer
 
 
 def stats(state: str) -> str:

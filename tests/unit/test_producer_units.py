@@ -12,7 +12,7 @@ from ferret_core.data import Dataset
 from ferret_core.errors import ConfigError
 from services.cli import produce_cmd
 from services.config import KafkaSettings, ProducerSettings, SettingsError
-from services.producer import ProduceReport, SampleProducer, TokenBucket
+from services.producer.stream import ProduceReport, SampleProducer, TokenBucket
 
 
 class FakeClock:

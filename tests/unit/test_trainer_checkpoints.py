@@ -13,8 +13,8 @@ import torch
 from torch.testing import assert_close
 
 from ferret_core.data import dataset_spec
-from services.codec import SampleDecoder
 from services.config import load_settings
+from services.kafka.record_codec import SampleDecoder
 from services.snapshots import SnapshotPayload
 from services.snapshots.codec import decode_tensors, encode_tensors
 from services.trainer.checkpoints import decode_compensator, encode_compensator

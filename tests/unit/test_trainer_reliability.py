@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from services.codec import dead_letter_info
+from services.kafka.record_codec import dead_letter_info
 from services.trainer.failures import ErrorPolicy, MemoryFailureLog, RecordFailure, RecordPathStopped, Step
 from services.trainer.lag import UNKNOWN, PartitionLag
 from services.trainer.outcomes import OutcomePositions, OutcomeTopics

@@ -17,9 +17,9 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from ferret_core.engine import SkipReason
 from ferret_core.engine.policies import sequential_plan
-from services.codec import SampleDecoder, encode_sample
 from services.config import load_settings
 from services.control.errors import ServiceUnavailable
+from services.kafka.record_codec import SampleDecoder, encode_sample
 from services.proto_gen.ferret.v1 import messages_pb2
 from services.trainer.checkpoints import Checkpoints, CheckpointTimeout
 from services.trainer.counters import StreamCounters

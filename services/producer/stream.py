@@ -4,25 +4,25 @@
     report = producer.run()        # blocks; producer.stop() (thread- and signal-safe) ends it cleanly
     print(report.summary())
 
-- **Records**: value = a serialized ``ferret.v1.Sample`` (:class:`services.codec.SampleEncoder`), key =
+- **Records**: value = a serialized ``ferret.v1.Sample`` (:class:`services.kafka.record_codec.SampleEncoder`), key =
   the sample id ``<stream>/<sequence>``, header ``content-type`` naming the message
-  (:mod:`services.content_type`); the idempotent producer (acks=all) partitions by key with
+  (:mod:`services.kafka.content_type`); the idempotent producer (acks=all) partitions by key with
   murmur2, so items spread over the partitions and a label keyed by the same id lands on the same
   partition index of ``<prefix>.labels`` (both topics have the same count when this producer creates them).
 - **Labels** (``labels``): ``with-sample`` puts the label in the Sample; ``delayed`` sends a
   ``ferret.v1.Label`` to ``<prefix>.labels`` ``label_delay_s`` after its sample (still-pending labels are
   sent at once when the run stops); ``none`` sends no label at all.
 - **Declared rate**: with a ``rate``, every sample record carries the headers ``ferret.rate`` and
-  ``ferret.partitions`` (:mod:`services.stream_rate`), so a trainer plans for this stream before it has
+  ``ferret.partitions`` (:mod:`services.producer.rate`), so a trainer plans for this stream before it has
   measured it.
 - **Pacing**: a token bucket (``rate`` items/s, ``burst`` items back to back) on the monotonic clock; the
   next send time is reserved before waiting, so late wake-ups are caught up (within ``burst``) rather
   than drifting. Waits are deadline waits on the stop event that keep serving delivery reports.
   ``rate=None`` sends as fast as the client takes records (a full local queue waits for deliveries).
 - **Start**: the stream's clock (the pacing and the first event time) starts only once the client can
-  deliver: an idempotent client has its producer id (:mod:`services.producer_ready`; without the wait a new
+  deliver: an idempotent client has its producer id (:mod:`services.producer.ready`; without the wait a new
   client's first ~0.5 s of records were held and delivered together). ``ProduceReport.ready_s`` says how
-  long that took; after :data:`services.producer_ready.READY_TIMEOUT_S`, or with every broker down, the
+  long that took; after :data:`services.producer.ready.READY_TIMEOUT_S`, or with every broker down, the
   stream starts anyway (records then wait in the client).
 - **Counts**: every delivery report is checked; failed deliveries, and records still undelivered when
   the final flush times out, are counted in the :class:`ProduceReport` with the first error.
@@ -45,19 +45,19 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ferret_core.data import Dataset
 from ferret_core.errors import ConfigError, FerretError
-from services import content_type
-from services.codec import SampleEncoder, now_ms
 from services.config import KafkaSettings, ProducerSettings
+from services.kafka import content_type
 from services.kafka.admin import ensure_topics
-from services.producer_ready import ProducerReadiness, Readiness
+from services.kafka.record_codec import SampleEncoder, now_ms
+from services.producer.rate import HeaderValue, rate_headers
+from services.producer.ready import ProducerReadiness, Readiness
 from services.proto_gen.ferret.v1.messages_pb2 import Label, Sample
-from services.stream_rate import HeaderValue, rate_headers
 
 log = logging.getLogger(__name__)
 
 _MAX_WAIT_S = 0.05  # longest single wait, so a stop request is seen quickly
 _PROGRESS_EVERY_S = 0.1
-# Every record names its message (services.content_type; docs/predictions.md "Record headers").
+# Every record names its message (services.kafka.content_type; docs/predictions.md "Record headers").
 SAMPLE_HEADERS = [content_type.header(Sample)]
 LABEL_HEADERS: list[tuple[str, HeaderValue]] = [content_type.header(Label)]
 
