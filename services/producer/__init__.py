@@ -1,11 +1,11 @@
 """The producer (``ferret produce``): streams a dataset into ``<prefix>.samples`` at a paced rate.
 
 Modules: ``stream`` (:class:`SampleProducer`: pacing, records, labels, delivery counts), ``ready`` (the
-wait for an idempotent client's producer id before the stream's clock starts), ``rate`` (the declared
-rate headers ``ferret.rate`` / ``ferret.partitions`` the producer stamps and the trainer reads).
+wait for an idempotent client's producer id before the stream's clock starts). The declared rate headers
+it stamps (``ferret.rate`` / ``ferret.partitions``), which the trainer reads, are a record format:
+:mod:`services.kafka.rate_headers`.
 """
 
-from services.producer.rate import declared_interval, rate_headers
 from services.producer.ready import ProducerReadiness
 from services.producer.stream import ProduceReport, ProducerError, SampleProducer
 
@@ -14,6 +14,4 @@ __all__ = [
     "ProducerError",
     "ProducerReadiness",
     "SampleProducer",
-    "declared_interval",
-    "rate_headers",
 ]

@@ -13,7 +13,7 @@
   ``ferret.v1.Label`` to ``<prefix>.labels`` ``label_delay_s`` after its sample (still-pending labels are
   sent at once when the run stops); ``none`` sends no label at all.
 - **Declared rate**: with a ``rate``, every sample record carries the headers ``ferret.rate`` and
-  ``ferret.partitions`` (:mod:`services.producer.rate`), so a trainer plans for this stream before it has
+  ``ferret.partitions`` (:mod:`services.kafka.rate_headers`), so a trainer plans for this stream before it has
   measured it.
 - **Pacing**: a token bucket (``rate`` items/s, ``burst`` items back to back) on the monotonic clock; the
   next send time is reserved before waiting, so late wake-ups are caught up (within ``burst``) rather
@@ -48,8 +48,8 @@ from ferret_core.errors import ConfigError, FerretError
 from services.config import KafkaSettings, ProducerSettings
 from services.kafka import content_type
 from services.kafka.admin import ensure_topics
+from services.kafka.rate_headers import HeaderValue, rate_headers
 from services.kafka.record_codec import SampleEncoder, now_ms
-from services.producer.rate import HeaderValue, rate_headers
 from services.producer.ready import ProducerReadiness, Readiness
 from services.proto_gen.ferret.v1.messages_pb2 import Label, Sample
 

@@ -2,7 +2,7 @@
 re-planning when it drifts beyond a ratio of the interval the plan was made for.
 
 * **Declared**: ``ferret produce --rate R`` stamps every sample record with the stream's rate
-  (:mod:`services.producer.rate`); a trainer that owns a of the topic's partitions expects R·a/partitions
+  (:mod:`services.kafka.rate_headers`); a trainer that owns a of the topic's partitions expects R·a/partitions
   items/s. ``trainer.stream_rate`` in the config declares this trainer's own rate before any record
   arrives (the start-up plan, ``services.trainer.runner.startup_interval``).
 * **Measured** (:class:`ArrivalRate`): from the producers' event times, not from when the trainer reads
@@ -38,7 +38,7 @@ from ferret_core.plan import Plan
 from ferret_core.planning.cost_model import StageGeometry
 from ferret_core.planning.planner import Planner
 from ferret_core.profile import ModelProfile
-from services.producer.rate import Headers, declared_interval
+from services.kafka.rate_headers import Headers, declared_interval
 
 log = logging.getLogger("ferret.trainer")
 

@@ -36,6 +36,7 @@ from services.config import KafkaSettings
 from services.control.trainer_port import TrainerState
 from services.failpoints import failpoint
 from services.kafka.fetch_wake import resume_and_wake
+from services.kafka.rate_headers import Headers
 from services.kafka.record_codec import (
     DEFAULT_MESSAGE_LIMIT,
     Rejection,
@@ -45,7 +46,6 @@ from services.kafka.record_codec import (
     dead_letter_record,
     now_ms,
 )
-from services.producer.rate import Headers
 from services.proto_gen.ferret.v1 import messages_pb2
 from services.trainer.checkpoints import Checkpoints
 from services.trainer.counters import StreamCounters

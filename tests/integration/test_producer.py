@@ -17,8 +17,8 @@ from confluent_kafka import Message
 from ferret_core.data import Dataset, load_dataset
 from services.config import KafkaSettings, ProducerSettings
 from services.kafka import TopicNames, count_distinct
+from services.kafka.rate_headers import declared_interval
 from services.kafka.record_codec import SampleDecoder, ValidSample, now_ms
-from services.producer.rate import declared_interval
 from services.producer.stream import SampleProducer
 from services.proto_gen.ferret.v1.messages_pb2 import Label, Sample
 

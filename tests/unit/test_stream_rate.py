@@ -8,7 +8,7 @@ import pytest
 
 from ferret_core.planning.memory_model import MemorySettings
 from ferret_core.planning.planner import Planner, PlannerSettings
-from services.producer.rate import PARTITIONS_HEADER, RATE_HEADER, declared_interval, rate_headers
+from services.kafka.rate_headers import PARTITIONS_HEADER, RATE_HEADER, declared_interval, rate_headers
 from services.trainer.arrivals import DriftReplanner, SwitchablePlanner
 
 from .planner_fixtures import golden_a
