@@ -1,4 +1,4 @@
-"""The trainer under faults and hostile input, against the real broker and Redis (issue 12 part B).
+"""The trainer under faults and hostile input, against the real broker and Redis.
 
 Every outcome is counted by consuming ``<prefix>.predictions`` and ``<prefix>.samples.dlq`` from the
 beginning with a fresh group (:func:`tests.reliability.support.read_outcomes`), never from the service's
