@@ -63,7 +63,7 @@ def health(target: str, service: str) -> int:
 
 
 def _hostile_values() -> dict[str, bytes]:
-    """The issue's poisonous records: a 2 MiB record, large finite inputs, bytes that are no Sample."""
+    """Poisonous records: a 2 MiB record, large finite inputs, bytes that are no Sample."""
 
     def floats(value: float, dtype: type[np.floating[object]] = np.float32, seq: int = 0) -> bytes:
         x = np.full(DIGITS_SHAPE, value, dtype=dtype)
