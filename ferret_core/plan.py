@@ -167,7 +167,7 @@ class Plan:
         return self.workers[item % self.num_workers]
 
     def to_dict(self) -> dict[str, Any]:
-        """The schema of ``ferret plan --json`` (issue "Ferret core, part 1", item 7)."""
+        """The schema of ``ferret plan --json``."""
         return {
             "model": self.model,
             "stages": [list(s) for s in self.stages],

@@ -150,7 +150,7 @@ class ModelProfile:
 
     def check_input(self, input_shape: Sequence[int], *, source: str = "the profile") -> None:
         """Refuse to plan a model from a profile taken at another input shape (its times and activation
-        sizes would price a run the model never does; issue 11)."""
+        sizes would price a run the model never does)."""
         want, have = tuple(input_shape), tuple(self.input_shape)
         flat_alike = (len(want) == 1 or len(have) == 1) and math.prod(want) == math.prod(have)  # an MLP flattens
         if want != have and not flat_alike:

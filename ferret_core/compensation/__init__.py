@@ -1,6 +1,6 @@
 """Stale-gradient compensators, one per pipeline stage (paper §"Iterative Gradient Compensation",
 DESIGN §3.3, §3.4): ``none``, ``step-aware``, ``gap-aware``, ``fisher``, ``iter-fisher``, ``iter-fisher-cf``,
-``iter-fisher-lean`` (Alg. 1 in one step from the stash, no delta ring; issue 11).
+``iter-fisher-lean`` (Alg. 1 in one step from the stash, no delta ring).
 """
 
 from ferret_core.compensation.base import CompensatorSettings, StageCompensator

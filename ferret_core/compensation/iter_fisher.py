@@ -25,8 +25,8 @@ has it); inner products sum over every element of the stage; Δ_1 = θ^t − θ^
 after the gradient's version — the oldest delta the ring still holds when the call is truncated, zeros
 when the ring holds none.
 
-**A fresh gradient (τ = 0) does not enter Alg. 1** (ours, issue 7 part F; before it, lines 3–7 ran on
-every gradient with Δ_1 = 0): Alg. 1's input is a gradient computed on θ^{t−1} together with
+**A fresh gradient (τ = 0) does not enter Alg. 1** (ours; running lines 3–7 on every gradient would use
+Δ_1 = 0): Alg. 1's input is a gradient computed on θ^{t−1} together with
 θ^t, …, θ^{t+τ−1}, and line 7 reads Δ_1 = θ^t − θ^{t−1}, so it is defined for stale gradients, τ ≥ 1
 (the paper's analysis fixes τ = 1). A τ = 0 gradient is returned as it is, and λ, v_r and v_a do not
 change: λ steps once per *compensated* gradient, v_r is the EMA of the compensated (stale) gradients and

@@ -1,4 +1,4 @@
-"""Ferret's iterative compensation in one step from what the engine already holds (issue 11):
+"""Ferret's iterative compensation in one step from what the engine already holds:
 ``iter-fisher-lean``.
 
 Alg. 1 (``alg:iterative-gradients-compensation``) iterates, over the τ master deltas Δ_k since the

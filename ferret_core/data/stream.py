@@ -3,7 +3,7 @@
 Both take an optional ``input_shape``: the model's per-sample input. When it differs from the dataset's
 (a model built and profiled for 224×224 images on a 32×32 dataset), every image is resized to it with
 bilinear interpolation (``torch.nn.functional.interpolate``, ``align_corners=False``, no antialiasing),
-so the run sees the shapes its plan was priced for (issue 11). Channels must match: a resize never
+so the run sees the shapes its plan was priced for. Channels must match: a resize never
 invents or drops channels.
 """
 

@@ -1,4 +1,4 @@
-"""Compensator ablations on a fixed plan (issue 11, item 2).
+"""Compensator ablations on a fixed plan.
 
 A plan depends on the compensator it was made for (its state is part of the bytes the planner counts),
 so planning once per compensator compares different pipelines. :func:`run_compensators` fixes the plan

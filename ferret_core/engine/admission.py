@@ -111,7 +111,7 @@ class AdmissionSettings:
         ⌊(W + H) / s⌋, at least 1; ``None`` (no bound) when W + H is infinite or s unknown. The event-time
         rule's timeline alone gets no feedback from the real queue: a service time that under-states what
         an item costs lets it admit more than the worker trains, and the queue, up to K, grows behind the
-        predictions (issue 7 part G)."""
+        predictions."""
         span = wait_s + self.start_horizon_s
         if not math.isfinite(span) or service_s <= 0:
             return None
@@ -196,13 +196,13 @@ class ServiceTimes:
 
     Every action's cost is added to its (worker, stage): its wall time, counted by the wall clock from the
     end of the executor's previous action when it went straight on to this one (so the bookkeeping, lock
-    and GIL waits between a busy worker's actions count; issue 7 part G); every ``window`` forwards at a stage (one
+    and GIL waits between a busy worker's actions count); every ``window`` forwards at a stage (one
     per item passing it), the busy seconds since the last fold divided by those forwards is one sample.
     A stage's estimate is the median of its last ``samples`` samples, counting ``initial`` in place of
     those not taken yet: one slow window (a fresh pipeline's first backward passes, a pause of the
-    machine) does not move it, a lasting change does within ⌈samples/2⌉ windows. (An EWMA did not: on
-    benchmarks/live's 0.25× MNISTNet run the first window measured 124 ms per item against a steady
-    5 ms, and the estimate stayed above the 13.9 ms arrival interval for a second, skipping 58 items
+    machine) does not move it, a lasting change does within ⌈samples/2⌉ windows. (An EWMA is moved by one
+    slow window: on benchmarks/live's 0.25× MNISTNet run the first window measured 124 ms per item against
+    a steady 5 ms, and an EWMA stayed above the 13.9 ms arrival interval for a second, skipping 58 items
     ``busy`` while the worker was idle.) A worker's service time is the largest over its measured stages
     (a pipeline takes items no faster than its slowest stage), ``initial`` until a stage has folded once.
     """
@@ -223,7 +223,7 @@ class ServiceTimes:
         ]
         self._folded = [[False] * num_stages for _ in range(num_workers)]
         # per worker, service_time()'s answer, recomputed when a window folds (the admission rule reads it
-        # per arrival: a median per call cost the record path's thread, issue 7j)
+        # per arrival: a median per call costs the record path's thread)
         self._service = [initial] * num_workers
 
     def record(self, worker: int, stage: int, seconds: float, *, forward: bool) -> None:

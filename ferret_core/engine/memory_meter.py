@@ -15,7 +15,7 @@ and counts each distinct storage once (deduplicated by ``untyped_storage().data_
 Nothing is summed from the plan. On CUDA the meter also reports ``torch.cuda.max_memory_allocated()``
 above the allocation that existed when it was created.
 
-Sampling after every action is cheap and still exact (issue 11; ``tests/unit/test_memory_meter.py``
+Sampling after every action is cheap and still exact (``tests/unit/test_memory_meter.py``
 checks it equals a full walk at every sample on random runs):
 
 * **stable sources** (``add_source(..., stable=True)``: versions and optimizer state) only change at an
@@ -23,8 +23,8 @@ checks it equals a full walk at every sample on random runs):
   update (compensators cache their own keys: a delta ring's slots never move);
 * **admitted items no action has touched yet** (the admission queue: input and target) keep the storage
   keys read at admission until their first action (``Pipeline._unstarted_keys``), so a sample does not
-  walk every waiting item's tensors again: with K items queued that walk was most of a tiny model's
-  sample and made a worker that fell behind slower still (issue 7n, ``benchmarks/live/README.md``);
+  walk every waiting item's tensors again: with K items queued that walk is most of a tiny model's
+  sample and makes a worker that fell behind slower still (``benchmarks/live/README.md``);
 * **saved tensors are grouped by the forward that saved them** (one :meth:`SavedTensorTracker.hooks`
   context = one group). A group lives exactly as long as one of its holders. At the first sample that
   sees it, its keys split into *shared* ones — storages some other source also holds (the stage's input

@@ -69,8 +69,8 @@ class SGD:
                 )
             if out is None:
                 return [torch.sub(p, g, alpha=self.lr) for p, g in zip(params, grads, strict=True)]
-            # θ − lr·g for every tensor in two torch calls instead of one per tensor (issue 7l: each call on
-            # the executor's thread hands the GIL to the record path's thread): θ copied into ``out`` (a no-op
+            # θ − lr·g for every tensor in two torch calls instead of one per tensor (each call on the
+            # executor's thread hands the GIL to the record path's thread): θ copied into ``out`` (a no-op
             # where ``out`` is θ's own storage, the in-place update), then ``out += (−lr)·g``, which is the
             # kernel torch.sub(θ, g, alpha=lr) runs (ATen's sub is add with −alpha): bit-identical (test)
             out = list(out)

@@ -50,7 +50,7 @@ Per worker n and stage j (plan semantics, T1–T4):
 Memory is sampled (independently, :mod:`ferret_core.engine.memory_meter`) after every F, after every R (the
 recomputed graph alive), after every B's gradients are computed (before the update) and after every U,
 except a U whose sample is provably at most the B sample just before it (a 1 × 1 plain plan's in-place
-update with no arrival in between: :meth:`Pipeline._update_sample_dominated`; issue 7l).
+update with no arrival in between: :meth:`Pipeline._update_sample_dominated`).
 Transients inside an action (the prediction path's activations, a gradient being summed) are not
 sampled; on CUDA ``max_memory_allocated`` covers them.
 """
@@ -95,7 +95,7 @@ from ferret_core.schedule.step_shape import StepShape
 
 # Up to this many classes a prediction's top k is sorted in Python from one read-out of the probabilities
 # (stable, as torch.sort(stable=True): ties keep the lower class first): fewer torch calls on the record
-# path's thread, each of which hands the GIL to the training thread and waits to get it back (issue 7j).
+# path's thread, each of which hands the GIL to the training thread and waits to get it back.
 SORT_IN_PYTHON = 64
 
 
@@ -150,7 +150,7 @@ class Pipeline:
         self._items: dict[int, InFlightItem] = {}
         # the storage keys of admitted items no action has touched yet (input and target, fixed until their
         # first action): the memory meter reads them instead of walking each waiting item's tensors at
-        # every sample — with K items queued that walk was most of a tiny model's sample (issue 7n)
+        # every sample — with K items queued that walk would be most of a tiny model's sample
         self._unstarted_keys: dict[int, tuple[StorageKey, ...]] = {}
         self._buffers = [[GradientBuffer() for _ in programs] for _ in plan.workers]
         self._non_finite: set[int] = set()  # in-flight items with a dropped (non-finite) gradient
@@ -231,7 +231,7 @@ class Pipeline:
         logits = predict_logits(self._predict_runners, self.masters() if versions is None else versions, xs)
         probs = torch.softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=1)  # one call less
         n = min(k, probs.shape[1])
-        if probs.shape[1] <= SORT_IN_PYTHON:  # few classes: one read-out, Python's stable sort (issue 7j)
+        if probs.shape[1] <= SORT_IN_PYTHON:  # few classes: one read-out, Python's stable sort
             rows: list[list[float]] = probs.tolist()
             if all(math.isfinite(sum(row)) for row in rows):  # a NaN row (a diverged model) sorts as torch does
                 return [
@@ -537,7 +537,7 @@ class Pipeline:
         new_params = self._apply(n, j, grads, len(reads))
         del grads
         # an in-place update of a stateless optimizer, with replicas sharing the master, keeps every storage
-        # the stable sources hold (same data_ptr and size): their cached keys stay right (issue 7j)
+        # the stable sources hold (same data_ptr and size): their cached keys stay right
         same_storages = (
             self.counters.in_place_updates != in_place_before
             and not self.store.clones_replicas
@@ -562,9 +562,9 @@ class Pipeline:
 
     def _update_sample_dominated(self, same_storages: bool) -> bool:
         """Whether the memory held after this update is provably at most the B sample taken just before it,
-        so the update's own sample can change neither the peak nor its breakdown and is not taken (issue 7l:
-        one of a 1 × 1 item's three samples, ~30 µs of Python on the executor's thread, which holds the GIL
-        the record path's thread waits for). Exactly when: the plan is one worker and one stage (no other
+        so the update's own sample can change neither the peak nor its breakdown and is not taken (it is one
+        of a 1 × 1 item's three samples, ~30 µs of Python on the executor's thread, which holds the GIL the
+        record path's thread waits for). Exactly when: the plan is one worker and one stage (no other
         executor changes what the sources hold), the method is plain (``vanilla``, no buffering feeder: no
         algorithm state changes at an update), the update was in place with a stateless optimizer and no
         cloned replicas (``same_storages``: every version and optimizer storage is the one the B sample
@@ -711,7 +711,7 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
     Fast path, exact when it answers: one ``sum`` per tensor (the cheapest full reduction), their sum read
     once. A finite total proves every element finite (a NaN makes every sum NaN, ±inf makes it ±inf or
     NaN); only a non-finite total, from a non-finite element or from finite values overflowing float32,
-    takes the exact check (:func:`_all_finite_exact`). Issue 7 part G: 1.5–3× cheaper per call than the
+    takes the exact check (:func:`_all_finite_exact`). The fast path is 1.5–3× cheaper per call than the
     exact check alone on the MLP's 6 small tensors and MNISTNet's 1.2 M values (``benchmarks/engine``
     (j)), with the same answer (``tests/unit/test_engine_non_finite.py``)."""
     sums = [t.sum() for t in tensors if t.numel()]

@@ -53,8 +53,8 @@ class StageRunner:
     The tensors are bound straight into the runner's own copy of the template (each parameter and buffer
     slot, resolved once) for the call and the meta tensors put back after it, so the runner holds no
     reference to a version between calls: what ``functional_call(..., tie_weights=False)`` does, without
-    its per-call bookkeeping (issue 7 part G: ~35 µs per call on the MLP, of a ~95 µs forward; the outputs
-    and gradients are the same, ``tests/unit/test_stage_exec.py``)."""
+    its per-call bookkeeping (~35 µs per call on the MLP, of a ~95 µs forward; the outputs and gradients
+    are the same, ``tests/unit/test_stage_exec.py``)."""
 
     def __init__(self, program: StageProgram) -> None:
         self.program = program
@@ -164,7 +164,7 @@ def forward_no_grad(runner: StageRunner, version: StageVersion, x: Tensor) -> Te
 def forward_with_grad(runner: StageRunner, version: StageVersion, x: Tensor, *, input_grad: bool) -> StageGraph:
     """Forward that keeps its graph; ``input_grad`` when the stage below wants the input's gradient."""
     # an input that needs no gradient and is no graph's output is used as it is: two torch calls less per
-    # forward on the executor's thread (each hands the GIL to the record path's thread, issue 7l)
+    # forward on the executor's thread (each hands the GIL to the record path's thread)
     x_in = x if not input_grad and not x.requires_grad else x.detach().requires_grad_(input_grad)
     leaves = tuple(p.detach().requires_grad_(True) for p in version.params)
     with torch.enable_grad():
@@ -203,8 +203,8 @@ def backward(
 
 def on_device(x: Tensor, device: torch.device) -> Tensor:
     """``x`` on ``device`` (non-blocking); ``x`` itself, with no torch call, when it is there already (a
-    torch call on the record path's thread hands the GIL to the training thread and waits to get it back,
-    issue 7j)."""
+    torch call on the record path's thread hands the GIL to the training thread and waits to get it
+    back)."""
     return x if x.device == device else x.to(device, non_blocking=True)
 
 

@@ -2,73 +2,64 @@
 
 One thread per live (worker, stage) executor asks :class:`~ferret_core.schedule.scheduler.Scheduler` for
 its next action, runs it through :meth:`Pipeline.execute` outside the lock, and reports it finished.
-Predictions run on an executor of their own: :meth:`WallClock.submit` queues an arrival, the prediction
-thread predicts it with the master and dispatches it, in submission order, so the caller (the Kafka
-trainer, or :meth:`WallClock.run_stream`) pushes arrivals as they come. Arrivals that queued up together
-(a consumer batch after a pause or a re-plan) are predicted in one forward pass, up to
-:data:`PREDICT_BATCH` at a time, on the same master version, then dispatched one by one in order: a
-backlog of k items is caught up in about one forward pass instead of k (measured in
-``benchmarks/service/results/latency_path-*.md``).
+The first exception raised in any thread stops every thread and is re-raised in the caller by the next
+:meth:`submit`, :meth:`drain` or :meth:`close` (as torchgpipe's workers do).
 
-Inline predictions (``inline_predictions=True``, what the trainer runs): no prediction thread; the caller
-that waits for an arrival's outcome predicts and dispatches everything queued so far itself
-(:meth:`WallClock.predict_queued`, the same batches, order and dispatch as the thread), so an item's
-prediction costs no hand-over to another thread and back (issue 7 part G: the trainer's submit → outcome
-on the MLP: 1.03 → 0.56 ms, ``benchmarks/engine`` (j)). Predictions still
-never wait behind training: they read the master under the masters' guard and take the pipeline's lock
-only to dispatch, as the thread does.
+Predictions. :meth:`WallClock.submit` queues an arrival; a prediction executor predicts it with the
+master and dispatches it, in submission order. Arrivals that queued up together (a consumer batch after
+a pause or a re-plan) are predicted in one forward pass, up to :data:`PREDICT_BATCH` at a time, on the
+same master version, then dispatched one by one: a backlog of k items costs about one forward pass, not
+k. With ``inline_predictions=True`` (what the trainer runs) there is no prediction thread: the caller
+that waits for an outcome predicts and dispatches everything queued so far itself
+(:meth:`WallClock.predict_queued`, same batches and order), which saves a hand-over to another thread
+and back per item. Either way predictions never wait behind training: they read the master under the
+masters' guard and take the pipeline's lock only to dispatch.
 
 Inline training (``inline_training=True``; the trainer's choice for a one-executor CPU plan,
-``trainer.training_thread``): no executor threads either; the caller runs the executors' actions on its
-own thread, one per :meth:`WallClock.train_step`, between the arrivals it submits (the trainer's loop:
-after each consumer batch is predicted and published), and :meth:`WallClock.drain` runs what is left.
-The scheduler, the admission rule and every action are the same; only the thread differs. Why: on CPU a
-tiny model's step is a few dozen short kernels, and with a record-path thread beside the executor each
-kernel's release of the GIL hands it over to the other thread and back (~7 blocking hand-overs per item,
-+35–110 % CPU per step in isolation: ``benchmarks/live/results/diag-7m.md``), so the executor trained
-half the items a one-thread loop did (issue 7n). A prediction then waits for at most the one action
-running when its record arrives. An action's service time is counted from the end of the previous one
-while the executor had work throughout (the record path's work in between is time the one thread could
-not train), else from its own start, as the threads count it.
+``trainer.training_thread``): no executor threads; the caller runs the executors' actions on its own
+thread, one per :meth:`WallClock.train_step`, between the arrivals it submits, and :meth:`WallClock.drain`
+runs what is left. Scheduler, admission rule and actions are the same. Why: a tiny model's CPU step is a
+few dozen short kernels, and with a record-path thread beside the executor every kernel's release of the
+GIL hands it over and back, so a separate training thread trains far fewer items than one thread does
+(``benchmarks/live/README.md``). A prediction then waits for at most the one action running when its
+record arrives. An action's service time is counted from the end of the previous one while the executor
+had work throughout (the record path's work in between is time it could not train), else from its start.
 
-Admission. With ``admission`` settings, an arrival submitted with its ``event_time`` is admitted by event
-time (:mod:`ferret_core.engine.admission`): its worker takes it iff its queue holds fewer than
-``queue_slots`` waiting items and it would have started the item within ``max_wait_s`` of its event time,
-given the worker's service time measured here (:class:`~ferret_core.engine.admission.ServiceTimes` of
-every action's wall time, counted from the end of the executor's previous action when it went straight
-on to this one: the bookkeeping, lock and GIL waits between a busy worker's actions are part of what an
-item costs it. Counting the actions alone (before issue 7 part G) under-estimated a worker that shares
-the CPU with the record path, so the rule admitted more than it trained and the real queue, up to K,
-grew behind the predictions: measured in ``benchmarks/live/README.md``). Without an event time, or without settings, the
-policy's own slot rule decides (:mod:`ferret_core.schedule.scheduler`).
-
-The first exception raised in any thread stops every thread and is re-raised in the caller by the next
-:meth:`submit`, :meth:`drain` or :meth:`close` (torchgpipe's worker lesson).
+Admission. An arrival submitted with an ``event_time``, under ``admission`` settings, is admitted by
+event time (:mod:`ferret_core.engine.admission`): its worker takes it iff its queue holds fewer than
+``queue_slots`` items and it would start the item within ``max_wait_s`` of its event time at the
+worker's measured service time (:class:`~ferret_core.engine.admission.ServiceTimes`). Each action's cost
+is counted from the end of the executor's previous action when it went straight on, because the
+bookkeeping, lock and GIL waits between a busy worker's actions are part of what an item costs: counting
+the actions alone under-estimates a worker that shares the CPU with the record path, and the rule then
+admits more than it trains (the real queue, up to K, grows behind the predictions). Without an event
+time or settings, the policy's own slot rule decides (:mod:`ferret_core.schedule.scheduler`).
 
 Staleness. The wall clock does not enforce the schedule's staleness bound (DESIGN §3.13): executors run
-when their inputs are ready, so a worker slowed by the machine can apply a gradient staler than the
-bound. The bound and the ring follow what the wall clock does instead: a compensator's delta ring grows
-to the staleness a gradient had (up to :data:`RING_GROWTH` × the bound; the bytes are measured), and the
-compensation that found too few deltas is cut short and counted (``EngineStats.compensations_truncated``).
+when their inputs are ready, so a worker slowed by the machine can apply a staler gradient. A
+compensator's delta ring grows to the staleness a gradient had (up to :data:`RING_GROWTH` × the bound;
+the bytes are measured), and a compensation that found too few deltas is cut short and counted
+(``EngineStats.compensations_truncated``).
 
-Devices. On CPU the threads share the cores (with one torch thread each, Python's GIL serialises the
-Python parts; kernels release it). When stages live on CUDA devices, each executor thread issues its
-work on a CUDA stream of its own and, before it publishes an action's results to other threads,
-records an event on that stream and waits for it, so a tensor handed to another stream or thread is
-complete and its memory is not reused while a kernel still reads it. (This path is written for GPU
-machines; its tests are marked ``gpu``.)
+Devices. On CPU the threads share the cores (one torch thread each; the GIL serialises the Python
+parts, kernels release it). On CUDA each executor thread issues its work on a CUDA stream of its own
+and, before publishing an action's results, records an event on that stream and waits for it, so a
+tensor handed to another stream or thread is complete and its memory is not reused while a kernel
+reads it (tests marked ``gpu``).
 
-An update writes a master in place only when nothing else references it (no stash, no other replica,
-no prediction running on it: :meth:`Pipeline._apply`, decided and written under the masters' guard that
-every reader takes its references under, so a prediction waits at most for that one write, ~0.2 ms on
-MNISTNet). A 1-stage × 1-worker plan's updates are so in place, as a plain loop's are. On CUDA devices
-never (a prediction's kernels may still read a master after its reference is dropped).
+In-place updates. An update writes a master in place only when nothing else references it (no stash,
+no other replica, no prediction running on it: :meth:`Pipeline._apply`, decided and written under the
+masters' guard, so a prediction waits at most for that one write, ~0.2 ms on MNISTNet). A 1 × 1 plan's
+updates are in place, as a plain loop's are; on CUDA never (a prediction's kernels may still read a
+master after its reference is dropped).
 
 Buffering methods (random-n, last-n, camel): an arrival their window takes is reported as admitted
-(``skipped`` is ``None``): its fate is decided later, when the trainer is free and a mini-batch is drawn
-(:meth:`Pipeline.pull` after every dispatch and every finished action); the items the window then drops
-are counted in the engine's counters (``evicted``, ``not_selected``), not per arrival. A drain leaves in
-the window what is too few for a mini-batch.
+(``skipped`` is ``None``); its fate is decided when the trainer is free and draws a mini-batch
+(:meth:`Pipeline.pull` after every dispatch and finished action); the items the window drops are counted
+in the engine's counters (``evicted``, ``not_selected``). A drain leaves in the window what is too few
+for a mini-batch.
+
+The history of these choices, with the measurements behind them, is in ``docs/history.md``.
 """
 
 from __future__ import annotations
@@ -478,7 +469,7 @@ class WallClock:
                     self._finished(action, worker, stage, ended - began, took)
                     # the executor's next action, chosen and started in the same hold of the lock (what the
                     # loop's head would do after taking the lock again): one lock round trip per action
-                    # instead of two, e.g. a one-stage plan's B right after its F (issue 7l)
+                    # instead of two, e.g. a one-stage plan's B right after its F
                     action = None if self._stopping else scheduler.next_action(worker, stage)
                     if action is not None:
                         scheduler.start(action)
@@ -576,8 +567,8 @@ class WallClock:
         return admit
 
     def _log_busy(self, why: str, worker: int, event_time: float, service_s: float, wait_s: float) -> None:
-        """At DEBUG (logger ``ferret.admission``), why an item was skipped ``busy``: how the diagnosis of
-        issue 7's busy skips was made."""
+        """At DEBUG (logger ``ferret.admission``), why an item was skipped ``busy``: the rule's inputs (service
+        time, wait, event time) for diagnosing skips at a rate the worker should keep up with."""
         if not log.isEnabledFor(logging.DEBUG):
             return
         settings, rule = self.admission, self._event_rule

@@ -138,9 +138,9 @@ class MemorySettings:
 
 
 def admission_queue_bytes(profile: ModelProfile, slots: int, live_workers: int, dtype: str = "float32") -> int:
-    """Bytes of the wall clock's admission queues as every plan counts them (reading 7b, ours): ``slots``
-    (K) waiting items per live worker, each its input and its label (:data:`LABEL_BYTES` rounded up to
-    whole elements of ``dtype``, as :class:`MemoryModel` and the memory meter count them)."""
+    """Bytes of the wall clock's admission queues as every plan counts them (ours; docs/planner.md, reading
+    7b): ``slots`` (K) waiting items per live worker, each its input and its label (:data:`LABEL_BYTES`
+    rounded up to whole elements of ``dtype``, as :class:`MemoryModel` and the memory meter count them)."""
     unit = dtype_bytes(dtype)
     label_elements = -(-LABEL_BYTES // unit)
     return queue_bytes(slots, live_workers, profile.input_elements, unit, label_elements * unit)
@@ -314,7 +314,7 @@ class MemoryModel:
         graph) — plus the prediction path. A prediction runs between actions and is never sampled, but
         taken into the max it left one zoo plan (MNISTNet, 2 stages, T3+T4) measured 3,160 bytes (one
         input and its label) above the prediction: an under-count of the activations' replay that this
-        term covered, not diagnosed yet (issue 13), so it stays summed. ``cap`` (the wall clock: stages
+        term covered, not diagnosed yet, so it stays summed. ``cap`` (the wall clock: stages
         and the prediction thread run concurrently) and ``paper``: all summed."""
         parts = self.transient_parts(recompute)
         if not self._schedule:

@@ -88,7 +88,7 @@ def schedule_memory(
                 parts["activations"] += in_flight * _per_item(geometry, outputs, worker, j, False)
                 stashes = math.ceil((in_flight - 1) / worker.accumulation[j])
                 parts["weight_versions"] += (1 + stashes) * geometry.weights[j]
-                parts["gradients"] += int(worker.accumulation[j] > 1) * geometry.weights[j]  # T2: one buffer (issue 11)
+                parts["gradients"] += int(worker.accumulation[j] > 1) * geometry.weights[j]  # T2: one buffer
     unit = settings.unit_bytes
     out = {name: value * unit for name, value in parts.items()}
     # the shared extras of the byte model (optimizer and compensator state, prediction path, OCL state,

@@ -1,4 +1,4 @@
-"""The paper's budgets per setting (DESIGN §3.2; issue 9 "Budgets as the paper defines them").
+"""The paper's budgets per setting, as the paper defines them (DESIGN §3.2).
 
 - ``M+``: no budget (the planner's unconstrained plan).
 - ``M``: the measured peak bytes of PipeDream-2BW run on the same partition (its plan at ``M+``), **under

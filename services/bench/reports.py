@@ -111,7 +111,7 @@ def overall(rows: Rows, budgets: dict[str, Budgets]) -> str:
 
 
 def overall_goals(rows: Rows) -> str:
-    """Issue 9's goals on this table: Ferret M+ oacc ≥ Oracle − 1.5 points; Ferret M's agm above
+    """The reproduction's goals on this table: Ferret M+ oacc ≥ Oracle − 1.5 points; Ferret M's agm above
     Random-N, Last-N and Camel (counted over settings)."""
     lines = [
         "### Goals",
@@ -333,8 +333,8 @@ def compensation(rows: Rows) -> str:
 
 
 def compensation_goals(table: Sequence[Row], budget: str) -> str:
-    """Issue 9's goals: Step-Aware and Gap-Aware below none by more than 2 s.e.; Iter-Fisher not below
-    none by more than 2 s.e."""
+    """The reproduction's compensation goals: Step-Aware and Gap-Aware below none by more than 2 s.e.;
+    Iter-Fisher not below none by more than 2 s.e."""
     lines = [f"Goals at {budget}:"]
     for row in table:
         if row.label.strip() == "paper":

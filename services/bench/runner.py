@@ -56,7 +56,7 @@ def simulate_argv(
     if arm.compensator is not None:
         argv += ["--compensator", arm.compensator]
     elif arm.method in METHODS and METHODS[arm.method].compensates:  # the paper's Ferret: Algorithm 1, whatever
-        # the CLI's default is (iter-fisher-lean since issue 13)
+        # the CLI's default is (iter-fisher-lean)
         argv += ["--compensator", PAPER_COMPENSATOR]
     if plan_file is not None:
         argv += ["--plan", str(plan_file)]

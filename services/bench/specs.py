@@ -42,7 +42,7 @@ class Arm:
     """One column: ``method`` (a registry name) at ``budget`` (one of :data:`BUDGET_LABELS`; ``none`` for
     methods that do not plan), with ``algorithm`` and ``compensator`` (``None``: the method's default).
     ``fixed_plan``: run on the plan made with compensator ``none`` at that budget (the compensator
-    ablation of issue 11: every compensator on the same pipeline). ``refresh_every``: LwF's teacher and
+    ablation: every compensator on the same pipeline). ``refresh_every``: LwF's teacher and
     MAS's importance refresh period in trained items (``None``: the algorithm's default, 1000 and 100,
     sized for the paper's whole streams; a short stream trains fewer items than that, and the algorithm
     would never act)."""

@@ -51,7 +51,7 @@ from services.units import ArrivalInterval
 LabelMode = Literal["with-sample", "delayed", "none"]
 Split = Literal["train", "test"]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-# Which thread trains (issue 7n): "loop", the record path's own thread between consumer batches (CPU stages only);
+# Which thread trains: "loop", the record path's own thread between consumer batches (CPU stages only);
 # "executors", a thread per live (worker, stage); "auto": "loop" for a plan with one live executor on CPU, else
 # "executors".
 TrainingThread = Literal["auto", "loop", "executors"]

@@ -1,4 +1,4 @@
-"""The plain-loop baseline beside Ferret in the demo's report (issue 7 "Must show"): what the loop a user
+"""The plain-loop baseline beside Ferret in the demo's report: what the loop a user
 would write instead (predict each item, one SGD step per item with the same model, lr and optimizer, skip
 while busy; ``benchmarks/live/plain_loop.py`` runs it live) reaches on **the same items arriving at the
 same measured times**.

@@ -1,12 +1,11 @@
-"""Resume consumption without librdkafka's idle wait (issue 7k (B)).
+"""Resume consumption without librdkafka's idle wait.
 
 ``Consumer.resume()`` only flips the partitions' state on librdkafka's main thread: the broker thread that
 fetches them re-decides what to fetch the next time it wakes up, and with every partition paused its fetch
 list was empty, so it sleeps until its idle timeout. Measured (``benchmarks/service/resume_probe.py``,
-``results/resume_probe.md``; librdkafka 2.16): after a 10-ms pause the first record came 0.3–1 s after
-``resume()``; in the trainer the start-up re-plan's 9-ms pause left the stream's first ~80 records
-(~1 s of it at 84/s) in the broker, fetched together 955 ms after the resume (the debug trace:
-``Resume … (v4)`` at .341, the next ``fetch decide`` at 1.296 s; ``results/latency_path-mnistnet-7k.md``).
+``results/resume_probe.md``; librdkafka 2.16): after a 10-ms pause the first record comes 0.3–1 s after
+``resume()``; in the trainer a pause as short as the start-up re-plan's leaves about a second of the
+stream in the broker (``docs/history.md``).
 
 :func:`wake_fetcher` wakes those broker threads: one ``offsets_for_times`` call (``ListOffsets`` for the
 latest offset, sent to every partition's leader at once) is served by each leader's broker thread, which

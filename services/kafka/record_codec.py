@@ -57,7 +57,7 @@ RejectReason = Literal[
     "wrong_shape",
     "non_finite",
     "label_out_of_range",
-    # added by issue 12 (codes are only ever appended)
+    # (codes are only ever appended, never reordered)
     "too_large",
     "out_of_range",
 ]
@@ -311,10 +311,10 @@ class SampleDecoder:
                 bad = int(array.size - np.count_nonzero(finite))
                 return Rejection("non_finite", f"sample {sample.id}: {bad} of {array.size} values are NaN or infinite")
             array = array.astype(np.float32, copy=False)
-        bounds = self._bounds(array)  # read on the array: no torch call on the record path's thread (issue 7j)
+        bounds = self._bounds(array)  # read on the array: no torch call on the record path's thread
         x = normalise(array)
         resized_from = None
-        if shape != self.input_shape:  # an image of another size: resized as the simulator does (issue 11)
+        if shape != self.input_shape:  # an image of another size: resized as the simulator does
             x = resize_images(x, (self.input_shape[1], self.input_shape[2]))
             bounds = None  # the resized values' own (bilinear stays within the source's, but read them)
             resized_from = shape

@@ -1,4 +1,4 @@
-"""Wait until a new idempotent producer can deliver, before a stream's clock starts (issue 7i).
+"""Wait until a new idempotent producer can deliver, before a stream's clock starts.
 
 librdkafka's idempotent producer holds every record until the broker has given it a producer id. It asks
 for one when a metadata reply arrives and a broker connection is up, else on a fixed 500-ms retry timer
@@ -17,7 +17,7 @@ state), and :meth:`ProducerReadiness.wait` asks for the topic's metadata until t
 producer-id request again, so the id comes one round trip after that connection is up instead of at the
 timer. A client that is not idempotent is ready once the topic's metadata is there. The wait ends early
 when the caller stops, or when every broker is down (``_ALL_BROKERS_DOWN``, :meth:`note_error`); after
-``timeout_s`` the stream starts anyway (records then wait in the client, as before).
+``timeout_s`` the stream starts anyway (records then wait in the client for the id).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How far behind the stream the trainer is, per assigned sample partition (issue 12, item 5).
+"""How far behind the stream the trainer is, per assigned sample partition.
 
 - **Caught up**: the consumer reports the end of a partition (``enable.partition.eof``) once it has read
   everything there is; until the next record of that partition arrives its lag is 0 items and 0 s. An idle

@@ -68,7 +68,7 @@ DELIVERY_SPREAD_S = 0.1
 DELIVERY_ITEMS = 256
 # H: an admitted item starts within W + H of its admission (by the measured service time), so the real
 # queue holds at most ⌊(W + H) / s⌋ items: the event-time rule's timeline has no feedback from the real
-# queue, and without this bound it grew up to K behind the predictions (issue 7 part G, measured in
+# queue, and without this bound it grows up to K behind the predictions (measured in
 # benchmarks/live/README.md). H = 1 s: a backlog of up to about a second of work (the stream's late
 # start-up records, ~0.7 s; a snapshot; the 0.4–0.9 s stalls seen live) is trained, not skipped. With
 # H = D = 0.1 s the demo (MNIST, 50/s, one worker at ~4 ms per item) skipped 89 of 3000 items `busy`

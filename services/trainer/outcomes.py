@@ -1,6 +1,6 @@
 """Where a sample partition's outcomes are, so a restarted (or newly assigned) trainer flags every
-re-emitted outcome (issue 12, item 3: exactly once without faults, at least once with every re-emission
-flagged across crashes and rebalances).
+re-emitted outcome: exactly once without faults, at least once with every re-emission flagged across
+crashes and rebalances.
 
 The outcome topics (``<prefix>.predictions`` and ``<prefix>.samples.dlq``) are written *partition-aligned*:
 the outcome of sample partition p goes to partition p mod n of each (the same partition the producers'

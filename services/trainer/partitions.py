@@ -1,5 +1,5 @@
 """The sample partitions a replica owns, and what it commits for them (DESIGN §4 "Offsets and snapshots",
-"Replicas"; issue 12 items 3, 5, 6).
+"Replicas").
 
 - **Assignment** (:meth:`PartitionOwner.on_assign`): each partition starts at a restored snapshot's offset
   (once), else at the group's committed one. Offsets below the committed one were finished before

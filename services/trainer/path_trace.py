@@ -16,7 +16,7 @@ building and producing the Prediction (``latency_ms`` = ``published − event``)
 Each record's line also carries ``cpu`` (the loop thread's CPU time, ms) and, where the learner has one
 (``EngineLearner.trace_view``), the admission's view of worker 0 (``WallClock.admission_view``: ``service_s``,
 ``wait_s``, ``start_slots``, ``waiting``, ``executor_s``, ``charged_s``), read by
-``benchmarks/live/admission_trace.py`` (issue 7j). ``{pid}`` in the path is replaced by the process id.
+``benchmarks/live/admission_trace.py``. ``{pid}`` in the path is replaced by the process id.
 
 Read from the environment (not the config) because it is a measurement aid, not a setting of the service.
 """

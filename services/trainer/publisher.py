@@ -1,7 +1,7 @@
 """The trainer's one producer, kept alive: outcomes (predictions, dead letters) go out through
 :meth:`Publisher.send`, deliveries come back on the loop thread's :meth:`Publisher.poll`.
 
-What the record path no longer has to handle itself (issue 12, items 1 and 4):
+What the publisher handles so the record path does not have to:
 
 - **too large**: a message librdkafka refuses at ``produce()`` for its size (``MSG_SIZE_TOO_LARGE``)
   raises :class:`MessageTooLarge` at once; a broker that refuses it later reports it through the delivery

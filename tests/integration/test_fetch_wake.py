@@ -1,4 +1,4 @@
-"""Waking the fetcher after a resume against the real broker (issue 7k (B)): the leader answers the wake-up
+"""Waking the fetcher after a resume against the real broker: the leader answers the wake-up
 request, and every record produced around the pause is consumed once, in order, after the resume."""
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def test_a_paced_stream_declares_its_rate_in_every_sample_record(bootstrap_serve
 
 
 def test_the_stream_starts_once_the_client_has_its_producer_id(bootstrap_servers: str, topic_prefix: str) -> None:
-    """The first event time is stamped after the wait for the producer id (issue 7i), not before it."""
+    """The first event time is stamped after the wait for the producer id, not before it."""
     before_ms = now_ms()
     report = SampleProducer(
         digits(), kafka(bootstrap_servers, topic_prefix, 1), ProducerSettings(items=5, rate=100.0)

@@ -188,7 +188,7 @@ def test_a_declared_slow_stream_gets_one_worker_that_trains_every_item(
 ) -> None:
     """`ferret produce --rate` stamps the rate in every sample record; the trainer (default: the stream's own
     rate) re-plans for it at once, and at 25 items/s one worker keeps up, so N = 1 and every item is trained
-    (issue 7 item 1: N never exceeds what the stream needs)."""
+    (N never exceeds what the stream needs)."""
     from ferret_core.data import load_dataset
     from services.config import ProducerSettings, load_settings
     from services.producer.stream import SampleProducer

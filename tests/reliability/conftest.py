@@ -1,4 +1,4 @@
-"""The reliability tier (issue 12): faults, hostile input and hostile clients against real parts. It uses
+"""The reliability tier: faults, hostile input and hostile clients against real parts. It uses
 the integration tier's embedded Tansu broker and Valkey server (one per session), and starts its own
 Valkey where a test stops, freezes or restarts it."""
 

@@ -1,7 +1,7 @@
-"""Bad settings give one line naming the key, expected and got, with no secret (issue 12 item 7).
+"""Bad settings give one line naming the key, expected and got, with no secret.
 
-Before the fix each of these gave a traceback at start (or, for the Redis URL with a wrong scheme, a
-message echoing the password).
+Each case guards against a traceback at start (or, for the Redis URL with a wrong scheme, a message
+echoing the password).
 """
 
 from __future__ import annotations

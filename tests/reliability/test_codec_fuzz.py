@@ -1,4 +1,4 @@
-"""Fuzzing the trainer's input side (issue 12): every record gets exactly one outcome at the codec.
+"""Fuzzing the trainer's input side: every record gets exactly one outcome at the codec.
 
 2,500 generated records (1,000 arbitrary byte strings, 1,500 structured Samples with hostile values:
 NaN, ±inf, float32 1e6 and ±3e38, float16 65504, wrong shapes and sizes, huge ids, out-of-range labels)

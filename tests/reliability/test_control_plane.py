@@ -1,7 +1,8 @@
-"""Hostile clients of the control plane (issue 12 item 4, issue 10 item 6).
+"""Hostile clients of the control plane.
 
-Before the fix, with a token set, 40 open unauthenticated reflection streams (reflection was exempt from
-auth) took every server thread and authorised calls and health checks timed out.
+The attack guarded against: with a token set, 40 open unauthenticated reflection streams must not take
+every server thread (reflection is not exempt from auth), so authorised calls and health checks still
+answer.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ STREAMS = 40
 
 class HeldStreams:
     """``count`` reflection streams that send no request and stay open until :meth:`close` (each one
-    the server accepts blocks a thread reading its first request: the attack of issue 12 item 4)."""
+    the server accepts blocks a thread reading its first request: the attack this module guards against)."""
 
     def __init__(self, target: str, count: int, token: str | None = None) -> None:
         self._release = threading.Event()

@@ -1,4 +1,4 @@
-"""Fuzzing the record path through the learner (issue 12 part B): hostile Sample bytes and values reach the
+"""Fuzzing the record path through the learner: hostile Sample bytes and values reach the
 trainer's real :class:`EngineLearner` (digits MLP, 2 stages, 2 workers, asynchronous training) through
 :class:`RecordStream` (decode → arrive → publish), with fake Kafka clients and no broker in the loop.
 

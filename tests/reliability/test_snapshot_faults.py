@@ -1,8 +1,8 @@
 """Bad snapshot state, Redis down, a frozen Redis and a writer killed mid-write, against a real Valkey.
 
-Each test reproduces one failure of issue 12 (items 5 and 7): before the fix, start-up raised a
-traceback (garbage ``latest``, non-numeric ``versions``, a malformed plan, a tensor of the wrong shape, a
-changed model), pruning deleted the only valid snapshot, and forged offsets were accepted.
+Each test guards one failure: start-up must not raise a traceback on bad state (garbage ``latest``,
+non-numeric ``versions``, a malformed plan, a tensor of the wrong shape, a changed model), pruning must
+not delete the only valid snapshot, and forged offsets must be refused.
 """
 
 from __future__ import annotations

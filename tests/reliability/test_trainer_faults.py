@@ -1,4 +1,4 @@
-"""The trainer under faults and hostile input, against the real broker and Redis (issue 12 part B).
+"""The trainer under faults and hostile input, against the real broker and Redis.
 
 Every outcome is counted by consuming ``<prefix>.predictions`` and ``<prefix>.samples.dlq`` from the
 beginning with a fresh group (:func:`tests.reliability.support.read_outcomes`), never from the service's
@@ -63,7 +63,7 @@ def health(target: str, service: str) -> int:
 
 
 def _hostile_values() -> dict[str, bytes]:
-    """The issue's poisonous records: a 2 MiB record, large finite inputs, bytes that are no Sample."""
+    """Poisonous records: a 2 MiB record, large finite inputs, bytes that are no Sample."""
 
     def floats(value: float, dtype: type[np.floating[object]] = np.float32, seq: int = 0) -> bytes:
         x = np.full(DIGITS_SHAPE, value, dtype=dtype)

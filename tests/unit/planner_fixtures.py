@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ferret_core.profile import LayerProfile, ModelProfile
 
-# Golden case (a) of the issue: (t_f, t_b, params, activations) per unit.
+# Golden case (a) of the planner's specification (docs/planner.md): (t_f, t_b, params, activations) per unit.
 GOLDEN_A_UNITS = ((1, 2, 320, 5408), (3, 6, 18496, 9216), (2, 4, 1179776, 128), (0.2, 0.4, 1290, 10))
 
 

@@ -130,7 +130,7 @@ def _partition_order(event_times: list[float], partition_of: list[int], chunk: i
 def test_a_worker_that_keeps_up_takes_every_item_in_any_partition_order(
     gaps: list[float], slack: float, partitions: int, chunk: int, seed: int
 ) -> None:
-    """The measured root cause of issue 7's `busy` skips at a slow rate: with two partitions the consumer
+    """A measured cause of `busy` skips at a slow rate: with two partitions the consumer
     hands over one partition's items, then the other's, stamped earlier. Items at least one service time
     apart are all admitted, whatever the delivery order (W = 0: the strictest rule, 1-Skip's)."""
     service = min(gaps) * slack
@@ -324,9 +324,10 @@ def test_a_longer_w_admits_every_item_a_shorter_one_does(gaps: list[float], serv
 
 
 def test_an_item_arriving_while_the_worker_trains_waits_one_measured_step() -> None:
-    """Issue 7's 0.25× case in small: the profile says 1 ms per item, the worker takes 4 ms; an item
-    stamped 2 ms after the previous one would wait 2 ms. ln 2 / c in wall seconds (1 ms) skipped it; read
-    in the machine's time (4 ms) it is admitted, and one stamped at the same instant as a third is not."""
+    """A slow machine (benchmarks/live's 0.25× case) in small: the profile says 1 ms per item, the worker
+    takes 4 ms; an item stamped 2 ms after the previous one would wait 2 ms. ln 2 / c in wall seconds
+    (1 ms) would skip it; read in the machine's time (4 ms) it is admitted, and one stamped at the same
+    instant as a third is not."""
     settings = AdmissionSettings(max_wait_s=0.001, queue_slots=8, profile_service_s=0.001)
     wall = EventTimeAdmission(1, settings.max_wait_s)
     assert wall.admit(0, 0.0, 0.004) and not wall.admit(0, 0.002, 0.004)

@@ -255,7 +255,7 @@ def test_short_stream_settings_pass_their_learning_rate_to_every_run() -> None:
     assert {s.lr for s in PRESETS["full"].overall} == {1e-3}  # the paper's protocol
 
 def test_the_papers_ferret_runs_algorithm_1_whatever_the_cli_default() -> None:
-    """The CLI's default compensator is iter-fisher-lean (issue 13); the bench reproduces the paper, whose
+    """The CLI's default compensator is iter-fisher-lean; the bench reproduces the paper, whose
     Ferret runs Iter-Fisher (Algorithm 1): an arm that names no compensator is pinned to it."""
     from services.bench.runner import simulate_argv
     from services.bench.specs import RunSpec

@@ -227,7 +227,7 @@ def test_dead_letter_of_a_tombstone_and_of_a_dead_letter() -> None:
 
 
 def test_an_image_of_another_size_is_resized_to_the_model_input_as_the_simulator_does() -> None:
-    """Issue 11 "inputs match the plan": the trainer resizes (bilinear) where the simulator resizes."""
+    """Inputs match the plan: the trainer resizes (bilinear) where the simulator resizes."""
     x = np.arange(16 * 16, dtype=np.uint8).reshape(1, 16, 16)
     decoded = valid(SampleDecoder((1, 8, 8), 10).decode(encode_sample(x, stream="s", sequence=0).SerializeToString()))
     assert decoded.resized_from == (1, 16, 16)
@@ -251,8 +251,8 @@ def test_another_channel_count_is_not_resized() -> None:
 def test_the_range_read_on_the_array_decides_as_the_tensor_does(
     dtype: str, input_range: tuple[float, float], normaliser: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The decoder reads a sample's bounds on the numpy array (no torch call on the record path, issue
-    7j): the same sample or rejection as reading them on the tensor (``_bounds`` → None)."""
+    """The decoder reads a sample's bounds on the numpy array (no torch call on the record path): the same
+    sample or rejection as reading them on the tensor (``_bounds`` → None)."""
     rng = np.random.default_rng(0)
     x = (rng.random((1, 8, 8)) * (255 if dtype == "uint8" else 1.3) - (0 if dtype == "uint8" else 0.1)).astype(dtype)
     raw = encode_sample(x, stream="s", sequence=0).SerializeToString()

@@ -1,4 +1,4 @@
-"""Compensator contract, registry, ring and the penalty compensators (issue "Ferret core, part 2", item 5).
+"""Compensator contract, registry, ring and the penalty compensators.
 
 The iterative Fisher compensators have their own file, ``test_compensation_iter_fisher.py``.
 """

@@ -1,4 +1,4 @@
-"""``iter-fisher-lean``: Alg. 1 in one step from the stash (issue 11, item 2).
+"""``iter-fisher-lean``: Alg. 1 in one step from the stash.
 
 Its difference from the iterated form is second order in λ·g⊙g⊙Δθ: scaling every delta by s scales the
 first-order correction by s and the difference by s².

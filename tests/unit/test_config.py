@@ -37,7 +37,7 @@ def test_defaults() -> None:
     assert settings.kafka.session_timeout_ms == 6000
     assert settings.kafka.topics.samples == "ferret.samples"
     assert settings.trainer.method == "ferret"
-    assert settings.trainer.compensator == "iter-fisher-lean"  # issue 13: Iter-Fisher's accuracy at 20 % of its bytes
+    assert settings.trainer.compensator == "iter-fisher-lean"  # Iter-Fisher's accuracy at 20 % of its bytes
     assert settings.trainer.budget_bytes is None
     assert settings.trainer.arrival_interval == "measured"  # the stream's own rate (DESIGN §4)
     assert settings.trainer.stream_rate is None

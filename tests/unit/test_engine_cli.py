@@ -83,7 +83,7 @@ def test_simulate_accepts_every_registered_method(
     assert out["method"] == method and out["items"] == 80
     assert out["trained_any_stage"] + sum(out["skipped"].values()) == 80
     assert out["peak_bytes"] > 0 and out["planned_bytes"] > 0
-    assert out["compensator"] == ("iter-fisher-lean" if method == "ferret" else "none")  # the default (issue 13)
+    assert out["compensator"] == ("iter-fisher-lean" if method == "ferret" else "none")  # the default
     assert (out["plan"] is not None) == METHODS[method].needs_plan
 
 

@@ -79,7 +79,7 @@ def test_stashes_are_freed_when_no_item_references_them() -> None:
 
 def test_the_meter_counts_queued_items_as_the_plan_does() -> None:
     """Items admitted but not started (the wall clock's admission queue) hold their input and label: the
-    measured bytes grow by exactly the planner's queue term per item, K × (input + label) (issue 7 D)."""
+    measured bytes grow by exactly the planner's queue term per item, K × (input + label)."""
     from ferret_core.planning.residency import LABEL_BYTES
     from tests.unit.test_engine_support import IN_FEATURES
 

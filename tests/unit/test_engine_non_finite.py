@@ -1,4 +1,4 @@
-"""Non-finite losses and gradients never reach the weights (issue 12, item 2): the item's gradient is
+"""Non-finite losses and gradients never reach the weights: the item's gradient is
 dropped, the item is counted once as skipped ``non_finite``, and the stream trains on."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 7l: the 1 × 1 plan's per-item cost cuts keep the engine's results. SGD into given storage is one
+"""The 1 × 1 plan's per-item cost cuts keep the engine's results. SGD into given storage is one
 ``torch._foreach_add_`` (bit-identical to ``torch.sub``); an in-place update's memory sample that the B
 sample before it provably dominates is not taken (the peak and its breakdown are unchanged, and at every
 skipped point what the engine holds is at most that B sample); the executor takes its next action in the

@@ -1,4 +1,4 @@
-"""Resuming consumption wakes librdkafka's fetcher (issue 7k (B), ``services/kafka/fetch_wake.py``): after
+"""Resuming consumption wakes librdkafka's fetcher (``services/kafka/fetch_wake.py``): after
 ``resume()`` one request goes to the resumed partitions' leaders, a failed request only logs, and the
 trainer's loop-call pause resumes through it."""
 

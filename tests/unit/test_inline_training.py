@@ -1,4 +1,4 @@
-"""Inline training (issue 7n, ``trainer.training_thread``): the wall clock's executors' actions run on the
+"""Inline training (``trainer.training_thread``): the wall clock's executors' actions run on the
 caller's thread, one per ``train_step``, with the same scheduler, admission and actions as the executor
 threads: the same predictions, dispatch and weights; nothing trains until the caller asks; a failure is
 kept and raised as a thread's is; the trainer's loop polls without waiting while training is pending."""

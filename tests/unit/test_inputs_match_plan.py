@@ -1,4 +1,4 @@
-"""Inputs match the plan (issue 11, item 3): streams are resized to the model's input, profiles taken at
+"""Inputs match the plan: streams are resized to the model's input, profiles taken at
 another input shape are refused, and ``ferret simulate --plan`` runs a fixed plan."""
 
 from __future__ import annotations

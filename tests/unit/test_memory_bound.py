@@ -1,4 +1,4 @@
-"""The `engine` byte model is a promise about measured memory (issue 11, DESIGN §3.8, §3.10).
+"""The `engine` byte model is a promise about measured memory (DESIGN §3.8, §3.10).
 
 * The replay of a worker's schedule holds exactly the activations the engine measures (one worker, any
   T1/T3, random stage times).
@@ -205,7 +205,7 @@ def test_planned_bytes_hold_on_an_activation_heavy_model() -> None:
 
 def test_wall_clock_bytes_count_one_pending_gradient_per_live_worker() -> None:
     """On the wall clock every live (worker, stage) executor can hold its gradient between its B and its
-    update at once (issue 7g measured 2 x ΣW on a 2 x 2 MNISTNet plan against the one ΣW ``cap`` counted):
+    update at once (2 x ΣW measured on a 2 x 2 MNISTNet plan, where one shared ΣW would under-count):
     ``cap`` counts Σ_j |w_j| per live worker, a removed worker frees it, and the virtual clock's ``schedule``
     model keeps one shared max_j |w_j| (one action at a time)."""
     units = wide_units([24, 40], seed=0)

@@ -1,4 +1,4 @@
-"""The cheap meter is exact (issue 11, item 4): at every sample of random runs (T1–T4, every
+"""The cheap meter is exact: at every sample of random runs (T1–T4, every
 compensator), the cached sample equals a full walk of every source and every saved tensor."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def test_the_ring_caches_its_storage_keys_until_a_slot_moves() -> None:
 
 def test_in_place_updates_keep_the_stable_keys_and_every_sample_exact() -> None:
     """A 1 × 1 plan updates its master in place (plain SGD, no compensation): the meter keeps its cached
-    stable keys across such an update (the same storages, issue 7j) and every sample still equals a full walk."""
+    stable keys across such an update (the same storages) and every sample still equals a full walk."""
     plan = make_plan(1, 1, num_units=3)
     units = tiny_units(num_units=3)
     engine = StreamEngine(

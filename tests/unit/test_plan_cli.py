@@ -126,8 +126,8 @@ def test_console_script_runs(profile_file: Path) -> None:
 
 
 def test_the_default_compensator_is_the_lean_variant(profile_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``iter-fisher-lean`` is the planner's default (issue 11 measured Iter-Fisher's accuracy at 20 % of
-    its state bytes, docs/planner.md): no delta ring is counted; ``--compensator iter-fisher`` (Algorithm 1)
+    """``iter-fisher-lean`` is the planner's default (Iter-Fisher's accuracy at 20 % of its state bytes,
+    docs/planner.md): no delta ring is counted; ``--compensator iter-fisher`` (Algorithm 1)
     still counts its ring."""
     common = ("--model", "mnistnet", "--profile", str(profile_file), "--arrival-interval", "3")
     lean = run_json(capsys, *common)

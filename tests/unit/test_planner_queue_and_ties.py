@@ -1,4 +1,4 @@
-"""Issue 7 part D: the admission queue's inputs in the plan's bytes, ties in R_F broken toward less
+"""The admission queue's inputs in the plan's bytes, ties in R_F broken toward less
 memory, and one unsplit worker when it keeps up with the stream (docs/planner.md readings 6, 10)."""
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def test_the_queue_needs_its_wait_resolved() -> None:
 @pytest.mark.parametrize("name", ["mnistnet", "mlp", "mlp-digits", "convnet", "resnet18-32", "mobilenet-32"])
 @pytest.mark.parametrize("multiple", [1.0, 1.5, 4.0, 100.0])
 def test_one_unsplit_worker_when_it_keeps_up(name: str, multiple: float) -> None:
-    """t^d ≥ Σ(t̂^f + t̂^b): the plan is one stage × one worker, every item trained (issue 7 Build 1)."""
+    """t^d ≥ Σ(t̂^f + t̂^b): the plan is one stage × one worker, every item trained."""
     profile = ModelProfile.load(PROFILES / f"{name}.json")
     planner = Planner(profile, PlannerSettings(arrival_interval=multiple * profile.sequential_time))
     assert planner.stream_bound

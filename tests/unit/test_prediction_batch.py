@@ -1,4 +1,4 @@
-"""Arrivals that queue up together are predicted in one forward pass (issue 7 item 3, the latency tail
+"""Arrivals that queue up together are predicted in one forward pass (the latency tail
 after a pause): the same classes and probabilities as one by one, dispatched in submission order, and a
 failure reaches every queued arrival instead of leaving it waiting."""
 
@@ -119,7 +119,7 @@ def test_an_arrival_carries_the_version_that_predicted_it() -> None:
 
 @pytest.mark.parametrize("case", ["random", "ties", "nan"])
 def test_the_python_top_k_equals_torch_sort(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Few classes are sorted in Python from one read-out (``SORT_IN_PYTHON``, issue 7j): the same classes
+    """Few classes are sorted in Python from one read-out (``SORT_IN_PYTHON``): the same classes
     and probabilities, in the same order, as the stable ``torch.sort`` (ties: lower class first; a NaN row,
     a diverged model, sorts as torch does, so its NaN reaches the caller's check)."""
     from ferret_core.engine import pipeline as pipeline_module

@@ -1,4 +1,4 @@
-"""Predictions never wait behind training (issue 7 item 3): the wall clock's prediction executor is its own
+"""Predictions never wait behind training: the wall clock's prediction executor is its own
 thread, reads the master without the pipeline's lock or a stage's update lock, and only takes the pipeline
 lock for the short dispatch. A backward pass held open must not hold back the next item's prediction."""
 

@@ -1,4 +1,4 @@
-"""Waiting for a new producer to be able to deliver before the stream's clock starts (issue 7i): the wait
+"""Waiting for a new producer to be able to deliver before the stream's clock starts: the wait
 ends on librdkafka's statistics saying the producer id is assigned, never before; ``SampleProducer`` sends
 nothing before that. A fake client stands in for librdkafka (no broker)."""
 

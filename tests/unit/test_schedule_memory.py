@@ -1,5 +1,5 @@
 """Each schedule's measured peak (the engine's meter) against its planned bytes (the schedules' byte
-model) on small cases: within ±20 % (issue 8; the full table on mnistnet and convnet at three budgets is
+model) on small cases: within ±20 % (the full table on mnistnet and convnet at three budgets is
 ``benchmarks/schedules/results/memory.md``)."""
 
 from __future__ import annotations

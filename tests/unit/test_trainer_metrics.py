@@ -132,7 +132,7 @@ def test_promtool_finds_nothing_to_complain_about() -> None:
 
 
 def test_promtool_would_catch_the_old_names() -> None:
-    """The check above can fail: the names before issue 10 (milliseconds) do not pass."""
+    """The check above can fail: the old names (in milliseconds) do not pass."""
     old = (
         "# HELP ferret_latency_ms Sample event time to prediction delivered (ms)\n"
         "# TYPE ferret_latency_ms histogram\n"

@@ -1,4 +1,4 @@
-"""The trainer's reliability parts without services (issue 12 part B): the publisher's too-large, full-queue
+"""The trainer's reliability parts without services: the publisher's too-large, full-queue
 and fatal-error handling, poison records, the outcome positions committed with offsets, duplicates flagged
 from published outcomes, and the lag reading. The reliability tier runs them against the real broker."""
 

@@ -22,7 +22,7 @@ from ferret_core.profile import ModelProfile
 
 
 def micro_batches(plan: Plan, flush_every: int | None) -> int:
-    """m: ``flush_every``, or the pipeline depth P when ``None`` (the issue's default)."""
+    """m: ``flush_every``, or the pipeline depth P when ``None`` (the default m = P, docs/schedules.md)."""
     m = plan.num_stages if flush_every is None else flush_every
     if m < 1:
         raise ConfigError(f"flush_every (m) must be >= 1 micro-batch, got {m}")
