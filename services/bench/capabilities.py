@@ -2,8 +2,9 @@
 names are its choices), and the clear error for a name it does not offer.
 
 The bench addresses methods, OCL algorithms and compensators by their registry names and runs them
-through ``ferret simulate``; a name that is not registered yet (its issue not merged) stops the bench
-before any run, naming the name, what this checkout offers instead, and the issue that brings it.
+through ``ferret simulate``; a name this checkout does not register (an older or trimmed-down checkout)
+stops the bench before any run, naming the name, what this checkout offers instead, and the part of
+Ferret that registers it.
 """
 
 from __future__ import annotations
@@ -16,24 +17,24 @@ from dataclasses import dataclass
 from ferret_core.errors import FerretError
 from services.bench.specs import ExperimentSpec
 
-# Where a name this checkout may lack comes from (the issue that registers it).
+# What registers a name a checkout may lack.
 PROVIDERS: dict[str, str] = {
-    "random-n": "issue 8b (Random-N, Last-N, Camel)",
-    "last-n": "issue 8b (Random-N, Last-N, Camel)",
-    "camel": "issue 8b (Random-N, Last-N, Camel)",
-    "er": "issue 8b (OCL algorithms ER, MIR, LwF, MAS; ferret simulate --algorithm)",
-    "mir": "issue 8b (OCL algorithms ER, MIR, LwF, MAS; ferret simulate --algorithm)",
-    "lwf": "issue 8b (OCL algorithms ER, MIR, LwF, MAS; ferret simulate --algorithm)",
-    "mas": "issue 8b (OCL algorithms ER, MIR, LwF, MAS; ferret simulate --algorithm)",
-    "dapple": "issue 8a (pipeline schedules, ferret_core/engine/method_registry.py)",
-    "zb": "issue 8a (pipeline schedules, ferret_core/engine/method_registry.py)",
-    "hanayo-1w": "issue 8a (pipeline schedules, ferret_core/engine/method_registry.py)",
-    "hanayo-2w": "issue 8a (pipeline schedules, ferret_core/engine/method_registry.py)",
-    "hanayo-3w": "issue 8a (pipeline schedules, ferret_core/engine/method_registry.py)",
-    "pipedream": "issue 8a (pipeline schedules, ferret_core/engine/method_registry.py)",
-    "pipedream-2bw": "issue 8a (pipeline schedules, ferret_core/engine/method_registry.py)",
-    "iter-fisher-lean": "issue 11 (lean Iter-Fisher)",
-    "--plan": "issue 11 (compensator ablation on a fixed plan: ferret simulate --plan FILE)",
+    "random-n": "the buffering baselines (Random-N, Last-N, Camel: ferret_core/engine/buffering.py)",
+    "last-n": "the buffering baselines (Random-N, Last-N, Camel: ferret_core/engine/buffering.py)",
+    "camel": "the buffering baselines (Random-N, Last-N, Camel: ferret_core/engine/buffering.py)",
+    "er": "the OCL algorithms (ER, MIR, LwF, MAS: ferret_core/ocl, ferret simulate --algorithm)",
+    "mir": "the OCL algorithms (ER, MIR, LwF, MAS: ferret_core/ocl, ferret simulate --algorithm)",
+    "lwf": "the OCL algorithms (ER, MIR, LwF, MAS: ferret_core/ocl, ferret simulate --algorithm)",
+    "mas": "the OCL algorithms (ER, MIR, LwF, MAS: ferret_core/ocl, ferret simulate --algorithm)",
+    "dapple": "the pipeline schedules (ferret_core/engine/schedules, ferret_core/engine/method_registry.py)",
+    "zb": "the pipeline schedules (ferret_core/engine/schedules, ferret_core/engine/method_registry.py)",
+    "hanayo-1w": "the pipeline schedules (ferret_core/engine/schedules, ferret_core/engine/method_registry.py)",
+    "hanayo-2w": "the pipeline schedules (ferret_core/engine/schedules, ferret_core/engine/method_registry.py)",
+    "hanayo-3w": "the pipeline schedules (ferret_core/engine/schedules, ferret_core/engine/method_registry.py)",
+    "pipedream": "the pipeline schedules (ferret_core/engine/schedules, ferret_core/engine/method_registry.py)",
+    "pipedream-2bw": "the pipeline schedules (ferret_core/engine/schedules, ferret_core/engine/method_registry.py)",
+    "iter-fisher-lean": "the lean Iter-Fisher compensator (ferret_core/compensation/lean.py)",
+    "--plan": "the compensator ablation on a fixed plan (ferret simulate --plan FILE)",
 }
 
 
@@ -114,7 +115,7 @@ class Capabilities:
 
 
 def _sentence(kind: str, name: str, offered: tuple[str, ...]) -> str:
-    source = PROVIDERS.get(name, "an issue not yet merged")
+    source = PROVIDERS.get(name, "a part of Ferret this checkout lacks")
     if kind == "option":
         return f"ferret simulate has no {name} (it comes with {source})"
     if kind == "method" and name == "pipedream-2bw":
