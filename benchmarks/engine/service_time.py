@@ -108,7 +108,7 @@ def settings_for(
 
 def items(n: int, root: str | None, dataset: str = "mnist") -> tuple[list[torch.Tensor], list[int]]:
     from ferret_core.data import load_dataset, normalise
-    from services.cli.produce_cmd import default_data_root
+    from services.config.data_root import default_data_root
 
     data = load_dataset(dataset, Path(root) if root else default_data_root())
     xs = [normalise(np.asarray(data.x_train[i])) for i in range(n)]

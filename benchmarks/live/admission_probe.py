@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE))
 import side_by_side as sbs  # noqa: E402
 
 from ferret_core.data import load_dataset  # noqa: E402
-from services.cli.produce_cmd import default_data_root  # noqa: E402
+from services.config.data_root import default_data_root  # noqa: E402
 from services.localstack import LocalStack  # noqa: E402
 
 BUSY = re.compile(

@@ -86,7 +86,7 @@ class PlainLoop:
 def saturation(settings: Settings, items: int) -> dict[str, float]:
     """Items/s of predict + one SGD step, without Kafka (the first 20 items warm up and are not counted)."""
     from ferret_core.data import load_dataset
-    from services.cli.produce_cmd import default_data_root
+    from services.config.data_root import default_data_root
 
     data = load_dataset(settings.trainer.dataset, default_data_root())
     loop = PlainLoop(settings)

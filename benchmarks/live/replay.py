@@ -42,7 +42,7 @@ from plain_loop import PlainLoop, trainer_settings  # noqa: E402
 from side_by_side import CONFIGS, RESULTS, mean_se  # noqa: E402
 
 from ferret_core.data import load_dataset, normalise  # noqa: E402
-from services.cli.produce_cmd import default_data_root  # noqa: E402
+from services.config.data_root import default_data_root  # noqa: E402
 
 
 def stream_rows(n_data: int, items: int, repeat: int) -> list[int]:

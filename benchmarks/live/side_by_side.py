@@ -30,7 +30,7 @@ import harness as h  # noqa: E402
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition  # noqa: E402
 
 from ferret_core.data import Dataset, load_dataset  # noqa: E402
-from services.cli.produce_cmd import default_data_root  # noqa: E402
+from services.config.data_root import default_data_root  # noqa: E402
 from services.config import ProducerSettings, load_settings  # noqa: E402
 from services.kafka.admin import ensure_topics  # noqa: E402
 from services.localstack import LocalStack  # noqa: E402

@@ -42,7 +42,7 @@ from confluent_kafka import OFFSET_END, Consumer, KafkaError, Message, TopicPart
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from ferret_core.data import Dataset, load_dataset  # noqa: E402
-from services.cli.produce_cmd import default_data_root  # noqa: E402
+from services.config.data_root import default_data_root  # noqa: E402
 from services.codec import now_ms  # noqa: E402
 from services.config import ProducerSettings, load_settings  # noqa: E402
 from services.kafka.admin import ensure_topics  # noqa: E402

@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
 from confluent_kafka import Consumer  # noqa: E402
 
 from ferret_core.data import Dataset, load_dataset  # noqa: E402
-from services.cli.produce_cmd import default_data_root  # noqa: E402
+from services.config.data_root import default_data_root  # noqa: E402
 from services.config import ProducerSettings, Settings, load_settings  # noqa: E402
 from services.control.client import ControlClient  # noqa: E402
 from services.localstack import LocalStack, free_port  # noqa: E402

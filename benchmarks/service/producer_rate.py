@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from ferret_core.data import Dataset, load_dataset
-from services.cli.produce_cmd import default_data_root
+from services.config.data_root import default_data_root
 from services.codec import SampleEncoder
 from services.config import KafkaSettings, LabelMode, ProducerSettings
 from services.kafka import count_distinct
