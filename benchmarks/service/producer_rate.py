@@ -8,7 +8,7 @@ per second from the first record to the end of the final flush, with every deliv
 never from watermarks. "encode only" times :class:`services.codec.SampleEncoder` without Kafka: the
 ceiling the Python side sets. Writes ``results/producer_rate.md``.
 
-    .venv/bin/python benchmarks/service/producer_rate.py [--items 60000] [--repeats 3]
+    .venv/bin/python -m benchmarks.service.producer_rate [--items 60000] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ import time
 from pathlib import Path
 
 from ferret_core.data import Dataset, load_dataset
-from services.config.data_root import default_data_root
 from services.codec import SampleEncoder
 from services.config import KafkaSettings, LabelMode, ProducerSettings
+from services.config.data_root import default_data_root
 from services.kafka import count_distinct
 from services.localstack import TansuBroker
 from services.producer import ProduceReport, SampleProducer
 
 HERE = Path(__file__).resolve().parent
 GOAL = 50_000  # items/s
-COMMAND = "python benchmarks/service/producer_rate.py"
+COMMAND = "python -m benchmarks.service.producer_rate"
 
 
 @dataclasses.dataclass(frozen=True)
