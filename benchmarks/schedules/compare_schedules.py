@@ -8,7 +8,7 @@ Each run is the CLI itself (``python -m services.cli.main simulate ... --json``)
 JSON reports into ``results/methods.json`` and the table ``results/methods.md`` (agm against DAPPLE, the
 table's baseline, beside the paper's MNIST/MnNet row).
 
-    .venv/bin/python -m benchmarks.schedules.methods --items 5000
+    .venv/bin/python -m benchmarks.schedules.compare_schedules --items 5000
 """
 
 from __future__ import annotations

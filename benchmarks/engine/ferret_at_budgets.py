@@ -5,7 +5,7 @@ and the unconstrained plan's bytes, and Ferret unconstrained without compensatio
 Each run is the CLI itself (``python -m services.cli.main simulate ... --json``); the script collects
 the JSON reports into ``results/methods.json`` and a table ``results/methods.md``.
 
-    .venv/bin/python -m benchmarks.engine.methods --items 5000
+    .venv/bin/python -m benchmarks.engine.ferret_at_budgets --items 5000
 """
 
 from __future__ import annotations
