@@ -1,6 +1,6 @@
 """What several benchmark scripts share: a synthetic labelled stream for memory measurements and a
-``ferret simulate --json`` run in its own process. Scripts import it after putting the repository root on
-``sys.path`` (they run as files: ``python benchmarks/<topic>/<script>.py``)."""
+``ferret simulate --json`` run in its own process. Scripts import it as ``benchmarks.support`` (they run as
+modules from the repository root: ``python -m benchmarks.<topic>.<script>``)."""
 
 from __future__ import annotations
 

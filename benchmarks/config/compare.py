@@ -1,25 +1,21 @@
 """Today's ``services/config`` vs a pydantic-settings prototype: lines of code and error messages side by side.
 
 .venv/bin/pip install pydantic-settings==2.16.3    # not a project dependency
-.venv/bin/python benchmarks/config/compare.py > benchmarks/config/results/pydantic_settings.md
+.venv/bin/python -m benchmarks.config.compare > benchmarks/config/results/pydantic_settings.md
 """
 
 from __future__ import annotations
 
 import ast
-import sys
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from benchmarks.config import pydantic_prototype as proto
+from ferret_core.errors import ConfigError
+from services.config import load_settings
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).parent))
-
-import pydantic_prototype as proto  # noqa: E402
-
-from ferret_core.errors import ConfigError  # noqa: E402
-from services.config import load_settings  # noqa: E402
 
 CONFIG = ROOT / "services" / "config"
 # Pieces of today's code the prototype replaces by pydantic (coercion and type checks) ...
@@ -107,7 +103,7 @@ def main() -> None:
     prototype = lines(Path(__file__).parent / "pydantic_prototype.py")
     after = prototype + values + kept
     print("# services/config: today vs pydantic-settings 2.16.3 (prototype)\n")
-    print("Command: `.venv/bin/python benchmarks/config/compare.py` (pydantic-settings installed by hand).\n")
+    print("Command: `.venv/bin/python -m benchmarks.config.compare` (pydantic-settings installed by hand).\n")
     print("| | lines |\n|---|---|")
     print(f"| today: loader.py + sections.py + values.py | {current} |")
     print(f"| prototype file (models, YAML source, one-line formatter) | {prototype} |")

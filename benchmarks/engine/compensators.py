@@ -13,7 +13,7 @@ unconstrained plan), that the one-step form differs from the iterated one at sec
 λ·g⊙g⊙Δθ: for every 10th compensated call with τ ≥ 2, both forms are recomputed in float64 with λ
 scaled by 1, 10, 100 and 1000; the difference grows as λ² while the correction grows as λ.
 
-    .venv/bin/python benchmarks/engine/compensators.py --items 3000 --seeds 5   # → results/compensators.{md,json}
+    .venv/bin/python -m benchmarks.engine.compensators --items 3000 --seeds 5   # → results/compensators.{md,json}
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ def main() -> int:
             f"{r['median_difference']:.3e} | {r['median_difference_over_correction_squared']:.3g} |"
         )
     command = (
-        f".venv/bin/python benchmarks/engine/compensators.py --items {args.items} --seeds {args.seeds} "
+        f".venv/bin/python -m benchmarks.engine.compensators --items {args.items} --seeds {args.seeds} "
         f"--test-items {args.test_items}"
     )
     header = (

@@ -6,7 +6,7 @@ and a busy Python loop of P µs, the shape of the trainer's record path (decode,
 publish). Both need the GIL for their Python parts; every torch call releases it and must take it back.
 Printed: the train step's mean time per configuration, with the default switch interval (5 ms) and 0.5 ms.
 
-    /work/tools/timed .venv/bin/python benchmarks/engine/gil_probe.py
+    /work/tools/timed .venv/bin/python -m benchmarks.engine.gil_probe
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ model predicts for the executed configuration: ``engine/schedule`` (the plan's o
 Inputs are random tensors of the model's input shape (memory does not depend on pixel values).
 Goal: measured ÷ predicted (engine/schedule) in [0.80, 1.00] for every row.
 
-    .venv/bin/python benchmarks/engine/memory_models.py [--models mlp,mnistnet,...] [--out memory_models]
+    .venv/bin/python -m benchmarks.engine.memory_models [--models mlp,mnistnet,...] [--out memory_models]
 
 Items per run: max(30, 3·N·P) — the replay shows every zoo plan's per-worker peak within the first
 3·P arrivals of each worker — rounded up so that the Iter-Fisher rings fill.
@@ -27,16 +27,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.support import stream
 from ferret_core.engine import EngineSettings, FerretPolicy, simulate
 from ferret_core.planning.memory_model import MemoryModel, MemorySettings
 from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.staleness import staleness_bound
 from ferret_core.zoo import build_model
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks.support import stream
 
 HERE = Path(__file__).resolve().parent
 PROFILES = HERE.parent / "profiles"
@@ -160,7 +157,7 @@ def main() -> int:
     text = table(rows)
     print(text)
     ratios = [float(r["measured_over_predicted"]) for r in rows]  # type: ignore[arg-type]
-    command = f".venv/bin/python benchmarks/engine/memory_models.py --models {args.models} --out {args.out}"
+    command = f".venv/bin/python -m benchmarks.engine.memory_models --models {args.models} --out {args.out}"
     header = (
         f"Measured peak vs predicted bytes ({COMPENSATOR}, virtual clock at t^d = max t̂^f, random inputs; "
         f"load average {load_before:.2f} → {os.getloadavg()[0]:.2f}). Command: `{command}`.\n\n"

@@ -15,8 +15,8 @@ costs both of them time; ``--mode separate`` instead runs whole streams one afte
 default, lean, repeated) and reports the ratios of the minima and of the medians — less interference
 between the two, more from the rest of the machine.
 
-    .venv/bin/python benchmarks/engine/overhead.py --items 5000 --repeats 3
-    .venv/bin/python benchmarks/engine/overhead.py --items 5000 --repeats 5 --mode separate
+    .venv/bin/python -m benchmarks.engine.overhead --items 5000 --repeats 3
+    .venv/bin/python -m benchmarks.engine.overhead --items 5000 --repeats 5 --mode separate
 """
 
 from __future__ import annotations

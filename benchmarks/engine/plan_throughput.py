@@ -10,7 +10,7 @@ MNIST items with ``WallClock.submit`` at an interval well below one worker's ser
 plan is saturated; *trained items/s* = items trained / (first measured submit → drained). In the same
 process, the plain loop (predict + one SGD step, same model, lr and optimizer) gives the reference.
 
-    .venv/bin/python benchmarks/engine/plan_throughput.py            # → results/plan_throughput.{md,json}
+    .venv/bin/python -m benchmarks.engine.plan_throughput            # → results/plan_throughput.{md,json}
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from benchmarks.engine.service_time import items, plain_loop
+from benchmarks.support import short_head, write_result
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from benchmarks.engine.service_time import items, plain_loop  # noqa: E402
-from benchmarks.support import short_head, write_result  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = ((1, 1), (1, 2), (2, 1), (2, 2))
@@ -134,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         for plan in plans
     ]
     result = {
-        "command": " ".join([".venv/bin/python", "benchmarks/engine/plan_throughput.py", *(argv or sys.argv[1:])]),
+        "command": " ".join([".venv/bin/python", "-m", "benchmarks.engine.plan_throughput", *(argv or sys.argv[1:])]),
         "commit": short_head(),
         "model": args.model,
         "dataset": args.dataset,

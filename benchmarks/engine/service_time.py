@@ -9,8 +9,8 @@ forward with grad, backward, compensation, update (optimizer step, publish), the
 sample, and the lock waits. In the same process and with the same torch threads, a plain loop
 (predict + one SGD step on the same model, lr and optimizer) gives the reference service time.
 
-    .venv/bin/python benchmarks/engine/service_time.py                  # → results/service_time.{md,json}
-    .venv/bin/python benchmarks/engine/service_time.py --items 400 --interval-ms 20 --out NAME
+    .venv/bin/python -m benchmarks.engine.service_time                  # → results/service_time.{md,json}
+    .venv/bin/python -m benchmarks.engine.service_time --items 400 --interval-ms 20 --out NAME
 
 Read: *service ms/item* = the wall time of an item's F and B actions (what ``ServiceTimes`` measures, the
 admission rule's service time); *engine items/s* = trained items / elapsed of a back-to-back run (interval
@@ -31,14 +31,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from benchmarks.support import short_head, write_result
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from benchmarks.support import short_head, write_result  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -108,7 +107,7 @@ def settings_for(
 
 def items(n: int, root: str | None, dataset: str = "mnist") -> tuple[list[torch.Tensor], list[int]]:
     from ferret_core.data import load_dataset, normalise
-    from services.cli.produce_cmd import default_data_root
+    from services.config.data_root import default_data_root
 
     data = load_dataset(dataset, Path(root) if root else default_data_root())
     xs = [normalise(np.asarray(data.x_train[i])) for i in range(n)]
@@ -229,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     back_to_back = engine_run(settings, xs, ys, 0.0, args.warm)
     plain_after = plain_loop(settings, xs, ys, args.warm)
     result = {
-        "command": " ".join([".venv/bin/python", "benchmarks/engine/service_time.py", *(argv or sys.argv[1:])]),
+        "command": " ".join([".venv/bin/python", "-m", "benchmarks.engine.service_time", *(argv or sys.argv[1:])]),
         "commit": short_head(),
         "model": args.model,
         "dataset": args.dataset,

@@ -12,7 +12,7 @@ per-repeat ratios. The ``busy`` condition runs a spinning ``python -c 'while Tru
 runs (started and stopped by this script). For reference, the busy condition also times simulate with
 ``--threads 2`` (torch's default here, what `ferret simulate` used before issue 11).
 
-    /work/tools/timed .venv/bin/python benchmarks/engine/simulator_speed.py --items 1000 --repeats 3
+    /work/tools/timed .venv/bin/python -m benchmarks.engine.simulator_speed --items 1000 --repeats 3
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def main() -> int:
     rows = [condition(args.items, args.repeats, busy) for busy in (False, True)]
     load_after = os.getloadavg()
     command = (
-        f"/work/tools/timed .venv/bin/python benchmarks/engine/simulator_speed.py --items {args.items} "
+        f"/work/tools/timed .venv/bin/python -m benchmarks.engine.simulator_speed --items {args.items} "
         f"--repeats {args.repeats}"
     )
     lines = [

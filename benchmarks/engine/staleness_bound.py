@@ -8,7 +8,7 @@ the maximum τ per stage is compared with the bound. Prints/writes the count of 
 exceeds the bound per family and a few reproducible cases (they go to the lead: the bound is theirs to
 fix, the engine reports, it does not widen the bound).
 
-    .venv/bin/python benchmarks/engine/staleness_bound.py --plans 60
+    .venv/bin/python -m benchmarks.engine.staleness_bound --plans 60
 """
 
 from __future__ import annotations
@@ -17,14 +17,10 @@ import argparse
 import json
 import math
 import random
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from tests.unit.test_engine_support import make_plan, run_plan, stream, uniform_times  # noqa: E402
+from tests.unit.test_engine_support import make_plan, run_plan, stream, uniform_times
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FAMILIES = ("plain", "T4", "T2", "T3", "T2+T3+T4")

@@ -13,7 +13,7 @@ Reported: trained items per second of elapsed time, items trained and skipped. O
 cores, Python's GIL, batch-1 kernels of ~0.1–1 ms) threads cannot add compute, so the wall clock shows
 the scheduler's and the threads' cost; on a GPU per stage they would overlap.
 
-    .venv/bin/python benchmarks/engine/wall_vs_virtual.py --items 1000
+    .venv/bin/python -m benchmarks.engine.wall_vs_virtual --items 1000
 """
 
 from __future__ import annotations

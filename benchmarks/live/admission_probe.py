@@ -2,7 +2,7 @@
 the side-by-side's harness) with the admission log at DEBUG (logger ``ferret.admission``: every busy skip
 with its expected wait, W, the queue's length and K, and the measured service time it was judged by).
 
-    /work/tools/timed .venv/bin/python benchmarks/live/admission_probe.py     # → results/admission_probe.json
+    /work/tools/timed .venv/bin/python -m benchmarks.live.admission_probe     # → results/admission_probe.json
 """
 
 from __future__ import annotations
@@ -12,18 +12,13 @@ import json
 import re
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import side_by_side as sbs  # noqa: E402
-
-from ferret_core.data import load_dataset  # noqa: E402
-from services.cli.produce_cmd import default_data_root  # noqa: E402
-from services.localstack import LocalStack  # noqa: E402
+from benchmarks.live import side_by_side as sbs
+from ferret_core.data import load_dataset
+from services.config.data_root import default_data_root
+from services.localstack import LocalStack
 
 BUSY = re.compile(
     r"busy \(([^)]*)\): worker \d+, event time [\d.]+ s, wait ([\d.]+) s vs W ([\d.inf]+) s, "
@@ -68,7 +63,7 @@ def main() -> int:
             print(json.dumps(rows[-1]), flush=True)
     finally:
         stack._stack.stop()
-    payload = {"command": "python benchmarks/live/admission_probe.py", "commit": sbs.h.git_head(), "rows": rows}
+    payload = {"command": "python -m benchmarks.live.admission_probe", "commit": sbs.h.git_head(), "rows": rows}
     (sbs.RESULTS / "admission_probe.json").write_text(json.dumps(payload, indent=2) + "\n")
     return 0
 

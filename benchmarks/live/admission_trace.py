@@ -7,7 +7,7 @@ when it was published (``WallClock.admission_view``: the service time s the rule
 queue's bound and length, the executors' action seconds and the seconds charged to ``ServiceTimes``) and
 the loop thread's CPU time. Then
 
-    .venv/bin/python benchmarks/live/admission_trace.py /tmp/trace/*.jsonl
+    .venv/bin/python -m benchmarks.live.admission_trace /tmp/trace/*.jsonl
 
 prints per run (the last ``--items`` records: the measured stream, after the warm-up) how busy the worker
 was over the stream's event-time span, the real action time per trained item against the believed service

@@ -10,7 +10,7 @@ is trained; above it the loop trains what it can and stays within ``MAX_AGE_MS``
 
 Run as a separate process (as ``ferret run`` is, so neither shares a GIL with the benchmark's producer):
 
-    python benchmarks/live/plain_loop.py --bootstrap HOST:PORT --prefix P --items N [--model mnistnet]
+    python -m benchmarks.live.plain_loop --bootstrap HOST:PORT --prefix P --items N [--model mnistnet]
 
 It prints one JSON line: items, trained, correct, latencies (prediction handed to the Kafka client − the
 sample's event time, as a Prediction's ``latency_ms``), CPU seconds, and per labelled item (by the
@@ -24,26 +24,20 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import sys
 import time
 import uuid
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import numpy as np
+import torch
+import torch.nn.functional as F
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition  # noqa: E402
-
-from ferret_core.data import normalise  # noqa: E402
-from services.config import Settings, load_settings  # noqa: E402
-from services.kafka.record_codec import SampleDecoder, now_ms  # noqa: E402
-from services.proto_gen.ferret.v1 import messages_pb2  # noqa: E402
-from services.trainer.runner import build_zoo_model  # noqa: E402
-from services.trainer.stream import CONSUMER_DEFAULTS  # noqa: E402
+from ferret_core.data import normalise
+from services.config import Settings, load_settings
+from services.kafka.record_codec import SampleDecoder, now_ms
+from services.proto_gen.ferret.v1 import messages_pb2
+from services.trainer.runner import build_zoo_model
+from services.trainer.stream import CONSUMER_DEFAULTS
 
 
 def trainer_settings(dataset: str, model: str, bootstrap: str = "localhost:9092", prefix: str = "ferret") -> Settings:
@@ -86,7 +80,7 @@ class PlainLoop:
 def saturation(settings: Settings, items: int) -> dict[str, float]:
     """Items/s of predict + one SGD step, without Kafka (the first 20 items warm up and are not counted)."""
     from ferret_core.data import load_dataset
-    from services.cli.produce_cmd import default_data_root
+    from services.config.data_root import default_data_root
 
     data = load_dataset(settings.trainer.dataset, default_data_root())
     loop = PlainLoop(settings)

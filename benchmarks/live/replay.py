@@ -17,8 +17,8 @@ This script rebuilds that model in a plain loop for every prediction and scores 
 Then for Ferret − plain at one rate and repeat (the same items): (live − no lag) is what the prediction
 lag costs, (no lag of Ferret − no lag of plain) what the choice of trained items costs.
 
-    .venv/bin/python benchmarks/live/replay.py                                  # MNIST/MNISTNet JSON
-    .venv/bin/python benchmarks/live/replay.py --dataset digits --model mlp --multipliers 1 2
+    .venv/bin/python -m benchmarks.live.replay                                  # MNIST/MNISTNet JSON
+    .venv/bin/python -m benchmarks.live.replay --dataset digits --model mlp --multipliers 1 2
 """
 
 from __future__ import annotations
@@ -26,23 +26,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
+from benchmarks.live.plain_loop import PlainLoop, trainer_settings
+from benchmarks.live.side_by_side import CONFIGS, RESULTS, mean_se
+from ferret_core.data import load_dataset, normalise
+from services.config.data_root import default_data_root
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from plain_loop import PlainLoop, trainer_settings  # noqa: E402
-from side_by_side import CONFIGS, RESULTS, mean_se  # noqa: E402
-
-from ferret_core.data import load_dataset, normalise  # noqa: E402
-from services.cli.produce_cmd import default_data_root  # noqa: E402
 
 
 def stream_rows(n_data: int, items: int, repeat: int) -> list[int]:

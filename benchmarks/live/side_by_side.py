@@ -4,8 +4,8 @@ run --method 1-skip``, (c) ``ferret run`` (Ferret, unconstrained), (d) Ferret at
 at that rate. One local broker serves every run (its own topics each); every run is a fresh process (so a
 fresh model). See README.md.
 
-    .venv/bin/python benchmarks/live/side_by_side.py                       # MNIST/MNISTNet → results/
-    .venv/bin/python benchmarks/live/side_by_side.py --items 1200 --multipliers 0.25 0.5 1 2 4
+    .venv/bin/python -m benchmarks.live.side_by_side                       # MNIST/MNISTNet → results/
+    .venv/bin/python -m benchmarks.live.side_by_side --items 1200 --multipliers 0.25 0.5 1 2 4
 """
 
 from __future__ import annotations
@@ -20,22 +20,19 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from benchmarks.service import harness as h
+from ferret_core.data import Dataset, load_dataset
+from services.config import ProducerSettings, load_settings
+from services.config.data_root import default_data_root
+from services.kafka.admin import ensure_topics
+from services.localstack import LocalStack
+from services.producer import SampleProducer
+from services.proto_gen.ferret.v1 import messages_pb2
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks" / "service"))
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import harness as h  # noqa: E402
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition  # noqa: E402
-
-from ferret_core.data import Dataset, load_dataset  # noqa: E402
-from services.cli.produce_cmd import default_data_root  # noqa: E402
-from services.config import ProducerSettings, load_settings  # noqa: E402
-from services.kafka.admin import ensure_topics  # noqa: E402
-from services.localstack import LocalStack  # noqa: E402
-from services.producer.stream import SampleProducer  # noqa: E402
-from services.proto_gen.ferret.v1 import messages_pb2  # noqa: E402
 
 RESULTS = HERE / "results"
 CONFIGS = ("plain", "1-skip", "ferret", "ferret-60%")
@@ -207,7 +204,7 @@ def run_ferret(
         online_accuracy=100 * sum(p.correct for p in labelled) / len(labelled) if labelled else math.nan,
         trained_pct=100 * sum(p.decision == DISPATCHED for p in preds) / max(1, report.produced),
         p50_ms=h.quantile(latencies, 0.5), p99_ms=h.quantile(latencies, 0.99),
-        peak_bytes=peak, planned_bytes=status.planned_bytes,
+        peak_bytes=peak, planned_bytes=status.predicted_bytes,
         budget_bytes=status.budget_bytes if status.HasField("budget_bytes") else None,
         broker_cores=h.cpu_shares(window).get("broker", math.nan),
         trainer_cores=h.cpu_shares(window).get("trainer", math.nan),
@@ -232,7 +229,7 @@ def run_plain(
         None, env={"FERRET_KAFKA_BOOTSTRAP_SERVERS": stack.bootstrap_servers, "FERRET_KAFKA_TOPIC_PREFIX": prefix}
     )
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "plain_loop.py"), "--dataset", dataset_name, "--model", model,
+        [sys.executable, "-m", "benchmarks.live.plain_loop", "--dataset", dataset_name, "--model", model,
          "--bootstrap", stack.bootstrap_servers, "--prefix", prefix, "--items", str(items + WARMUP_ITEMS)],
         stdout=subprocess.PIPE, cwd=ROOT, text=True,
     )  # fmt: skip
@@ -266,7 +263,7 @@ def run_plain(
 
 def saturation_rate(dataset_name: str, model: str, items: int) -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, str(HERE / "plain_loop.py"), "--dataset", dataset_name, "--model", model,
+        [sys.executable, "-m", "benchmarks.live.plain_loop", "--dataset", dataset_name, "--model", model,
          "--saturation", str(items)],
         capture_output=True, text=True, check=True, cwd=ROOT,
     ).stdout  # fmt: skip
@@ -533,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stack._stack.stop()
         payload["plain_rerun"] = {
-            "command": "python benchmarks/live/side_by_side.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "command": "python -m benchmarks.live.side_by_side " + " ".join(sys.argv[1:] if argv is None else argv),
             "commit": h.git_head(),
             "load_average": h.load_average(),
         }
@@ -551,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         payload = {
             "dataset": args.dataset, "model": args.model, "items": args.items, "multipliers": args.multipliers,
             "repeats": args.repeats,
-            "command": "python benchmarks/live/side_by_side.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "command": "python -m benchmarks.live.side_by_side " + " ".join(sys.argv[1:] if argv is None else argv),
             "commit": h.git_head(), "machine": h.machine(), "saturation": sat, "rows": rows,
             "load_before": load_before, "load_after": h.load_average(), "seconds": time.monotonic() - began,
         }  # fmt: skip

@@ -13,7 +13,7 @@ producer), and the hypervisor's steal. A run *stalls* when some item's event →
 ``--stall-ms``; for the worst item the table splits its latency into the hops, and gives the longest gap
 of each timeline and the CPU over the stall.
 
-    .venv/bin/python benchmarks/live/stall_probe.py --runs 10        # → results/stall_probe.{md,json}
+    .venv/bin/python -m benchmarks.live.stall_probe --runs 10        # → results/stall_probe.{md,json}
 """
 
 from __future__ import annotations
@@ -31,25 +31,22 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from benchmarks.service import harness as h
+from ferret_core.data import Dataset, load_dataset
+from services.config import ProducerSettings, load_settings
+from services.config.data_root import default_data_root
+from services.kafka.admin import ensure_topics
+from services.kafka.record_codec import now_ms
+from services.localstack import LocalStack
+from services.producer import SampleProducer
+from services.proto_gen.ferret.v1 import messages_pb2
+from services.trainer.stream import CONSUMER_DEFAULTS
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks" / "service"))
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import harness as h  # noqa: E402
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, Message, TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
-
-from ferret_core.data import Dataset, load_dataset  # noqa: E402
-from services.cli.produce_cmd import default_data_root  # noqa: E402
-from services.config import ProducerSettings, load_settings  # noqa: E402
-from services.kafka.admin import ensure_topics  # noqa: E402
-from services.kafka.record_codec import now_ms  # noqa: E402
-from services.localstack import LocalStack  # noqa: E402
-from services.producer.stream import SampleProducer  # noqa: E402
-from services.proto_gen.ferret.v1 import messages_pb2  # noqa: E402
-from services.trainer.stream import CONSUMER_DEFAULTS  # noqa: E402
 
 RESULTS = HERE / "results"
 WARMUP_ITEMS = 100
@@ -183,7 +180,8 @@ def one_run(stack: LocalStack, dataset: Dataset, args: argparse.Namespace, index
     proc = subprocess.Popen(
         [
             sys.executable,
-            str(HERE / "plain_loop.py"),
+            "-m",
+            "benchmarks.live.plain_loop",
             "--dataset",
             args.dataset,
             "--model",
@@ -401,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             "stall_ms": args.stall_ms,
             "producer_waits_for_id": not args.no_ready_wait,
             "timestamps": "CreateTime" if args.create_time else "LogAppendTime asked",
-            "command": "python benchmarks/live/stall_probe.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "command": "python -m benchmarks.live.stall_probe " + " ".join(sys.argv[1:] if argv is None else argv),
             "commit": h.git_head(),
             "load_before": load_before,
             "load_after": h.load_average(),

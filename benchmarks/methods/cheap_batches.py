@@ -9,7 +9,7 @@ profile whose step of b items costs t(1)·(1 + k·(b − 1)) per unit, k set so 
 ``--cost-of-10`` times one item (default 1.5). The derived times are an assumption, not a measurement of
 any GPU; the accuracies and memory each run reports are measured on the engine as usual.
 
-    .venv/bin/python benchmarks/methods/cheap_batches.py      # → results/cheap_batches.{md,json}
+    .venv/bin/python -m benchmarks.methods.cheap_batches      # → results/cheap_batches.{md,json}
 """
 
 from __future__ import annotations

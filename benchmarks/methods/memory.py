@@ -16,7 +16,7 @@ Each run streams ``ITEMS`` random inputs of the model's shape (memory does not d
 on the virtual clock at t^d = max t̂^f of the batch profiles; the engine's *measured* peak (distinct
 storages it holds + autograd's saved tensors, sampled after every action) never reads a cost model.
 
-    .venv/bin/python benchmarks/methods/memory.py            # → results/memory.{md,json}
+    .venv/bin/python -m benchmarks.methods.memory            # → results/memory.{md,json}
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.support import stream
 from ferret_core.engine import EngineSettings, FerretPolicy, simulate
 from ferret_core.engine.buffering import BUFFERING_METHODS, BufferingPolicy, BufferingSettings, buffering_bytes
 from ferret_core.ocl import ALGORITHM_NAMES, AlgorithmSettings, make_algorithm
@@ -41,17 +42,13 @@ from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import build_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks.support import stream
-
 HERE = Path(__file__).resolve().parent
 PROFILES = HERE.parent / "profiles"
 RESULTS = HERE / "results"
 MODELS = ("mnistnet", "convnet")
 ITEMS = 300
 LARGEST = 50  # the largest profiled batch size
-COMMAND = ".venv/bin/python benchmarks/methods/memory.py"
+COMMAND = ".venv/bin/python -m benchmarks.methods.memory"
 
 
 ALGORITHMS = AlgorithmSettings(lwf_every=50, mas_every=50)

@@ -1,6 +1,6 @@
 """Extract the paper's numbers that `ferret bench` prints beside ours into paper_numbers.json.
 
-Run once (the JSON is committed): ``.venv/bin/python benchmarks/paper/extract_paper_numbers.py``.
+Run once (the JSON is committed): ``.venv/bin/python -m benchmarks.paper.extract_paper_numbers``.
 It reads ../shared/paper/ferret.tex, the tables named below, and keeps each cell as [mean, s.e.] with
 the table label it came from. Setting names are mapped to ours (dataset/model); the gradient
 compensation table has no row names: it sits beside the pipeline table with the same 20 rows, so its

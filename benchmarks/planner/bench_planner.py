@@ -2,7 +2,7 @@
 plan changes with the decay constant c. Profiles are loaded from benchmarks/profiles/ (profiling is not
 timed). Writes results/planning_time.{md,json}, results/rate_vs_budget.png and results/decay.md.
 
-    .venv/bin/python benchmarks/planner/bench_planner.py
+    .venv/bin/python -m benchmarks.planner.bench_planner
 """
 
 from __future__ import annotations

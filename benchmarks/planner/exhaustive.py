@@ -6,7 +6,7 @@ c^o = 0, or c^a = 1 with c^o = P−1−j; at least one live worker) and compare,
 feasible range, the greedy's R_F with the best R_F that fits. Both memory models (eq. ferret-svre in
 elements, and the default bytes with extras) are checked. Writes results/exhaustive.{md,json}.
 
-    .venv/bin/python benchmarks/planner/exhaustive.py
+    .venv/bin/python -m benchmarks.planner.exhaustive
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ each model once with the profiler (one untimed pass), checks that its ``params``
 ``saved`` equal the committed values, and writes the two flags into the committed file; every timing and
 the ``meta`` block stay as they were. Run from the repository root:
 
-    .venv/bin/python benchmarks/profiles/add_saved_flags.py
+    .venv/bin/python -m benchmarks.profiles.add_saved_flags
 """
 
 from __future__ import annotations

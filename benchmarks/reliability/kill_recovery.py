@@ -12,7 +12,7 @@ Baseline, same run: a plain ``confluent_kafka`` consumer process (no torch, no m
 restarted in the same kind of group (2 s session): kill → its first record. The ratio says how much of
 the trainer's recovery is the process and model start-up rather than the group join.
 
-    /work/tools/timed .venv/bin/python benchmarks/reliability/kill_recovery.py --runs 3
+    /work/tools/timed .venv/bin/python -m benchmarks.reliability.kill_recovery --runs 3
 """
 
 from __future__ import annotations
@@ -30,13 +30,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from services.kafka.admin import TopicNames, ensure_topics  # noqa: E402
-from services.localstack.stack import LocalStack  # noqa: E402
-from tests.integration.trainer_support import produce_digits  # noqa: E402
-from tests.reliability.support import TrainerCommand, read_outcomes, trainer_env  # noqa: E402
+from services.kafka.admin import TopicNames, ensure_topics
+from services.localstack.stack import LocalStack
+from tests.integration.trainer_support import produce_digits
+from tests.reliability.support import TrainerCommand, read_outcomes, trainer_env
 
 RESULTS = Path(__file__).parent / "results"
 ITEMS = 600
@@ -135,7 +132,7 @@ def main() -> None:
     lines = [
         "# kill -9 recovery (trainer.mid-record:kill@150, then a new `ferret run`)",
         "",
-        f"Command: `/work/tools/timed .venv/bin/python benchmarks/reliability/kill_recovery.py --runs {args.runs}`",
+        f"Command: `/work/tools/timed .venv/bin/python -m benchmarks.reliability.kill_recovery --runs {args.runs}`",
         f"Load average at start {load_start[0]:.2f}, at end {load_end[0]:.2f}. "
         "Session timeout 2 s, no static membership.",
         "",

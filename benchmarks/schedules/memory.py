@@ -11,8 +11,8 @@ model), and for Ferret its plan's predicted bytes. Every planned figure counts w
 model (``variant="engine"``) and no compensator, as the runs apply none. Inputs are random tensors of the
 model's input shape (memory does not depend on pixel values).
 
-    .venv/bin/python benchmarks/schedules/memory.py            # → results/memory.{md,json}
-    .venv/bin/python benchmarks/schedules/memory.py --items 120 --models mnistnet
+    .venv/bin/python -m benchmarks.schedules.memory            # → results/memory.{md,json}
+    .venv/bin/python -m benchmarks.schedules.memory --items 120 --models mnistnet
 """
 
 from __future__ import annotations
@@ -25,15 +25,12 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.support import stream
 from ferret_core.engine import METHOD_NAMES, EngineSettings, MethodOptions, StageTimes, StreamEngine, make_policy
 from ferret_core.planning.memory_model import MemorySettings
 from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import build_model
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks.support import stream
 
 HERE = Path(__file__).resolve().parent
 PROFILES = HERE.parent / "profiles"
@@ -120,7 +117,7 @@ def main() -> int:
     print(f"worst |measured ÷ planned − 1| = {worst:.3f} (goal ≤ 0.20)")
     if not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        command = "benchmarks/schedules/memory.py " + " ".join(sys.argv[1:])
+        command = "-m benchmarks.schedules.memory " + " ".join(sys.argv[1:])
         header = (
             f"Measured peak vs planned bytes of every method ({args.items} items per run, no compensator; "
             f"planned with the engine byte model, virtual clock at t^d = max t̂^f; load average {load_before:.2f} → "

@@ -9,7 +9,7 @@
 
 A fresh broker for every case. Writes ``results/broker_effects.{md,json}``.
 
-    .venv/bin/python benchmarks/service/broker_effects.py
+    .venv/bin/python -m benchmarks.service.broker_effects
 """
 
 from __future__ import annotations
@@ -17,18 +17,15 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as h
 from confluent_kafka import Consumer, Producer
 
+from benchmarks.service import harness as h
 from services.kafka.admin import ensure_topics
 from services.localstack import LocalStack
 
-COMMAND = "python benchmarks/service/broker_effects.py"
+COMMAND = "python -m benchmarks.service.broker_effects"
 RATE = 300.0
 SECONDS = 60.0
 VALUE = b"x" * 833

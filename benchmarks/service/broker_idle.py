@@ -6,8 +6,8 @@ are read from ``/proc/<pid>/stat`` (cores: 1.0 = one core busy). Cases: the trai
 committed, and with ``kafka.properties`` overrides of ``fetch.wait.max.ms``; plus the broker alone
 holding the same records with no client at all (the floor).
 
-    .venv/bin/python benchmarks/service/broker_idle.py                  # → results/broker_idle.{md,json}
-    .venv/bin/python benchmarks/service/broker_idle.py --tag after --cases shipped
+    .venv/bin/python -m benchmarks.service.broker_idle                  # → results/broker_idle.{md,json}
+    .venv/bin/python -m benchmarks.service.broker_idle --tag after --cases shipped
 """
 
 from __future__ import annotations
@@ -16,19 +16,15 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as h
-
+from benchmarks.service import harness as h
 from services.config import ProducerSettings, load_settings
 from services.kafka.admin import ensure_topics
 from services.localstack import LocalStack
 from services.producer.stream import SampleProducer
 
-COMMAND = "python benchmarks/service/broker_idle.py"
+COMMAND = "python -m benchmarks.service.broker_idle"
 CASES: dict[str, dict[str, Any] | None] = {
     "no client (broker alone)": None,
     "shipped": {},

@@ -19,7 +19,7 @@ the wait reads (an idle producer's process CPU over 4 s, with and without them).
 ``ferret produce`` is :class:`services.producer.stream.SampleProducer` as this checkout has it (``--rate 84``),
 latency = receipt − the sample's event time (wall clock).
 
-    .venv/bin/python benchmarks/service/first_records.py          # → results/first_records.{md,json}
+    .venv/bin/python -m benchmarks.service.first_records          # → results/first_records.{md,json}
 """
 
 from __future__ import annotations
@@ -34,14 +34,11 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as h
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from benchmarks.service import harness as h
 from ferret_core.data import Dataset
 from services.config import KafkaSettings, ProducerSettings
 from services.kafka.admin import ensure_topics
@@ -51,7 +48,7 @@ from services.producer.stream import SampleProducer
 from services.proto_gen.ferret.v1.messages_pb2 import Sample
 from services.trainer.stream import CONSUMER_DEFAULTS
 
-COMMAND = "python benchmarks/service/first_records.py"
+COMMAND = "python -m benchmarks.service.first_records"
 RATE = 84.0
 VALUE_BYTES = 800
 

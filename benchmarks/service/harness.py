@@ -26,21 +26,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import Consumer
+
+from ferret_core.data import Dataset, load_dataset
+from services.config import ProducerSettings, Settings, load_settings
+from services.config.data_root import default_data_root
+from services.control.client import ControlClient
+from services.localstack import LocalStack, free_port
+from services.producer import ProduceReport, SampleProducer
+from services.proto_gen.ferret.v1 import messages_pb2
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from confluent_kafka import Consumer  # noqa: E402
-
-from ferret_core.data import Dataset, load_dataset  # noqa: E402
-from services.cli.produce_cmd import default_data_root  # noqa: E402
-from services.config import ProducerSettings, Settings, load_settings  # noqa: E402
-from services.control.client import ControlClient  # noqa: E402
-from services.localstack import LocalStack, free_port  # noqa: E402
-from services.producer.stream import ProduceReport, SampleProducer  # noqa: E402
-from services.proto_gen.ferret.v1 import messages_pb2  # noqa: E402
 
 # The local broker (Tansu) does not answer a waiting fetch when records arrive: with librdkafka's default
 # fetch.wait.max.ms (500) records reach a consumer 10-260 ms after they were produced (evenly spread; see

@@ -18,8 +18,8 @@ one run:
 - **engine alone** (baseline, no Kafka): the trainer's learner (same plan and engine options) fed with
   ``WallClock.submit`` at R; latency = prediction available − the item's due time.
 
-    .venv/bin/python benchmarks/service/latency.py                    # → results/latency.{md,json}
-    .venv/bin/python benchmarks/service/latency.py --rate mnistnet=100 --rate mlp=200 --window-s 30
+    .venv/bin/python -m benchmarks.service.latency                    # → results/latency.{md,json}
+    .venv/bin/python -m benchmarks.service.latency --rate mnistnet=100 --rate mlp=200 --window-s 30
 """
 
 from __future__ import annotations
@@ -30,21 +30,18 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as h
 from confluent_kafka import Consumer
 
+from benchmarks.service import harness as h
 from services.config import ProducerSettings, load_settings
 from services.kafka.admin import ensure_topics
 from services.localstack import LocalStack
 from services.producer.stream import SampleProducer
 from services.proto_gen.ferret.v1 import messages_pb2
 
-COMMAND = "python benchmarks/service/latency.py"
+COMMAND = "python -m benchmarks.service.latency"
 GOAL_P99_MS = {"mnistnet": 50.0}
 WARMUP_S = 10.0
 WINDOW_S = 60.0

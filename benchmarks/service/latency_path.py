@@ -2,7 +2,7 @@
 (``services/trainer/path_trace.py``), split per record into the Kafka hop + loop backlog, the wait for the
 batch's earlier records, the prediction call, and building/producing the Prediction; plus the loop's pauses.
 
-    .venv/bin/python benchmarks/service/latency_path.py --model mnistnet --rate 103 --seconds 40
+    .venv/bin/python -m benchmarks.service.latency_path --model mnistnet --rate 103 --seconds 40
         # → results/latency_path-<model>[-<tag>].{md,json}
 
 The first 10 s (warm-up, as in latency.py) are reported apart. ``--tag`` names a variant (e.g. a code
@@ -15,19 +15,15 @@ import argparse
 import itertools
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as h
-
+from benchmarks.service import harness as h
 from services.trainer.path_trace import TRACE_ENV
 
-COMMAND = "python benchmarks/service/latency_path.py"
+COMMAND = "python -m benchmarks.service.latency_path"
 WARMUP_S = 10.0
 SEGMENTS = {
     "latency (published − event)": ("event", "published"),

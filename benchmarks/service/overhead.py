@@ -21,8 +21,8 @@ service runs twice per model: as shipped (its consumer uses ``fetch.wait.max.ms`
 The service shares the 2 cores with the broker, the producer and the reader: that is part of the overhead
 measured here (the CPU columns say where the cores went).
 
-    .venv/bin/python benchmarks/service/overhead.py                   # → results/overhead.{md,json}
-    .venv/bin/python benchmarks/service/overhead.py --rate mnistnet=100 --rate mlp=200 --window-s 45
+    .venv/bin/python -m benchmarks.service.overhead                   # → results/overhead.{md,json}
+    .venv/bin/python -m benchmarks.service.overhead --rate mnistnet=100 --rate mlp=200 --window-s 45
 """
 
 from __future__ import annotations
@@ -31,14 +31,11 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.service import harness as h
 
-import harness as h
-
-COMMAND = "python benchmarks/service/overhead.py"
+COMMAND = "python -m benchmarks.service.overhead"
 GOAL = 0.85
 WINDOW_S = 30.0
 # How the service's trainer receives its records. shipped: every <= 50 ms (the loop's consume(256,

@@ -3,7 +3,7 @@ producer-id state): when it gets its producer id, and the delivery latency of it
 20 ms apart, with and without waiting for the id first. Prints one line per case (issue 7g's start-up
 diagnosis; results/startup_probe.md).
 
-    .venv/bin/python benchmarks/service/producer_id_probe.py
+    .venv/bin/python -m benchmarks.service.producer_id_probe
 """
 
 import json

@@ -1,14 +1,14 @@
 """Producer rate: MNIST items (784-byte uint8 tensors, ~833-byte Sample records) into a local Tansu broker
 that this script starts (a fresh one per configuration, so the memory-only broker's data is dropped).
 
-Each configuration runs ``--repeats`` times through :class:`services.producer.stream.SampleProducer` (the code
+Each configuration runs ``--repeats`` times through :class:`services.producer.SampleProducer` (the code
 ``ferret produce`` runs); the table shows the median. The rate counts records handed to the client
 per second from the first record to the end of the final flush, with every delivery report checked
 (a failed delivery fails the benchmark). One run is read back by consuming the topic (distinct ids),
 never from watermarks. "encode only" times :class:`services.kafka.record_codec.SampleEncoder` without Kafka: the
 ceiling the Python side sets. Writes ``results/producer_rate.md``.
 
-    .venv/bin/python benchmarks/service/producer_rate.py [--items 60000] [--repeats 3]
+    .venv/bin/python -m benchmarks.service.producer_rate [--items 60000] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ import time
 from pathlib import Path
 
 from ferret_core.data import Dataset, load_dataset
-from services.cli.produce_cmd import default_data_root
 from services.config import KafkaSettings, LabelMode, ProducerSettings
+from services.config.data_root import default_data_root
 from services.kafka import count_distinct
 from services.kafka.record_codec import SampleEncoder
 from services.localstack import TansuBroker
-from services.producer.stream import ProduceReport, SampleProducer
+from services.producer import ProduceReport, SampleProducer
 
 HERE = Path(__file__).resolve().parent
 GOAL = 50_000  # items/s
-COMMAND = "python benchmarks/service/producer_rate.py"
+COMMAND = "python -m benchmarks.service.producer_rate"
 
 
 @dataclasses.dataclass(frozen=True)

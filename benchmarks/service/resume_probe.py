@@ -14,7 +14,7 @@ the resume to the first record received. Cases:
 - ``resume+wake``: the same, then :func:`services.kafka.fetch_wake.wake_fetcher` (the fix);
 - ``no-pause``: the consumer only not read for the same time (no ``pause()``).
 
-    .venv/bin/python benchmarks/service/resume_probe.py --repeats 4    # → results/resume_probe.{md,json}
+    .venv/bin/python -m benchmarks.service.resume_probe --repeats 4    # → results/resume_probe.{md,json}
 """
 
 from __future__ import annotations
@@ -25,14 +25,11 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as h
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
+from benchmarks.service import harness as h
 from services.kafka.admin import ensure_topics
 from services.kafka.fetch_wake import wake_fetcher
 from services.localstack import LocalStack
@@ -115,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     payload = {
-        "command": "python benchmarks/service/resume_probe.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m benchmarks.service.resume_probe " + " ".join(sys.argv[1:] if argv is None else argv),
         "commit": h.git_head(),
         "load_before": load_before,
         "load_after": h.load_average(),

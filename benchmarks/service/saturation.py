@@ -23,8 +23,8 @@ the Prediction's ``latency_ms`` (the trainer's publish time − the sample's eve
 every stream is left out of the latency and rate figures (a fresh idempotent producer's first records wait
 ~0.5 s on Tansu before they are even sent) and reported apart in the JSON.
 
-    .venv/bin/python benchmarks/service/saturation.py                      # → results/saturation.{md,json}
-    .venv/bin/python benchmarks/service/saturation.py --models mnistnet --budget 32MiB --out saturation-budget
+    .venv/bin/python -m benchmarks.service.saturation                      # → results/saturation.{md,json}
+    .venv/bin/python -m benchmarks.service.saturation --models mnistnet --budget 32MiB --out saturation-budget
 """
 
 from __future__ import annotations
@@ -34,16 +34,12 @@ import json
 import math
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import harness as h
-
+from benchmarks.service import harness as h
 from services.cli.args import budget_type
 
-COMMAND = "python benchmarks/service/saturation.py"
+COMMAND = "python -m benchmarks.service.saturation"
 START = {"mnistnet": 50.0, "mlp": 100.0}
 RATIO = 1.5
 COARSE_S = 15.0

@@ -7,7 +7,7 @@ does since issue 7i). Prints one line per case: ms from produce to
 receive for the first 5 records, records 40–42 (~0.5 s in) and the last 3 (issue 7g's start-up
 diagnosis; results/startup_probe.md).
 
-    .venv/bin/python benchmarks/service/startup_probe.py
+    .venv/bin/python -m benchmarks.service.startup_probe
 """
 
 import threading

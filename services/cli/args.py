@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,12 +63,3 @@ def existing_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"file {text!r} does not exist")
     return path
 
-
-def default_data_root() -> Path:
-    """``../shared/data`` next to the repository when it exists, else ``$XDG_CACHE_HOME/ferret/data``
-    (``~/.cache/ferret/data``). Only the CLI resolves this default; the core takes the root explicitly."""
-    shared = Path(__file__).resolve().parents[3] / "shared" / "data"
-    if shared.is_dir():
-        return shared
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "ferret" / "data"

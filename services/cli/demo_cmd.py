@@ -29,6 +29,7 @@ from types import FrameType
 from ferret_core.data import DATASET_NAMES
 from services.cli.args import budget_type, fraction, positive_float, positive_int
 from services.cli.logs import add_logging_arguments, configure_logging
+from services.config.data_root import default_data_root
 from services.demo.options import (
     DEFAULT_CHANGE_AT,
     DEFAULT_ITEMS,
@@ -128,8 +129,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def options_from_args(args: argparse.Namespace, stamp: str | None = None) -> DemoOptions:
     """Resolve the defaults (dataset, model, profile, out dir, topic prefix) for the given flags."""
-    from services.cli.args import default_data_root
-
     stamp = stamp or run_stamp()
     data_root = args.data_root if args.data_root is not None else default_data_root()
     dataset = resolve_dataset(args.dataset, data_root)

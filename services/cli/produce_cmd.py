@@ -30,10 +30,11 @@ from typing import Any
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from ferret_core.data import DATASET_NAMES, load_dataset
-from services.cli.args import default_data_root, non_negative_float, non_negative_int, positive_int, rate_type
+from services.cli.args import non_negative_float, non_negative_int, positive_int, rate_type
 from services.cli.logs import add_logging_arguments, configure_logging
 from services.config import Settings, load_settings
-from services.producer.stream import SampleProducer
+from services.config.data_root import default_data_root
+from services.producer import SampleProducer
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

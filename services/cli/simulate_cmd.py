@@ -84,7 +84,7 @@ from ferret_core.planning.memory_model import MemorySettings
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel, build_model
 from services import strict_json
-from services.cli.args import default_data_root, existing_file, non_negative_int, positive_float, positive_int
+from services.cli.args import existing_file, non_negative_int, positive_float, positive_int
 from services.cli.plan_cmd import (
     PLANNER_COMPENSATOR,
     add_planning_arguments,
@@ -93,6 +93,7 @@ from services.cli.plan_cmd import (
     model_from_profile,
     plan_for_algorithm,
 )
+from services.config.data_root import default_data_root
 from services.models import build_model_for, is_factory
 
 MOMENTUM = 0.9  # --optimizer momentum

@@ -11,7 +11,7 @@ import pytest
 from ferret_core.data import Dataset
 from ferret_core.errors import ConfigError
 from services.cli import produce_cmd
-from services.config import KafkaSettings, ProducerSettings, SettingsError
+from services.config import KafkaSettings, ProducerSettings, SettingsError, data_root
 from services.producer.stream import ProduceReport, SampleProducer, TokenBucket
 
 
@@ -115,6 +115,6 @@ def test_usage_errors() -> None:
 
 
 def test_default_data_root() -> None:
-    root = produce_cmd.default_data_root()
-    shared = Path(produce_cmd.__file__).resolve().parents[3] / "shared" / "data"
+    root = data_root.default_data_root()
+    shared = Path(data_root.__file__).resolve().parents[3] / "shared" / "data"
     assert root == shared if shared.is_dir() else root.parts[-2:] == ("ferret", "data")

@@ -3,11 +3,7 @@
 
 import os, time, torch
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
-from gil_probe import step  # the same digits-MLP step (gil_probe sets one torch thread)
+from benchmarks.engine.gil_probe import step  # the same digits-MLP step (gil_probe sets one torch thread)
 
 
 for _ in range(300):

@@ -8,12 +8,9 @@ import time
 
 import torch
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engine"))
-import gil_probe  # the same digits-MLP step and record-path-like thread (it sets one torch thread)
-from gil_probe import step
+# the same digits-MLP step and record-path-like thread (gil_probe sets one torch thread)
+from benchmarks.engine import gil_probe
+from benchmarks.engine.gil_probe import step
 
 
 def ctx():

@@ -5,26 +5,23 @@ and the unconstrained plan's bytes, and Ferret unconstrained without compensatio
 Each run is the CLI itself (``python -m services.cli.main simulate ... --json``); the script collects
 the JSON reports into ``results/methods.json`` and a table ``results/methods.md``.
 
-    .venv/bin/python benchmarks/engine/methods.py --items 5000
+    .venv/bin/python -m benchmarks.engine.ferret_at_budgets --items 5000
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.support import simulate_json
 from ferret_core.metrics import agm
 from ferret_core.planning.memory_model import MemorySettings
 from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.support import simulate_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROFILE = ROOT / "benchmarks" / "profiles" / "mnistnet.json"

@@ -8,7 +8,7 @@ Each run is the CLI itself (``python -m services.cli.main simulate ... --json``)
 JSON reports into ``results/methods.json`` and the table ``results/methods.md`` (agm against DAPPLE, the
 table's baseline, beside the paper's MNIST/MnNet row).
 
-    .venv/bin/python benchmarks/schedules/methods.py --items 5000
+    .venv/bin/python -m benchmarks.schedules.compare_schedules --items 5000
 """
 
 from __future__ import annotations
@@ -16,19 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.support import simulate_json
 from ferret_core.metrics import agm
 from ferret_core.planning.memory_model import MemorySettings
 from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.support import simulate_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROFILE = ROOT / "benchmarks" / "profiles" / "mnistnet.json"

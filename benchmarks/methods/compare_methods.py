@@ -10,8 +10,8 @@ defaults (Ferret: unconstrained plan M+, Iter-Fisher). Part ``algorithms``: ever
 (M+, planned for the algorithm's step; no compensation here, so that compensation's cost and effect stay
 out of the comparison of algorithms). A method that fails is recorded with its error, not dropped.
 
-    .venv/bin/python benchmarks/methods/methods.py                    # → results/methods.{md,json}
-    .venv/bin/python benchmarks/methods/methods.py --table-only       # re-render the tables from the JSON
+    .venv/bin/python -m benchmarks.methods.compare_methods            # → results/methods.{md,json}
+    .venv/bin/python -m benchmarks.methods.compare_methods --table-only   # re-render the tables from the JSON
 """
 
 from __future__ import annotations

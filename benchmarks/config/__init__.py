@@ -1,0 +1,1 @@
+"""Benchmarks of the settings loader: ours beside a pydantic-settings prototype."""

@@ -1,0 +1,1 @@
+"""The paper's experiments (``ferret bench``) and its numbers, extracted from its LaTeX."""

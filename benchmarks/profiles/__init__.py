@@ -1,0 +1,1 @@
+"""The committed model profiles and the script that adds flags to them."""

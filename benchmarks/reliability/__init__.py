@@ -1,0 +1,1 @@
+"""Reliability benchmarks: recovery after the trainer is killed."""

@@ -1,0 +1,1 @@
+"""Benchmarks of the pipeline schedules: accuracy through ferret simulate, and memory."""
