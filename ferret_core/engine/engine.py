@@ -87,11 +87,12 @@ class StreamEngine:
         algorithm: Algorithm | None = None,
         end_of_action: Callable[[], None] | None = None,
     ) -> None:
-        """``end_of_action``: called on the executing thread after every action's work (a forward, or a
-        backward with its update), before the next action; an exception it raises fails that action as
-        the action's own would (:attr:`failed_item` names its item). For a caller that injects faults
-        into training (the trainer's ``trainer.mid-step`` failpoint). CPU stages only: on CUDA stages
-        the wall clock puts its per-action device synchronization there instead."""
+        """``end_of_action``: called on the executing thread after each step an action runs (a forward, a
+        recompute, a backward, an update: one call per trace event), before the next; an exception it
+        raises fails that action as the action's own would (:attr:`failed_item` names its item). For a
+        caller that injects faults into training (the trainer's ``trainer.mid-step`` failpoint). CPU
+        stages only: on CUDA stages the wall clock puts its per-action device synchronization there
+        instead."""
         self.setup = setup
         self.settings = settings or EngineSettings()
         plan = setup.plan
