@@ -12,6 +12,7 @@ An engine is used for one run: its versions, counters and trace accumulate.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,9 +32,11 @@ from ferret_core.engine.result import EngineStats, SimulationResult
 from ferret_core.engine.stage_exec import build_stages
 from ferret_core.engine.steps import Algorithm
 from ferret_core.engine.trace import plan_bounds, validate_trace
+from ferret_core.engine.versions import StageVersion
 from ferret_core.engine.virtual_clock import Sample, VirtualClock
 from ferret_core.engine.wall_clock import WallClock
 from ferret_core.errors import ConfigError
+from ferret_core.plan import Plan
 from ferret_core.profile import ModelProfile
 from ferret_core.schedule.stage_times import StageTimes
 from ferret_core.staleness import ring_capacity
@@ -65,7 +68,13 @@ class EngineSettings:
 
 
 class StreamEngine:
-    """One policy's pipeline over a model given as its ordered units."""
+    """One policy's pipeline over a model given as its ordered units.
+
+    An adapter (the trainer service) reads and drives the engine only through this class: the plan in
+    force (:attr:`plan`, :attr:`planned`, :meth:`retarget`), the master's weights (:meth:`masters`,
+    :meth:`unit_state`, :meth:`evaluate`), counters (:meth:`stats`, :meth:`updates`), the compensators'
+    state, the item a failed action blames (:attr:`failed_item`) and a hook run after every action
+    (``end_of_action``). ``pipeline`` and ``setup`` are the engine's own; tests of the engine read them."""
 
     def __init__(
         self,
@@ -76,7 +85,14 @@ class StreamEngine:
         devices: Sequence[torch.device] | None = None,
         optimizer: Optimizer | None = None,
         algorithm: Algorithm | None = None,
+        end_of_action: Callable[[], None] | None = None,
     ) -> None:
+        """``end_of_action``: called on the executing thread after each step an action runs (a forward, a
+        recompute, a backward, an update: one call per trace event), before the next; an exception it
+        raises fails that action as the action's own would (:attr:`failed_item` names its item). For a
+        caller that injects faults into training (the trainer's ``trainer.mid-step`` failpoint). CPU
+        stages only: on CUDA stages the wall clock puts its per-action device synchronization there
+        instead."""
         self.setup = setup
         self.settings = settings or EngineSettings()
         plan = setup.plan
@@ -103,9 +119,72 @@ class StreamEngine:
             algorithm=algorithm,
             feeder=setup.feeder,
             lr=s.lr,
+            end_of_action=end_of_action,
         )
         if meter is not None:
             meter.sample()  # what an idle engine holds (weights, optimizer, compensators): never 0 bytes
+
+    @property
+    def plan(self) -> Plan:
+        """The plan in force: the one the engine was built for, or the last :meth:`retarget`'s."""
+        return self.setup.plan
+
+    @property
+    def planned(self) -> Plan | None:
+        """The planner's plan whose predicted bytes are reported (``None``: the method plans no bytes)."""
+        return self.setup.planned
+
+    def can_retarget(self, plan: Plan) -> bool:
+        """Whether the running pipeline already runs ``plan``: the same model, partition, workers
+        (accumulation, liveness, recomputation), decay, profile stage times, dtype and memory model as
+        the plan in force, so the same scheduler rules, staleness bounds and compensators. Such a plan
+        differs only in the arrival interval and what the planner derives from it (R_F, predicted bytes),
+        which the running pipeline does not read: :meth:`retarget` takes it without a rebuild."""
+        old = self.setup.plan
+
+        def shape(p: Plan) -> tuple[object, ...]:
+            return (p.model, p.partition, p.workers, p.decay, p.stage_forward_time, p.stage_backward_time, p.dtype)
+
+        return shape(plan) == shape(old) and plan.memory_model == old.memory_model
+
+    def retarget(self, plan: Plan) -> None:
+        """Make ``plan`` the plan in force, and the planned one, while the pipeline runs on undrained: a
+        re-plan that only moved the stream's rate needs no drain and no rebuild (no pause).
+        :attr:`plan`, :attr:`planned`, :meth:`stats` and :meth:`result` report ``plan`` from here on (its
+        staleness bounds, its predicted bytes). Raises :class:`ConfigError` unless :meth:`can_retarget`:
+        a plan that changes the pipeline needs a new engine."""
+        if not self.can_retarget(plan):
+            raise ConfigError("retarget takes a plan the running pipeline already runs (see can_retarget)")
+        self.setup = dataclasses.replace(self.setup, plan=plan, planned=plan)
+
+    @property
+    def failed_item(self) -> int | None:
+        """The item of the first action that raised (``None`` while none has): a caller blames that item's
+        input for the failure, not the later arrival whose call reported it."""
+        return self.pipeline.failed_item
+
+    def masters(self) -> tuple[StageVersion, ...]:
+        """The current master version of every stage, from any thread, without the pipeline lock (for
+        predictions and inspection of the weights). Versions are immutable: read them, never write them;
+        holding them keeps an update from overwriting them in place."""
+        return self.pipeline.masters()
+
+    def unit_state(self) -> dict[tuple[int, str], Tensor]:
+        """Copies of the master's tensors (parameters and buffers), stage by stage, keyed by the unit's
+        index in the model and the tensor's name inside the unit: what the model's units hold once the
+        master is copied into them (snapshots, and the weights a rebuilt engine starts from). Take it
+        drained for weights that reflect every dispatched item."""
+        stages = self.setup.plan.partition.stages
+        out: dict[tuple[int, str], Tensor] = {}
+        for j, tensors in enumerate(self.pipeline.master_state()):
+            for key, value in tensors.items():
+                local, _, name = key.partition(".")
+                out[(stages[j][int(local)], name)] = value
+        return out
+
+    def evaluate(self, x: Tensor, y: Tensor) -> float:
+        """Test accuracy (percent) of the current master on the labelled split ``x``, ``y``."""
+        return self.pipeline.evaluate(x, y)
 
     def run_virtual(
         self,

@@ -349,11 +349,11 @@ def simulate_dataset(
 
     def evaluate(x: torch.Tensor, y: torch.Tensor) -> float:  # a task's held-out items, resized like the stream
         if not resize:
-            return engine.pipeline.evaluate(x, y)
+            return engine.evaluate(x, y)
         correct = 0.0
         for start in range(0, len(y), 100):
             part = slice(start, start + 100)
-            correct += engine.pipeline.evaluate(resize_images(x[part], size), y[part]) * len(y[part])
+            correct += engine.evaluate(resize_images(x[part], size), y[part]) * len(y[part])
         return correct / len(y)
 
     tasks = None
@@ -380,7 +380,7 @@ def simulate_dataset(
         tasks.finish()
     correct = seen = 0.0
     for x, y in test_batches(dataset, model.input_shape):
-        correct += engine.pipeline.evaluate(x, y) * len(y)
+        correct += engine.evaluate(x, y) * len(y)
         seen += len(y)
     return dataclasses.replace(result, tacc=correct / seen if seen else None), tasks
 

@@ -18,7 +18,6 @@ restarts empty).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -72,13 +71,18 @@ class EngineLearner:
     def _start(self, plan: Plan) -> None:
         setup, admission = self._live_setup(plan)
         self.admission = admission
-        self.engine = StreamEngine(self.model.units, setup, self.engine_settings, devices=self._stage_devices(plan))
-        if is_enabled("trainer.mid-step"):  # test-only: fail inside a training step (CPU stages)
-            self.engine.pipeline.end_of_action = lambda: failpoint("trainer.mid-step")
+        mid_step = (lambda: failpoint("trainer.mid-step")) if is_enabled("trainer.mid-step") else None
+        self.engine = StreamEngine(
+            self.model.units,
+            setup,
+            self.engine_settings,
+            devices=self._stage_devices(plan),
+            end_of_action=mid_step,  # test-only: fail inside a training step (CPU stages)
+        )
         # predictions inline on the record path's thread: no hand-over to a prediction thread and back;
         # training too where this plan trains on the loop (``trains_on_loop``)
         self.clock: WallClock = self.engine.wall_clock(
-            admission=admission, inline_predictions=True, inline_training=self.trains_on_loop(self.engine.pipeline.plan)
+            admission=admission, inline_predictions=True, inline_training=self.trains_on_loop(self.engine.plan)
         ).start()
 
     def trains_on_loop(self, plan: Plan) -> bool:
@@ -114,7 +118,7 @@ class EngineLearner:
 
     @property
     def plan(self) -> Plan:
-        return self.engine.setup.plan
+        return self.engine.plan
 
     # -- the record path's call ------------------------------------------------------------------------
     def arrive(self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None) -> ArrivalOutcome:
@@ -168,12 +172,12 @@ class EngineLearner:
 
     def _failed(self, item: int, exc: Exception) -> LearnerFailed:
         """Name the item whose action failed (it may have arrived earlier)."""
-        failed = self.engine.pipeline.failed_item
+        failed = self.engine.failed_item
         return LearnerFailed(item if failed is None else failed, exc)
 
     def _largest_weight(self) -> float:
         """The largest |value| of the master's parameters (held versions are not written: safe while training)."""
-        masters = self.engine.pipeline.masters()
+        masters = self.engine.masters()
         return max((float(t.detach().abs().max()) for v in masters for t in v.params if t.numel()), default=0.0)
 
     def drain(self, timeout: float | None = None) -> None:
@@ -188,7 +192,7 @@ class EngineLearner:
                 f"({self.model.num_units} units)"
             )
         if self._runs_unchanged(plan):  # only the stream's rate moved: no drain, no rebuild (no pause)
-            self.engine.setup = dataclasses.replace(self.engine.setup, plan=plan, planned=plan)
+            self.engine.retarget(plan)
             return
         self.clock.drain()
         self._copy_master_into_units()
@@ -213,50 +217,29 @@ class EngineLearner:
         self._truncated_before += truncated - self._truncated_now()  # what the carry did not keep
 
     def _runs_unchanged(self, plan: Plan) -> bool:
-        """Whether the pipeline in force already runs ``plan``: the same partition, workers (accumulation,
-        liveness, recomputation), decay and profile times as the plan in force — so the same scheduler
-        rules, staleness bounds and compensators — and the same admission W and K. Such a plan differs only
-        in the arrival interval and what the planner derives from it (R_F, predicted bytes), which the
-        running engine does not read; a re-plan to it would drain the pipeline (448–599 ms without
-        predictions, ``docs/service.md`` "Latency") to rebuild the same pipeline."""
-        old = self.plan
-
-        def shape(p: Plan) -> tuple[object, ...]:
-            return (p.model, p.partition, p.workers, p.decay, p.stage_forward_time, p.stage_backward_time, p.dtype)
-
-        if shape(plan) != shape(old) or plan.memory_model != old.memory_model:
+        """Whether the pipeline in force already runs ``plan`` (:meth:`StreamEngine.can_retarget`: the same
+        partition, workers, decay and profile times, so the same scheduler rules, staleness bounds and
+        compensators) with the same admission W and K. Such a plan differs only in the arrival interval
+        and what the planner derives from it (R_F, predicted bytes), which the running engine does not
+        read; a re-plan to it would drain the pipeline (448–599 ms without predictions,
+        ``docs/service.md`` "Latency") to rebuild the same pipeline."""
+        if not self.engine.can_retarget(plan):
             return False
         _, admission = self._live_setup(plan)
         return admission == self.admission
 
     # -- state -----------------------------------------------------------------------------------------
     def _copy_master_into_units(self) -> None:
-        for tensors in self._unit_tensors().values():
-            for (unit, name), value in tensors.items():
-                with torch.no_grad():
-                    self._unit_tensor(unit, name).copy_(value)
+        for (unit, name), value in self.engine.unit_state().items():
+            with torch.no_grad():
+                self._unit_tensor(unit, name).copy_(value)
 
     def _unit_tensor(self, unit: int, name: str) -> torch.Tensor:
         module = self.model.units[unit]
         return module.get_parameter(name) if name in dict(module.named_parameters()) else module.get_buffer(name)
 
-    def _unit_tensors(self) -> dict[int, dict[tuple[int, str], torch.Tensor]]:
-        """Master tensors by stage, keyed by (unit index, name inside the unit)."""
-        out: dict[int, dict[tuple[int, str], torch.Tensor]] = {}
-        stages = self.engine.setup.plan.partition.stages
-        for j, tensors in enumerate(self.engine.pipeline.master_state()):
-            out[j] = {}
-            for key, value in tensors.items():
-                local, _, name = key.partition(".")
-                out[j][(stages[j][int(local)], name)] = value
-        return out
-
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        out = {
-            f"model.{unit}.{name}": value
-            for tensors in self._unit_tensors().values()
-            for (unit, name), value in tensors.items()
-        }
+        out = {f"model.{unit}.{name}": value for (unit, name), value in self.engine.unit_state().items()}
         out["engine.updates"] = torch.tensor(self._model_version())
         return out
 
@@ -271,7 +254,7 @@ class EngineLearner:
         self._updates_before = int(tensors.get("engine.updates", torch.tensor(0)))
         self._backprops_before += self.engine.stats().trained_any_stage
         self._non_finite_before += self.engine.stats().skipped.get(SkipReason.NON_FINITE.value, 0)
-        plan = self.engine.setup.plan
+        plan = self.engine.plan
         self.clock.close()
         self._start(plan)
 
@@ -288,7 +271,7 @@ class EngineLearner:
         stats = self.engine.stats()
         measured = stats.peak_bytes or 0
         staleness = stats.mean_staleness
-        planned = self.engine.setup.planned  # the method's own plan of bytes (None: not planned)
+        planned = self.engine.planned  # the method's own plan of bytes (None: not planned)
         return LearnerStats(
             backward_passes=self._backprops_before + stats.trained_any_stage,
             model_version=self._updates_before + stats.updates,

@@ -4,16 +4,21 @@ round-trips exactly and carries across a re-plan (:mod:`ferret_core.engine.carry
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import math
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 from torch.testing import assert_close
 
 from ferret_core.compensation import CompensatorSettings, make_compensator
-from ferret_core.engine import EngineSettings, EngineStats, FerretPolicy, StreamEngine
+from ferret_core.engine import EngineSettings, EngineStats, FerretPolicy, Kind, Oracle, StreamEngine
 from ferret_core.engine.carry import carry_compensator_states
 from ferret_core.errors import ConfigError
+from ferret_core.plan import Plan
 from tests.unit.test_engine_support import make_plan, run_plan, stream, tiny_units, uniform_times
 
 # η_λ large enough that λ visibly moves in a few dozen items (the paper's 2e-6 leaves it at λ⁰).
@@ -167,3 +172,203 @@ def test_carrying_between_different_compensators_is_refused() -> None:
     fresh = [make_compensator("iter-fisher", [torch.zeros(2)], TUNED, 1).state_dict()]
     with pytest.raises(ConfigError, match="different compensators"):
         carry_compensator_states(old, fresh, same_partition=True)
+
+
+# -- the plan in force, the master's weights, a failed action's item, the per-action hook ----------------
+
+
+def test_plan_and_planned_are_the_setups() -> None:
+    plan = make_plan(2, 2)
+    engine = engine_for(plan)
+    assert engine.plan == plan and engine.planned == plan
+    assert StreamEngine(tiny_units(), Oracle().setup("tiny", 3, 1.0)).planned is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"arrival_interval": 0.25},
+        {"adaptation_rate": 0.5},
+        {"planned_bytes": 1},
+    ],
+)
+def test_a_plan_that_only_moves_the_rate_is_retargeted_while_the_pipeline_runs(change: dict[str, object]) -> None:
+    plan = make_plan(2, 2)
+    engine = engine_for(plan, compensator="none")
+    pipeline = engine.pipeline
+    items = stream(12)
+    faster = dataclasses.replace(plan, **change)  # type: ignore[arg-type]
+    with engine.wall_clock() as clock:
+        for i, item in enumerate(items[:6]):
+            clock.submit(item.x, item.y, index=i).result(10)
+        assert engine.can_retarget(faster)
+        engine.retarget(faster)  # undrained: the executors run on
+        assert engine.plan == faster and engine.planned == faster
+        for i, item in enumerate(items[6:], start=6):
+            clock.submit(item.x, item.y, index=i).result(10)
+        clock.drain(30)
+    assert engine.pipeline is pipeline  # not rebuilt
+    stats = engine.stats()
+    assert stats.items == 12 and stats.in_flight == 0 and stats.updates > 0
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        make_plan(2, 1),  # a worker fewer
+        make_plan(3, 2, num_units=2 * 2 - 1),  # other stages
+        make_plan(2, 2, recompute=True),
+        make_plan(2, 2, accumulation=2),
+        dataclasses.replace(make_plan(2, 2), decay=0.2),
+        dataclasses.replace(make_plan(2, 2), stage_forward_time=3.0),
+        dataclasses.replace(make_plan(2, 2), stage_backward_time=3.0),
+        dataclasses.replace(make_plan(2, 2), dtype="bfloat16"),
+        dataclasses.replace(make_plan(2, 2), memory_model="none"),
+        dataclasses.replace(make_plan(2, 2), model="other"),
+    ],
+)
+def test_a_plan_that_changes_the_pipeline_is_refused_and_the_plan_stays(other: Plan) -> None:
+    plan = make_plan(2, 2)
+    engine = engine_for(plan)
+    assert not engine.can_retarget(other)
+    with pytest.raises(ConfigError, match="retarget"):
+        engine.retarget(other)
+    assert engine.plan == plan and engine.planned == plan
+
+
+def _named_tensors(unit: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {**dict(unit.named_parameters()), **dict(unit.named_buffers())}
+
+
+def test_unit_state_keys_every_units_tensors_and_copies_the_master() -> None:
+    plan = make_plan(2, 1, num_units=3)  # stages [0, 2), [2, 3): unit 1 is stage 0's second unit
+    units = tiny_units(num_units=3)
+    units[1].register_buffer("scale", torch.full((2,), 3.0))  # a buffer, keyed as parameters are
+    engine = StreamEngine(units, FerretPolicy(plan).setup("tiny", 3, 1.0), EngineSettings())
+    before = engine.unit_state()
+    assert before.keys() == {(u, name) for u, unit in enumerate(units) for name in _named_tensors(unit)}
+    for (u, name), value in before.items():
+        assert_close(value, _named_tensors(units[u])[name], rtol=0.0, atol=0.0)  # built from the units
+    engine.run_virtual(stream(20), uniform_times(2), 1.0)
+    after = engine.unit_state()
+    assert not torch.equal(after[(0, "0.weight")], before[(0, "0.weight")])  # trained
+    # stage by stage, in the stage module's order: the masters' tensors
+    flat = [t for version in engine.masters() for t in version.tensors()]
+    assert len(flat) == len(after)
+    for value, master in zip(after.values(), flat, strict=True):
+        assert_close(value, master, rtol=0.0, atol=0.0)
+        assert value.data_ptr() != master.data_ptr()  # a copy: writing it leaves the master alone
+
+
+def test_masters_are_one_version_per_stage_and_move_with_updates() -> None:
+    engine = engine_for(make_plan(3, 2), compensator="none")
+    initial = engine.masters()
+    assert [v.stage for v in initial] == [0, 1, 2] and all(v.version == 0 for v in initial)
+    result = engine.run_virtual(stream(20), uniform_times(3), 1.0)
+    masters = engine.masters()
+    assert [v.version for v in masters] == list(result.updates_per_stage)
+
+
+def test_evaluate_is_the_results_test_accuracy() -> None:
+    engine = engine_for(make_plan(2, 1), compensator="none")
+    items = stream(40)
+    x = torch.stack([item.x for item in items])
+    y = torch.tensor([item.y for item in items])
+    result = engine.run_virtual(items[:30], uniform_times(2), 1.0, test=(x, y))
+    assert result.tacc is not None and engine.evaluate(x, y) == result.tacc
+
+
+def _hooked(hook: Callable[[], None]) -> StreamEngine:
+    return StreamEngine(
+        tiny_units(num_units=1), FerretPolicy(make_plan(1, 1)).setup("tiny", 1, 1.0), end_of_action=hook
+    )
+
+
+def test_end_of_action_runs_after_every_action_and_a_failure_names_its_item() -> None:
+    calls: list[int] = []
+    result = _hooked(lambda: calls.append(1)).run_virtual(stream(5), uniform_times(1), 1.0)
+    events = result.trace
+    assert events is not None and len(calls) == len(events) > 0  # after every F, B and U
+    last_forward = max(k for k, event in enumerate(events) if event.kind is Kind.F)
+    blamed = events[last_forward].item
+    assert blamed not in (0, 4)  # neither the first item nor the last arrival: the failing action's own
+
+    def fail_at_the_last_forward() -> None:
+        failed.append(1)
+        if len(failed) == last_forward + 1:
+            raise RuntimeError("injected")
+
+    failed: list[int] = []
+    engine = _hooked(fail_at_the_last_forward)
+    assert engine.failed_item is None
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.run_virtual(stream(5), uniform_times(1), 1.0)
+    assert engine.failed_item == blamed
+
+
+# -- services/ drive the engine through this facade only -------------------------------------------------
+
+SERVICES = Path(__file__).resolve().parents[2] / "services"
+ENGINE_INTERNALS = frozenset({"pipeline", "setup"})
+
+
+def internal_accesses(source: str) -> list[str]:
+    """Where ``source`` reads or writes an attribute ``pipeline`` or ``setup`` that it does not call
+    (``StreamEngine.pipeline``/``.setup``, ``WallClock.pipeline``; ``policy.setup(...)`` and
+    ``redis.pipeline(...)`` are calls), or names one to ``getattr``/``setattr``: ``line: expression``."""
+    tree = ast.parse(source)
+    called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+
+    def internal(node: ast.expr) -> bool:
+        if isinstance(node, ast.Attribute):
+            return node.attr in ENGINE_INTERNALS and id(node) not in called
+        return (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in {"getattr", "setattr", "hasattr"}
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in ENGINE_INTERNALS
+        )
+
+    hits = [node for node in ast.walk(tree) if isinstance(node, ast.expr) and internal(node)]
+    return [f"{node.lineno}: {ast.unparse(node)}" for node in hits]
+
+
+@pytest.mark.parametrize(
+    "violation",
+    [
+        "self.engine.pipeline.end_of_action = hook",
+        "failed = self.engine.pipeline.failed_item",
+        "self.engine.setup = dataclasses.replace(self.engine.setup, plan=plan)",
+        "stages = self._engine.setup.plan.partition.stages",
+        "masters = learner.engine.pipeline.masters()",
+        "p = engine.pipeline",
+        "return clock.pipeline.plan",
+        "item = getattr(self.engine, 'pipeline').failed_item",
+    ],
+)
+def test_the_check_catches_an_access_to_the_engines_internals(violation: str) -> None:
+    assert internal_accesses(f"def f(self, engine, learner, clock, hook, plan):\n    {violation}\n")
+
+
+def test_the_check_lets_calls_named_setup_or_pipeline_through() -> None:
+    source = (
+        "setup = make_policy(method, plan).setup(model, units, interval)\n"
+        "pipe = self._redis.pipeline(transaction=False)\n"
+        "plan = self.engine.plan\n"
+    )
+    assert internal_accesses(source) == []
+
+
+def test_services_reach_the_engine_only_through_its_facade() -> None:
+    files = sorted(SERVICES.rglob("*.py"))
+    learner = SERVICES / "trainer" / "engine_learner.py"
+    assert learner in files and len(files) > 50  # the check reads the adapter and the whole tree
+    assert "self.engine." in learner.read_text(encoding="utf-8")  # the adapter does drive an engine
+    found = {
+        str(path.relative_to(SERVICES.parent)): hits
+        for path in files
+        if (hits := internal_accesses(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}

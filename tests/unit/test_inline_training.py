@@ -6,6 +6,7 @@ kept and raised as a thread's is; the trainer's loop polls without waiting while
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -16,17 +17,18 @@ from ferret_core.errors import FerretError
 from tests.unit.test_engine_support import make_plan, stream, tiny_units
 
 
-def _engine(stages: int = 1, workers: int = 1) -> StreamEngine:
+def _engine(stages: int = 1, workers: int = 1, end_of_action: Callable[[], None] | None = None) -> StreamEngine:
     units = tiny_units(num_units=2)
     return StreamEngine(
         units,
         FerretPolicy(make_plan(stages, workers, num_units=2)).setup("tiny", len(units), 0.0),
         EngineSettings(keep_trace=False, validate=False),
+        end_of_action=end_of_action,
     )
 
 
 def _masters(engine: StreamEngine) -> list[torch.Tensor]:
-    return [t.clone() for v in engine.pipeline.masters() for t in v.params]
+    return [t.clone() for v in engine.masters() for t in v.params]
 
 
 @pytest.mark.parametrize(("stages", "workers"), [(1, 1), (2, 2)], ids=["1x1", "2x2"])
@@ -80,18 +82,16 @@ def test_executor_threads_ignore_train_step() -> None:
 
 
 def test_a_failed_action_is_raised_then_kept_for_the_next_call() -> None:
-    engine = _engine()
-
     def broken() -> None:
         raise RuntimeError("backward failed")
 
-    engine.pipeline.end_of_action = broken
+    engine = _engine(end_of_action=broken)
     clock = engine.wall_clock(inline_training=True).start()
     item = stream(1)[0]
     clock.outcome(clock.submit(item.x, item.y), timeout=30)
     with pytest.raises(RuntimeError, match="backward failed"):
         clock.train_step()
-    assert engine.pipeline.failed_item == 0
+    assert engine.failed_item == 0
     assert not clock.pending_training()  # stopped: the loop does not spin on it
     with pytest.raises(RuntimeError, match="backward failed"):  # as an executor thread's failure is
         clock.submit(item.x, item.y)

@@ -89,8 +89,8 @@ def test_the_learner_reports_a_schedules_planned_bytes_for_the_status() -> None:
         stats = learner.stats()
     finally:
         learner.close()
-    assert learner.engine.setup.planned is not None
-    assert stats.planned_bytes == learner.engine.setup.planned.planned_bytes > 0
+    assert learner.engine.planned is not None
+    assert stats.planned_bytes == learner.engine.planned.planned_bytes > 0
 
 
 def test_oracle_trains_every_item_of_a_burst_in_order() -> None:
@@ -156,7 +156,7 @@ def test_a_replan_that_only_moves_the_rate_keeps_the_running_pipeline() -> None:
         faster = dataclasses.replace(learner.plan, arrival_interval=learner.plan.arrival_interval / 2)
         learner.apply_plan(faster)
         assert learner.clock is clock and learner.engine is engine
-        assert learner.plan == faster and learner.engine.setup.planned == faster
+        assert learner.plan == faster and learner.engine.planned == faster
         assert burst(learner, 4).count(None) >= 1
         learner.apply_plan(make_plan(2, 1, num_units=learner.model.num_units))
         assert learner.clock is not clock and learner.plan.num_stages == 2

@@ -103,4 +103,4 @@ def test_measured_peak_stays_within_planned_with_the_queue_full(method: str, mon
     assert sum(o is None for o in outcomes) >= learner.admission.queue_slots  # the queue filled
     assert stats.planned_bytes is not None
     assert 0 < stats.peak_bytes <= stats.planned_bytes
-    assert "admission_queue" in learner.engine.setup.planned.memory_breakdown  # type: ignore[union-attr]
+    assert "admission_queue" in learner.engine.planned.memory_breakdown  # type: ignore[union-attr]
