@@ -188,22 +188,22 @@ def main() -> int:
     cli_below = [
         e for e in service_edges if e.target.startswith("services.cli") and not e.source.startswith("services.cli")
     ]
+    service_circles = circles(service_edges)
+    core_problems = (
+        [f"up-arrow {e.source} -> {e.target} (line {e.line})" for e in arrows]
+        + [f"circle {' -> '.join(c)}" for c in core_circles]
+        + [f"lazy {i.module}:{i.line} imports {i.imported}" for i in lazy]
+    )
+    service_problems = [f"circle {' -> '.join(c)}" for c in service_circles] + [
+        f"{e.source} -> {e.target} (line {e.line}) imports the CLI from below it" for e in cli_below
+    ]
     print(f"ferret_core: {len(core_edges)} import edges, {len(arrows)} up-arrows, {len(core_circles)} circles, "
           f"{len(lazy)} lazy imports (besides optional dependencies: {len(core_lazy) - len(lazy)})")
-    for edge in arrows:
-        print(f"  up-arrow {edge.source} -> {edge.target} (line {edge.line})")
-    for circle in core_circles:
-        print(f"  circle {' -> '.join(circle)}")
-    for imp in lazy:
-        print(f"  lazy {imp.module}:{imp.line} imports {imp.imported}")
-    service_circles = circles(service_edges)
+    print("".join(f"  {line}\n" for line in core_problems), end="")
     print(f"services: {len(service_edges)} import edges, {len(service_circles)} circles, "
           f"{len(cli_below)} imports of services.cli from below it, {len(service_lazy)} imports not at top level")
-    for circle in service_circles:
-        print(f"  circle {' -> '.join(circle)}")
-    for edge in cli_below:
-        print(f"  {edge.source} -> {edge.target} (line {edge.line})")
-    return 1 if arrows or core_circles or lazy or service_circles or cli_below else 0
+    print("".join(f"  {line}\n" for line in service_problems), end="")
+    return 1 if core_problems or service_problems else 0
 
 
 if __name__ == "__main__":

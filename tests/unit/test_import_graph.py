@@ -5,6 +5,7 @@ the services have no circles either (the CLI on the roof is ``test_units.py``'s)
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -90,3 +91,12 @@ def test_checker_finds_an_up_arrow_a_circle_and_a_lazy_import(tmp_path: Path) ->
         ("ferret_core.engine.clock", "ferret_core.engine.pipeline"),
         ("ferret_core.engine.clock", "ferret_core.errors"),
     ]
+
+
+def test_the_script_reports_the_facts_and_exits_0() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "import_graph.py")], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 up-arrows, 0 circles, 0 lazy imports" in done.stdout
+    assert "services:" in done.stdout and " 0 circles, 0 imports of services.cli from below it" in done.stdout
