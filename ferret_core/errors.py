@@ -39,6 +39,11 @@ class InfeasibleBudgetError(FerretError, ValueError):
         )
 
 
+class ScheduleError(FerretError, RuntimeError):
+    """An engine invariant broke while running a schedule (a bug or a misused life cycle, not a user's
+    value): an executor asked for what it does not hold, a version slot pool ran dry, a process died."""
+
+
 class DataError(FerretError, FileNotFoundError):
     """A dataset is missing or malformed."""
 

@@ -1,0 +1,1 @@
+"""Process and distributed executors: throughput, start-up and failure measurements."""

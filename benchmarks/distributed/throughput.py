@@ -1,0 +1,304 @@
+"""Trained items per second at saturation: process executors against the plain loop, the inline engine
+and the thread executors, in one run on this machine.
+
+Every arm sees the same items of a real dataset, the same initial weights and learning rate, and (for
+the stream arms) the same paced stream at ``--rate-factor`` × the plain loop's capacity, so every arm is
+saturated and must predict every arrival as well as train:
+
+* **plain capacity, 1 / 2 torch threads**: predict + one SGD step per item, back to back (no stream): the
+  most a sequential loop can train, and the other obvious use of two cores (intra-op threads);
+* **plain loop** on the stream: predict every arrival (the backlog in one batched forward), train on the
+  newest, skip the rest while behind (what a user would write; one thread);
+* **engine inline 1 × 1**: Ferret's wall clock training on the caller's thread (what the trainer runs today);
+* **thread executors 1 × N**: the wall clock's executor threads, N workers, one process;
+* **process executors 1 × N**: :class:`ferret_core.engine.processes.ProcessClock`, N worker processes over
+  the master in shared memory; its start-up, each process's CPU and the coordinator's CPU are reported.
+
+*Trained items/s* = items trained ÷ (first arrival → drained). Ratios are to the plain loop on the same
+stream, and to the plain loop's capacity. One torch thread per executor (and per plain loop, except the
+2-thread arm); compensator ``none``; every worker one stage (the layout process executors run today).
+
+    .venv/bin/python -m benchmarks.distributed.throughput                       # → results/throughput.{md,json}
+    .venv/bin/python -m benchmarks.distributed.throughput --models mnistnet --items 600 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmarks.support import short_head, write_result
+from ferret_core.data import load_dataset, normalise
+from ferret_core.engine import EngineSettings, StreamEngine
+from ferret_core.engine.policies import PolicySetup, sequential_plan
+from ferret_core.engine.processes import ProcessClock, ProcessSettings
+from ferret_core.plan import WorkerConfig
+from ferret_core.schedule.scheduler import PlanRules
+from ferret_core.zoo import build_model
+from services.config.data_root import default_data_root
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# model, dataset, build_model keywords, learning rate
+CASES: dict[str, tuple[str, dict[str, Any], float]] = {
+    "mlp": ("digits", {"in_features": 64}, 0.05),
+    "mnistnet": ("mnist", {}, 0.02),
+    "convnet": ("cifar10", {}, 0.02),
+    "resnet18": ("cifar10", {}, 0.02),
+}
+
+
+def load_items(dataset: str, n: int, root: Path) -> tuple[list[torch.Tensor], list[int]]:
+    data = load_dataset(dataset, root)
+    xs = [normalise(np.asarray(data.x_train[i])) for i in range(n)]
+    return xs, [int(data.y_train[i]) for i in range(n)]
+
+
+def units_of(model: str, kwargs: dict[str, Any]) -> list[nn.Module]:
+    return list(build_model(model, seed=0, **kwargs).units)
+
+
+def setup_for(model: str, num_units: int, workers: int, interval: float) -> PolicySetup:
+    plan = sequential_plan(model, num_units, interval)
+    plan = dataclasses.replace(
+        plan,
+        workers=tuple(
+            WorkerConfig(n, live=True, recompute=False, accumulation=(1,), omission=(0,)) for n in range(workers)
+        ),
+    )
+    return PolicySetup("ferret", plan, PlanRules(plan), instant=False, planned=None)
+
+
+Warm = tuple[list[torch.Tensor], list[int]]
+
+# ---------------------------------------------------------------------------------------------- arms
+def plain_capacity(
+    units: list[nn.Module], xs: list[torch.Tensor], ys: list[int], lr: float, threads: int
+) -> dict[str, Any]:
+    torch.set_num_threads(threads)
+    model = nn.Sequential(*copy.deepcopy(units))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    for x, y in zip(xs, ys, strict=True):
+        with torch.no_grad():
+            model(x.unsqueeze(0)).argmax(1)
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x.unsqueeze(0)), torch.tensor([y])).backward()
+        opt.step()
+    elapsed = time.perf_counter() - t0
+    torch.set_num_threads(1)
+    return {"trained": len(xs), "elapsed_s": elapsed, "cpu_s": time.process_time() - cpu0}
+
+
+def plain_stream(
+    units: list[nn.Module], xs: list[torch.Tensor], ys: list[int], lr: float, rate: float
+) -> dict[str, Any]:
+    """Predict every arrival (the backlog batched), train on the newest, skip the rest while behind."""
+    model = nn.Sequential(*copy.deepcopy(units))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    n = len(xs)
+    trained = 0
+    nxt = 0
+    cpu0 = time.process_time()
+    t0 = time.perf_counter()
+    while nxt < n:
+        arrived = min(n, int((time.perf_counter() - t0) * rate) + 1)
+        if arrived <= nxt:
+            time.sleep(max(0.0, t0 + nxt / rate - time.perf_counter()))
+            continue
+        with torch.no_grad():
+            model(torch.stack(xs[nxt:arrived])).argmax(1)
+        newest = arrived - 1
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(xs[newest].unsqueeze(0)), torch.tensor([ys[newest]])).backward()
+        opt.step()
+        trained += 1
+        nxt = arrived
+    return {"trained": trained, "elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0}
+
+
+def paced(submit: Callable[[torch.Tensor, int], None], xs: list[torch.Tensor], ys: list[int], rate: float,
+          idle: Callable[[float], None] | None = None) -> float:
+    t0 = time.perf_counter()
+    for k, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        due = t0 + k / rate
+        if idle is not None:
+            idle(due)
+        delay = due - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        submit(x, y)
+    return t0
+
+
+def engine_wall(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: list[int], lr: float, rate: float,
+                workers: int, inline: bool, warm: Warm) -> dict[str, Any]:
+    setup = setup_for(model, len(units), workers, 1.0 / rate)
+    engine = StreamEngine(units, setup, EngineSettings(lr=lr, measure_memory=False, keep_trace=False))
+    clock = engine.wall_clock(inline_training=inline, inline_predictions=True)
+    futures = []
+    with clock:
+        for x, y in zip(*warm, strict=True):  # every executor's first actions (kernels, allocator), untimed
+            clock.submit(x, y)
+            clock.predict_queued()
+            clock.drain(60)
+        cpu0 = time.process_time()
+
+        def submit(x: torch.Tensor, y: int) -> None:
+            futures.append(clock.submit(x, y))
+            clock.predict_queued()
+
+        t0 = paced(submit, xs, ys, rate, clock.train_until if inline else None)
+        clock.drain(300)
+        elapsed = time.perf_counter() - t0
+    trained = sum(f.result().skipped is None for f in futures)
+    return {"trained": trained, "elapsed_s": elapsed, "cpu_s": time.process_time() - cpu0}
+
+
+def processes(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: list[int], lr: float, rate: float,
+              workers: int, warm: Warm) -> dict[str, Any]:
+    setup = setup_for(model, len(units), workers, 1.0 / rate)
+    clock = ProcessClock(units, setup, ProcessSettings(lr=lr, keep_trace=False))
+    with clock:
+        start_s = clock.start_seconds
+        for x, y in zip(*warm, strict=True):  # every executor's first actions (kernels, allocator), untimed
+            clock.submit(x, y)
+            clock.drain(60)
+        base = clock.usage()
+        trained = 0
+        cpu0 = time.process_time()
+
+        def submit(x: torch.Tensor, y: int) -> None:
+            nonlocal trained
+            trained += clock.submit(x, y).skipped is None
+
+        t0 = paced(submit, xs, ys, rate)
+        clock.drain(300)
+        elapsed = time.perf_counter() - t0
+        usage = clock.usage()
+        shared = clock.shared_bytes()
+    return {
+        "trained": trained,
+        "elapsed_s": elapsed,
+        "cpu_s": time.process_time() - cpu0,
+        "start_s": start_s,
+        "executor_cpu_s": [u.cpu_seconds - b.cpu_seconds for u, b in zip(usage, base, strict=True)],
+        "executor_rss_mib": [u.max_rss_bytes / 2**20 for u in usage],
+        "shared_mib": shared / 2**20,
+    }
+
+
+# --------------------------------------------------------------------------------------------- driver
+def measure(model: str, items: int, warm: int, repeats: int, factor: float, workers: int, root: Path) -> dict[str, Any]:
+    dataset, kwargs, lr = CASES[model]
+    xs, ys = load_items(dataset, items + warm, root)
+    units = units_of(model, kwargs)
+    plain_capacity(units, xs[:warm], ys[:warm], lr, 1)  # warm-up: kernels, allocator
+    warm_items = (xs[: 2 * workers], ys[: 2 * workers])
+    xs, ys = xs[warm:], ys[warm:]
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for _ in range(repeats):
+        cap1 = plain_capacity(units, xs, ys, lr, 1)
+        rate = factor * cap1["trained"] / cap1["elapsed_s"]
+        arms = {
+            "plain capacity, 1 thread": cap1,
+            "plain capacity, 2 threads": plain_capacity(units, xs, ys, lr, 2),
+            "plain loop": plain_stream(units, xs, ys, lr, rate),
+            "engine inline 1 × 1": engine_wall(units, model, xs, ys, lr, rate, 1, True, warm_items),
+            f"thread executors 1 × {workers}": engine_wall(units, model, xs, ys, lr, rate, workers, False, warm_items),
+            "process executors 1 × 1": processes(units, model, xs, ys, lr, rate, 1, warm_items),
+            f"process executors 1 × {workers}": processes(units, model, xs, ys, lr, rate, workers, warm_items),
+        }
+        for name, row in arms.items():
+            rows.setdefault(name, []).append({**row, "stream_rate": rate, "per_s": row["trained"] / row["elapsed_s"]})
+    return {"model": model, "dataset": dataset, "items": items, "lr": lr, "arms": rows}
+
+
+def _median(rows: Sequence[dict[str, Any]], key: str) -> float:
+    return float(statistics.median(float(r[key]) for r in rows))
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "| model / data | arm | trained items/s (median) | ÷ plain loop (same stream) | ÷ plain capacity | "
+        "trained share | CPU s (caller / executors) | start-up s |",
+        "|---|---|---:|---:|---:|---:|---|---:|",
+    ]
+    for res in results:
+        arms = res["arms"]
+        plain = _median(arms["plain loop"], "per_s")
+        capacity = _median(arms["plain capacity, 1 thread"], "per_s")
+        for name, rows in arms.items():
+            per_s = _median(rows, "per_s")
+            share = statistics.median(r["trained"] / res["items"] for r in rows)
+            executors = rows[-1].get("executor_cpu_s")
+            cpu = f"{_median(rows, 'cpu_s'):.1f}"
+            if executors is not None:
+                cpu += " / " + ", ".join(f"{c:.1f}" for c in executors)
+            start = f"{_median(rows, 'start_s'):.3f}" if "start_s" in rows[-1] else ""
+            lines.append(
+                f"| {res['model']} / {res['dataset']} | {name} | {per_s:.1f} | {per_s / plain:.2f}× | "
+                f"{per_s / capacity:.2f}× | {100 * share:.0f} % | {cpu} | {start} |"
+            )
+    return "\n".join(lines)
+
+
+def render(result: dict[str, Any], factor: float, repeats: int) -> str:
+    return (
+        f"# Trained items/s at saturation ({factor:g}× the plain loop's capacity)\n\n"
+        f"Command: `{result['command']}` at {result['commit']}; {result['cpus']} CPUs, load before "
+        f"{result['load_before'][0]:.2f}; medians of {repeats} repeats.\n\n{table(result['results'])}\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["mlp", "mnistnet", "convnet", "resnet18"], choices=list(CASES))
+    parser.add_argument("--items", type=int, default=600, help="items per arm (resnet18 uses a quarter)")
+    parser.add_argument("--warm", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rate-factor", type=float, default=2.0, help="stream rate ÷ the plain loop's capacity")
+    parser.add_argument("--workers", type=int, default=2, help="N of the multi-worker arms")
+    parser.add_argument("--data-root", type=Path, default=None)
+    parser.add_argument("--out", default="throughput")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    root = args.data_root or default_data_root()
+    load = os.getloadavg()
+    results = []
+    for model in args.models:
+        items = max(50, args.items // 4) if model == "resnet18" else args.items
+        results.append(measure(model, items, args.warm, args.repeats, args.rate_factor, args.workers, root))
+        print(table(results[-1:]), flush=True)
+    result = {
+        "command": " ".join([".venv/bin/python", "-m", "benchmarks.distributed.throughput", *(argv or sys.argv[1:])]),
+        "commit": short_head(),
+        "cpus": os.cpu_count(),
+        "load_before": load,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "results": results,
+    }
+    write_result(RESULTS, args.out, result, lambda r: render(r, args.rate_factor, args.repeats))
+    print(json.dumps({"written": str(RESULTS / args.out)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

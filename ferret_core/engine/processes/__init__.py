@@ -1,0 +1,7 @@
+"""Executors as OS processes: a one-stage plan's workers in parallel over a master in shared memory
+(:class:`ProcessClock`), with version slots and reader counts in place of Python-owned versions."""
+
+from ferret_core.engine.processes.clock import ProcessClock, ProcessSettings, ProcessUsage
+from ferret_core.engine.processes.slots import SharedStageVersions, slots_needed
+
+__all__ = ["ProcessClock", "ProcessSettings", "ProcessUsage", "SharedStageVersions", "slots_needed"]

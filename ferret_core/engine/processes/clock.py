@@ -1,0 +1,466 @@
+"""Executors as OS processes over a master in shared memory: the wall clock's schedule, run in parallel.
+
+On a CPU, the thread executors of :mod:`ferret_core.engine.wall_clock` share one interpreter: Python's
+GIL serialises their Python parts, so on a 2-core machine more threads trained *fewer* items than one.
+Here each live worker's executor is a process (:mod:`ferret_core.engine.processes.executor`), started
+from a forkserver that preloads torch (a few MB and milliseconds per process instead of a fresh
+interpreter's 1–2 s), and the caller's process is the **coordinator**:
+
+* it predicts every arrival with the current master, read straight from shared memory under a pin
+  (predictions never wait for training), and dispatches it with the same admission rule
+  (:meth:`Scheduler.can_admit`, T3's alignment, T4's removed workers) as the other clocks;
+* one router thread drives the same :class:`~ferret_core.schedule.scheduler.Scheduler`: it starts each
+  executor's next action by sending it down that executor's pipe, records the executor's answer as the
+  trace events the validator reads (:func:`ferret_core.engine.trace.validate_trace`), and starts the next;
+* the master's versions live in shared slots with reader counts (:mod:`.slots`): weight stashing,
+  replicas refreshed at a worker's own update points and out-of-place updates, as on the other clocks.
+
+**What runs here today.** Plans of one stage: N workers × 1 stage, the layout measured to pay on one
+host (each item's work stays in one process; no activation crosses a process boundary). A plan of
+several stages needs stage ranks exchanging activations and gradients over ``torch.distributed``, which
+is not built: such a plan, a buffering method, an OCL algorithm other than ``vanilla``, SGD momentum and
+compensators that observe every master update (``iter-fisher``, ``iter-fisher-cf``, ``gap-aware``) are
+refused with :class:`~ferret_core.errors.NotImplementedFeatureError`; run them on the wall clock.
+Each executor keeps its own compensator state (the thread engine shares one per stage): a stateful
+compensator (Fisher's moments, lean Iter-Fisher's λ) learns from its worker's gradients only.
+
+**Failures.** The first exception in an executor (sent with its traceback) or an executor process that
+dies (a signal, the OOM killer) stops every executor within the router's next wake-up and is raised in
+the caller by the next :meth:`submit`, :meth:`drain` or :meth:`close`, naming the worker and, where it
+knows it, the item; executors also exit when the coordinator's process is gone (their pipe closes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import multiprocessing.connection as mpc
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.multiprocessing as tmp
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ferret_core.compensation import CompensatorSettings, make_compensator
+from ferret_core.engine.policies import PolicySetup
+from ferret_core.engine.processes.executor import ExecutorSpec, executor_main
+from ferret_core.engine.processes.slots import SharedStageVersions, stage_versions
+from ferret_core.engine.stage_exec import build_stages, predict_logits
+from ferret_core.engine.state import Counters
+from ferret_core.engine.trace import validate_trace
+from ferret_core.engine.wall_clock import Arrival, ClockStopped
+from ferret_core.errors import ConfigError, NotImplementedFeatureError, ScheduleError
+from ferret_core.metrics import OnlineAccuracy
+from ferret_core.schedule.actions import Action, Kind, SkipReason, TraceEvent
+from ferret_core.schedule.scheduler import Scheduler
+from ferret_core.staleness import ring_capacity
+
+START_METHOD = "forkserver"
+PRELOAD = ["torch", "ferret_core.engine.processes.executor"]
+JOIN_TIMEOUT_S = 5.0  # a closed executor that has not exited by then is killed
+
+
+@dataclass(frozen=True)
+class ProcessSettings:
+    """``lr``: the master's plain SGD. ``compensator``: a registry name (see the module docstring for
+    those that run here). ``threads``: torch threads per executor process. ``keep_trace``: keep every
+    trace event (validation). ``top_k``: classes an :class:`Arrival` reports."""
+
+    lr: float = 1e-3
+    compensator: str = "none"
+    compensator_settings: CompensatorSettings = field(default_factory=CompensatorSettings)
+    threads: int = 1
+    keep_trace: bool = True
+    top_k: int = 1
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    """One executor process's CPU seconds and peak resident bytes (its own, shared segments included
+    where it touched them), read when asked."""
+
+    worker: int
+    pid: int
+    cpu_seconds: float
+    max_rss_bytes: int
+
+
+class ProcessClock:
+    """Drives a one-stage plan's live workers as processes (see the module docstring).
+
+    >>> with ProcessClock(units, setup, ProcessSettings(lr=0.02)) as clock:   # doctest: +SKIP
+    ...     outcome = clock.submit(x, y)           # predicted now; trained by a worker process
+    ...     clock.drain()
+    """
+
+    def __init__(self, units: Sequence[nn.Module], setup: PolicySetup, settings: ProcessSettings | None = None) -> None:
+        self.settings = s = settings or ProcessSettings()
+        plan = setup.plan
+        _check_supported(setup, s)
+        self.plan = plan
+        self.rules = setup.rules
+        self.scheduler = Scheduler(setup.rules)
+        recomputes = any(w.recompute for w in plan.workers)
+        programs, initial = build_stages(units, plan.partition, allow_stochastic=not recomputes)
+        self._programs = programs
+        self._predict_runners = [p.runner() for p in programs]
+        self._initial = initial
+        self.counters = Counters(plan.num_workers, plan.num_stages)
+        self.online = OnlineAccuracy()
+        self.trace: list[TraceEvent] | None = [] if s.keep_trace else None
+        self.failed_item: int | None = None
+        self._lock = threading.Condition()
+        self._inputs: dict[int, tuple[Tensor, int]] = {}
+        self._counter = itertools.count()
+        self._error: BaseException | None = None
+        self._started = False
+        self._stopping = False
+        self._usage: dict[int, ProcessUsage] = {}
+        self._live = [w.index for w in plan.workers if w.live]
+        self.stages: list[SharedStageVersions] = []
+        self._conns: dict[int, mpc.Connection] = {}
+        self._processes: dict[int, Any] = {}
+        self._router: threading.Thread | None = None
+        self._wake_r, self._wake_w = mpc.Pipe(duplex=False)
+        self.start_seconds = math.nan  # start() to every executor ready
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    def start(self) -> ProcessClock:
+        if self._started:
+            raise ScheduleError("the process clock is already started")
+        t0 = time.perf_counter()
+        ctx: Any = tmp.get_context(START_METHOD)
+        ctx.set_forkserver_preload(PRELOAD)
+        self.stages = stage_versions(self._initial, len(self._live), ctx.Lock)
+        s = self.settings
+        for n in self._live:
+            worker = self.plan.workers[n]
+            spec = ExecutorSpec(
+                worker=n,
+                program=self._programs[0],
+                replica=self.stages[0].pin_current(),  # worker n's first replica: the master, version 0
+                accumulation=worker.accumulation[0],
+                recompute=worker.recompute,
+                lr=s.lr,
+                compensator=s.compensator,
+                compensator_settings=s.compensator_settings,
+                ring_capacity=ring_capacity(self.plan, 0),
+                threads=s.threads,
+            )
+            parent, child = ctx.Pipe(duplex=True)
+            process = ctx.Process(
+                target=executor_main, args=(child, spec, self.stages[0]), name=f"ferret-w{n}s0", daemon=True
+            )
+            process.start()
+            child.close()
+            self._conns[n] = parent
+            self._processes[n] = process
+        self._started = True
+        self._router = threading.Thread(target=self._route, name="ferret-router", daemon=True)
+        self._router.start()
+        self.origin = t0
+        self.start_seconds = time.perf_counter() - t0
+        return self
+
+    def close(self, *, reraise: bool = True) -> None:
+        """Stop every executor (items in flight are abandoned; :meth:`drain` first to finish them) and
+        raise an executor's failure unless ``reraise`` is false."""
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        for conn in self._conns.values():
+            with contextlib.suppress(OSError, EOFError):
+                conn.send(None)
+        self._wake_w.send(None)
+        if self._router is not None:
+            self._router.join()
+        self._stop_processes()
+        self._started = False
+        if reraise:
+            self._raise_if_failed()
+
+    def __enter__(self) -> ProcessClock:
+        return self.start()
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(reraise=exc_type is None)
+
+    # ------------------------------------------------------------------------------------- arrivals
+    def submit(self, x: Tensor, y: int | None, *, index: int | None = None) -> Arrival:
+        """Predict one arrival (a sample without batch dimension) with the current master, on the caller's
+        thread, and dispatch it: admitted to worker i mod N, or skipped with the reason."""
+        with self._lock:
+            self._raise_if_failed()
+            if self._stopping or not self._started:
+                raise ClockStopped("the process clock is not running: start() it (or it was closed)")
+        i = next(self._counter) if index is None else index
+        top, version = self._predict(x)
+        prediction, confidence = top[0]
+        with self._lock:
+            c = self.counters
+            c.items += 1
+            if y is not None:
+                self.online.update(prediction, y)
+            reason, worker = self._admit(i, x, y)
+            if reason is not None:
+                c.skipped[reason.value] += 1
+            elif worker is not None:
+                self._kick(worker)
+        return Arrival(i, prediction, reason, confidence, worker, tuple(top), version)
+
+    def run_stream(self, items: Iterable[tuple[Tensor, int | None]], arrival_interval: float) -> None:
+        """Submit ``items`` every ``arrival_interval`` seconds (paced on the wall clock), then drain."""
+        t0 = time.perf_counter()
+        for k, (x, y) in enumerate(items):
+            delay = t0 + k * arrival_interval - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            self.submit(x, y)
+        self.drain()
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait until every admitted item has finished (raises an executor's failure)."""
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        with self._lock:
+            while not self.scheduler.idle() and self._error is None:
+                left = None if deadline is None else deadline - time.perf_counter()
+                if left is not None and left <= 0:
+                    raise ScheduleError(f"drain timed out after {timeout} s with items in flight")
+                self._lock.wait(left)
+            self._raise_if_failed()
+
+    # ------------------------------------------------------------------------------------ reporting
+    def master_state(self) -> list[dict[str, Tensor]]:
+        """Copies of the current master's tensors by stage, keyed by the stage module's parameter and
+        buffer names (as :meth:`Pipeline.master_state`)."""
+        out = []
+        for program, stage in zip(self._programs, self.stages, strict=True):
+            tensors = [*stage.copy_current(), *(b.clone() for b in stage.buffers)]
+            out.append(dict(zip(program.param_names + program.buffer_names, tensors, strict=True)))
+        return out
+
+    def shared_bytes(self) -> int:
+        """Bytes of the shared version slots (each counted once, however many processes map it)."""
+        return sum(stage.nbytes() for stage in self.stages)
+
+    def usage(self, timeout: float = 5.0) -> list[ProcessUsage]:
+        """CPU seconds and peak RSS of every executor process (asked over their pipes; call drained)."""
+        with self._lock:
+            self._usage.clear()
+            for conn in self._conns.values():
+                conn.send(("stats",))
+            deadline = time.perf_counter() + timeout
+            while len(self._usage) < len(self._conns) and self._error is None:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    raise ScheduleError(f"executors did not report their usage within {timeout} s")
+                self._lock.wait(left)
+            self._raise_if_failed()
+            return [self._usage[n] for n in sorted(self._usage)]
+
+    def ordered_trace(self) -> list[TraceEvent]:
+        """The trace in the order its events ended (executors report concurrently; their stamps come from
+        one monotonic clock, and an update's end is stamped under its stage's update lock, so versions
+        appear in the order they were written)."""
+        if self.trace is None:
+            raise ScheduleError("the trace was not kept (ProcessSettings.keep_trace)")
+        with self._lock:
+            return sorted(self.trace, key=lambda e: (e.end, e.start))
+
+    def validate(self) -> None:
+        """Check the executed trace against the schedule's invariants (staleness is reported, not bounded:
+        executors run when their inputs are ready, as on the wall clock)."""
+        validate_trace(self.ordered_trace(), self.plan, check_staleness=False)
+
+    # ---------------------------------------------------------------------------------------- inside
+    def _predict(self, x: Tensor) -> tuple[list[tuple[int, float]], int]:
+        pins = [stage.pin_current() for stage in self.stages]
+        try:
+            versions = [stage.view(slot, v) for stage, (slot, v) in zip(self.stages, pins, strict=True)]
+            logits = predict_logits(self._predict_runners, versions, x.unsqueeze(0))
+        finally:
+            for stage, (slot, _) in zip(self.stages, pins, strict=True):
+                stage.unpin(slot)
+        probs = F.softmax(logits.float(), dim=1)[0]
+        k = min(self.settings.top_k, probs.numel())
+        values, classes = torch.sort(probs, descending=True, stable=True)
+        top = list(zip(classes[:k].tolist(), values[:k].tolist(), strict=True))
+        return top, sum(v for _, v in pins)
+
+    def _admit(self, index: int, x: Tensor, y: int | None) -> tuple[SkipReason | None, int | None]:
+        """The wall clock's admission (:meth:`Pipeline._admit`) for a one-stage plan; call under the lock."""
+        if y is None:
+            return SkipReason.NO_LABEL, None
+        n = index % self.plan.num_workers
+        if not self.plan.workers[n].live:
+            return SkipReason.WORKER_REMOVED, None
+        m = self.counters.admitted[n]
+        lowest = self.rules.lowest_backprop_stage(n, m)
+        if lowest is None:
+            self.counters.admitted[n] += 1
+            return SkipReason.OMITTED, None
+        if not self.scheduler.can_admit(n):
+            return SkipReason.BUSY, None
+        self.counters.admitted[n] += 1
+        self._inputs[index] = (x, y)
+        self.scheduler.admit(n, index, lowest)
+        return None, n
+
+    def _kick(self, worker: int) -> None:
+        """Start executor (worker, 0)'s next action, if it has one; call under the lock. With one stage the
+        next action is an item's F, and the executor runs its B right after (see :meth:`_handle`)."""
+        action = self.scheduler.next_action(worker, 0)
+        if action is None or self._error is not None:
+            return
+        if action.kind is not Kind.F:
+            raise ScheduleError(f"{action}: a one-stage executor runs an item's B with its F, never alone")
+        self.scheduler.start(action)
+        x, y = self._inputs.pop(action.item)
+        self._conns[worker].send(("FB", action.item, x.detach().cpu().numpy(), int(y)))
+
+    def _route(self) -> None:
+        """The router thread: executors' answers in, next actions out, failures stop everything."""
+        by_conn = {conn: n for n, conn in self._conns.items()}
+        by_sentinel = {self._processes[n].sentinel: n for n in self._conns}
+        waits: list[Any] = [self._wake_r, *by_conn, *by_sentinel]
+        while True:
+            with self._lock:
+                if self._stopping or self._error is not None:
+                    return
+            for ready in mpc.wait(waits):
+                if ready is self._wake_r:
+                    return
+                if ready in by_sentinel:
+                    n = by_sentinel[ready]
+                    conn = self._conns[n]
+                    while conn.poll():  # its last words first (an error it sent before exiting)
+                        self._handle(n, conn.recv())
+                    self._fail(ScheduleError(
+                        f"executor process of worker {n} (pid {self._processes[n].pid}) exited with code "
+                        f"{self._processes[n].exitcode} while the clock ran"
+                    ))
+                    return
+                n = by_conn[ready]  # type: ignore[index]
+                try:
+                    message = self._conns[n].recv()
+                except (EOFError, OSError):
+                    self._fail(ScheduleError(f"executor process of worker {n} closed its pipe (it died)"))
+                    return
+                self._handle(n, message)
+
+    def _handle(self, n: int, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        with self._lock:
+            if kind == "FB":
+                self._forward_done(n, message[1])
+                self._backward_done(n, message[2])
+            elif kind == "stats":
+                _, cpu, rss = message
+                self._usage[n] = ProcessUsage(n, self._processes[n].pid, cpu, rss)
+                self._lock.notify_all()
+            elif kind == "error":
+                _, item, text, tb = message
+                if self.failed_item is None:
+                    self.failed_item = item
+                self._fail_locked(ScheduleError(f"executor of worker {n} failed on item {item}: {text}\n{tb}"))
+            else:
+                self._fail_locked(ScheduleError(f"executor of worker {n} sent an unknown message {kind!r}"))
+
+    def _forward_done(self, n: int, report: tuple[Any, ...]) -> None:
+        """Replay an F the executor ran through the scheduler, and start the B it ran next."""
+        _, item, read, t0, t1 = report
+        self.scheduler.finish(Action(Kind.F, n, 0, item))
+        self.counters.forwards[n][0] += 1
+        self._record(Kind.F, n, item, read, None, t0, t1)
+        backward = self.scheduler.next_action(n, 0)
+        if backward != Action(Kind.B, n, 0, item):
+            raise ScheduleError(f"executor {n}/0 ran item {item}'s B, the scheduler's next action is {backward}")
+        self.scheduler.start(backward)
+
+    def _backward_done(self, n: int, report: tuple[Any, ...]) -> None:
+        _, item, read, t0, t_recompute, t1, update, non_finite = report
+        c = self.counters
+        b_start = t0
+        if t_recompute is not None:
+            c.recomputes[n][0] += 1
+            self._record(Kind.R, n, item, read, None, t0, t_recompute)
+            b_start = t_recompute
+        c.backwards[n][0] += 1
+        self._record(Kind.B, n, item, read, None, b_start, t1)
+        if update is not None:
+            master_read, written, tu0, tu1, stalenesses = update
+            c.updates[n][0] += 1
+            c.staleness_sum[0] += sum(stalenesses)
+            c.staleness_count[0] += len(stalenesses)
+            c.staleness_max[0] = max(c.staleness_max[0], *stalenesses)
+            self._record(Kind.U, n, item, master_read, written, tu0, tu1)
+        if non_finite:
+            c.skipped[SkipReason.NON_FINITE.value] += 1
+        else:
+            c.trained += 1
+            c.trained_any_stage += 1
+        self.scheduler.finish(Action(Kind.B, n, 0, item))
+        self._kick(n)
+        self._lock.notify_all()
+
+    def _record(self, kind: Kind, n: int, item: int, read: int, written: int | None, t0: float, t1: float) -> None:
+        if self.trace is not None:
+            self.trace.append(TraceEvent(kind, n, 0, item, read, written, t0 - self.origin, t1 - self.origin))
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            self._fail_locked(exc)
+
+    def _fail_locked(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        self._lock.notify_all()
+        for process in self._processes.values():
+            if process.is_alive():
+                process.kill()
+
+    def _stop_processes(self) -> None:
+        deadline = time.perf_counter() + JOIN_TIMEOUT_S
+        for process in self._processes.values():
+            process.join(max(0.0, deadline - time.perf_counter()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+        for conn in self._conns.values():
+            conn.close()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+
+def _check_supported(setup: PolicySetup, settings: ProcessSettings) -> None:
+    """What this version of the process executors runs (see the module docstring)."""
+    plan = setup.plan
+    if plan.num_stages != 1:
+        raise NotImplementedFeatureError(
+            f"process executors run plans of one stage (N workers × 1 stage); this plan has {plan.num_stages} "
+            "stages, whose executors would exchange activations over torch.distributed (not built yet): run it "
+            "on the wall clock's executor threads, or plan with one stage"
+        )
+    if setup.feeder is not None or setup.pipeline_type is not None or setup.instant:
+        raise NotImplementedFeatureError(
+            f"method {setup.method!r} is not run on process executors (buffering methods, flushing schedules "
+            "and instant methods run on the wall clock)"
+        )
+    if settings.threads < 1:
+        raise ConfigError(f"threads per executor must be >= 1, got {settings.threads}")
+    compensator = make_compensator(settings.compensator, [torch.zeros(1)], settings.compensator_settings, 0)
+    if compensator.needs_deltas:
+        raise NotImplementedFeatureError(
+            f"compensator {settings.compensator!r} observes every master update, which executor processes do "
+            "not share; use none, step-aware, fisher or iter-fisher-lean on process executors"
+        )
+    del compensator
+

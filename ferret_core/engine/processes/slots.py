@@ -1,0 +1,177 @@
+"""One stage's model versions in shared memory, for executors that are processes (DESIGN §3.13).
+
+The thread engine's versions are immutable Python objects whose lifetime reference counting decides
+(:mod:`ferret_core.engine.versions`). Across processes the same rules need explicit ownership: a stage
+keeps ``K`` preallocated parameter *slots* in shared memory, each with the master version it holds and a
+reader count, under one cross-process lock:
+
+* the **master** is the slot marked current;
+* worker n's **replica** is the slot it pinned at its own last update (or version 0): its forwards read
+  it, and it changes only at the worker's own update points, as on the other clocks;
+* a **stash** is a pin an in-flight item holds from its forward to its backward, so the backward and the
+  compensation read the weights the forward read;
+* a prediction pins the master for the duration of its forward pass.
+
+Two cross-process locks per stage: :attr:`SharedStageVersions.lock` guards the slot table (pins, the
+current slot; held for microseconds), :attr:`SharedStageVersions.update_lock` serialises the stage's
+updates (compensation, optimizer step, publish), as the thread engine's stage lock does, so a reader
+never waits for an optimizer step. An update writes the new master into a slot nobody reads (reader
+count 0, not current) and then marks it current: no slot is ever written while it is read, so a reader
+needs no lock beyond its pin. Buffers (eval-mode statistics) never change in training and are shared
+once.
+
+Slots needed per stage j, at most: the master, one replica per live worker, one stash per item in flight
+at j (at most P − j per worker), one prediction and the slot an update writes into.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from ferret_core.engine.versions import StageVersion
+from ferret_core.errors import ScheduleError
+
+_CURRENT = 0  # meta[0]: the current slot; meta[1 + k]: version of slot k; meta[1 + K + k]: readers of slot k
+
+
+class Lock(Protocol):
+    """A cross-process lock (``multiprocessing`` context's ``Lock``)."""
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: object) -> Any: ...
+
+
+def _shared(tensor: Tensor) -> Tensor:
+    """``tensor`` moved into shared memory (in place)."""
+    tensor.share_memory_()  # type: ignore[no-untyped-call]
+    return tensor
+
+
+def slots_needed(live_workers: int, num_stages: int, stage: int) -> int:
+    """K for ``stage``: master, replicas, stashes (P − j per worker), one prediction, one being written."""
+    return 1 + live_workers + live_workers * (num_stages - stage) + 1 + 1
+
+
+class SharedStageVersions:
+    """``K`` version slots of one stage in shared memory (see the module docstring). Picklable to a child
+    process started by a ``torch.multiprocessing`` context: the tensors travel as shared-memory handles
+    and the lock as the context's lock, so every process reads and writes the same slots."""
+
+    def __init__(self, initial: StageVersion, slots: int, lock: Lock, update_lock: Lock) -> None:
+        if slots < 3:
+            raise ScheduleError(f"a stage needs at least 3 version slots (master, replica, update), got {slots}")
+        self.stage = initial.stage
+        self.num_slots = slots
+        self.lock = lock
+        self.update_lock = update_lock
+        self.params: tuple[tuple[Tensor, ...], ...] = tuple(
+            tuple(_shared(torch.empty_like(p)) for p in initial.params) for _ in range(slots)
+        )
+        self.buffers: tuple[Tensor, ...] = tuple(_shared(b.detach().clone()) for b in initial.buffers)
+        self.meta = _shared(torch.zeros(1 + 2 * slots, dtype=torch.int64))
+        with torch.no_grad():
+            for dst, src in zip(self.params[0], initial.params, strict=True):
+                dst.copy_(src)
+        self.meta[1] = initial.version
+
+    # ------------------------------------------------------------------------------- read (any process)
+    def view(self, slot: int, version: int) -> StageVersion:
+        """Slot ``slot`` as a version (the caller holds a pin on it, and read ``version`` when it pinned)."""
+        return StageVersion(self.stage, version, self.params[slot], self.buffers)
+
+    def pin_current(self) -> tuple[int, int]:
+        """Pin the master: (slot, version). Unpin it when done reading."""
+        with self.lock:
+            slot = int(self.meta[_CURRENT])
+            self.meta[1 + self.num_slots + slot] += 1
+            return slot, int(self.meta[1 + slot])
+
+    def pin(self, slot: int) -> int:
+        """Add a reader to ``slot`` (which the caller already reads through a pin): its version."""
+        with self.lock:
+            self.meta[1 + self.num_slots + slot] += 1
+            return int(self.meta[1 + slot])
+
+    def unpin(self, slot: int) -> None:
+        with self.lock:
+            self._unpin(slot)
+
+    def current_version(self) -> int:
+        with self.lock:
+            return int(self.meta[1 + int(self.meta[_CURRENT])])
+
+    def readers(self) -> list[int]:
+        """Reader count of every slot (for tests and diagnostics)."""
+        with self.lock:
+            return [int(r) for r in self.meta[1 + self.num_slots :]]
+
+    # ------------------------------------------------------------ update (call under the update lock)
+    def current(self) -> tuple[int, int]:
+        """(slot, version) of the master. Under :attr:`update_lock` it stays the master (and is not
+        written) until the caller publishes."""
+        with self.lock:
+            slot = int(self.meta[_CURRENT])
+            return slot, int(self.meta[1 + slot])
+
+    def free_slot(self) -> int:
+        """A slot nobody reads and that is not the master, to write the next master into (under
+        :attr:`update_lock` no one else picks it). Raises :class:`ScheduleError` when every slot is taken
+        (more readers than the schedule allows: a bug)."""
+        with self.lock:
+            current = int(self.meta[_CURRENT])
+            readers = self.meta[1 + self.num_slots :].tolist()
+        for slot, count in enumerate(readers):
+            if count == 0 and slot != current:
+                return slot
+        raise ScheduleError(
+            f"stage {self.stage}: all {self.num_slots} version slots are read (readers {readers}); the schedule "
+            "holds more versions than slots_needed allows"
+        )
+
+    def publish(self, slot: int, version: int, *, replica: int | None = None) -> None:
+        """Make ``slot`` (just written) the master at ``version``; with ``replica`` (the publishing
+        worker's old replica slot), move that worker's replica pin to the new master in the same step."""
+        with self.lock:
+            self.meta[1 + slot] = version
+            self.meta[_CURRENT] = slot
+            if replica is not None:
+                self.meta[1 + self.num_slots + slot] += 1
+                self._unpin(replica)
+
+    def _unpin(self, slot: int) -> None:
+        count = int(self.meta[1 + self.num_slots + slot])
+        if count <= 0:
+            raise ScheduleError(f"stage {self.stage}: slot {slot} unpinned more often than pinned")
+        self.meta[1 + self.num_slots + slot] = count - 1
+
+    # ------------------------------------------------------------------------------------- reporting
+    def nbytes(self) -> int:
+        """Bytes of every slot and the buffers: what the shared segments hold (counted once, whichever
+        processes map them)."""
+        slots = sum(t.numel() * t.element_size() for row in self.params for t in row)
+        return int(slots + sum(b.numel() * b.element_size() for b in self.buffers) + self.meta.numel() * 8)
+
+    def copy_current(self) -> list[Tensor]:
+        """Copies of the master's parameters (snapshots, tests)."""
+        slot, _ = self.pin_current()
+        try:
+            return [p.clone() for p in self.params[slot]]
+        finally:
+            self.unpin(slot)
+
+
+def stage_versions(
+    initial: Sequence[StageVersion], live_workers: int, lock_factory: Any
+) -> list[SharedStageVersions]:
+    """Shared slots for every stage of a plan with ``live_workers`` live workers; ``lock_factory()`` makes
+    a cross-process lock (two per stage)."""
+    p = len(initial)
+    return [
+        SharedStageVersions(v, slots_needed(live_workers, p, v.stage), lock_factory(), lock_factory())
+        for v in initial
+    ]

@@ -1,0 +1,156 @@
+"""Process executors (:mod:`ferret_core.engine.processes`): real OS processes over shared memory.
+
+Transparency (one worker, no staleness ⇒ the plain SGD loop's weights, to the bit), the executed trace
+through the validator, the counts, and failures: an executor's exception and a kill -9 reach the caller
+within seconds and leave no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from ferret_core.engine.policies import PolicySetup
+from ferret_core.engine.processes import ProcessClock, ProcessSettings
+from ferret_core.errors import ScheduleError
+from ferret_core.plan import Plan
+from ferret_core.schedule.scheduler import PlanRules
+from tests.unit.test_engine_equivalence import EXACT, plain_sgd
+from tests.unit.test_engine_support import IN_FEATURES, make_plan, stream, tiny_units
+
+pytestmark = pytest.mark.integration
+
+
+def setup_for(plan: Plan) -> PolicySetup:
+    return PolicySetup("ferret", plan, PlanRules(plan), instant=False, planned=None)
+
+
+def sequentially(clock: ProcessClock, items: list) -> None:
+    """Every item trained before the next arrives (what a slow stream does)."""
+    for item in items:
+        arrival = clock.submit(item.x, item.y)
+        assert arrival.skipped is None
+        clock.drain(timeout=30)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_one_worker_equals_the_plain_sgd_loop(recompute: bool) -> None:
+    units, items = tiny_units(), stream(30)
+    plan = make_plan(1, 1, num_units=3, recompute=recompute)
+    with ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.05)) as clock:
+        sequentially(clock, items)
+        state = clock.master_state()[0]
+        clock.validate()
+        assert clock.counters.trained == 30 and clock.counters.updates[0] == [30]
+        assert clock.counters.recomputes[0] == [30 if recompute else 0]
+    assert_close(state, plain_sgd(units, items, 0.05), **EXACT)
+
+
+def test_predictions_come_from_the_master_and_carry_its_version() -> None:
+    units, items = tiny_units(), stream(6)
+    plan = make_plan(1, 1, num_units=3)
+    with ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.05, top_k=3)) as clock:
+        versions = []
+        for item in items:
+            arrival = clock.submit(item.x, item.y)
+            versions.append(arrival.version)
+            assert len(arrival.top_k) == 3 and arrival.top_k[0] == (arrival.prediction, arrival.confidence)
+            clock.drain(timeout=30)
+    assert versions == [0, 1, 2, 3, 4, 5]  # each item predicted after every earlier one was trained
+
+
+def test_two_workers_count_every_item_and_the_trace_validates() -> None:
+    units, items = tiny_units(), stream(400)
+    plan = make_plan(1, 2, num_units=3)
+    with ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.05)) as clock:
+        arrivals = [clock.submit(item.x, item.y) for item in items]
+        clock.drain(timeout=60)
+        c = clock.counters
+        skipped = sum(c.skipped.values())
+        assert c.items == 400 and c.trained + skipped == 400 and c.trained > 0
+        assert {a.worker for a in arrivals if a.skipped is None} == {0, 1}
+        assert all(a.worker == a.index % 2 for a in arrivals if a.skipped is None)
+        assert sum(c.updates[n][0] for n in range(2)) == c.trained  # accumulation 1: one update per item
+        assert clock.stages[0].current_version() == c.trained
+        assert sum(clock.stages[0].readers()) == 2  # the two replicas: no stash or prediction pin is left
+        clock.validate()
+        usage = clock.usage()
+    assert [u.worker for u in usage] == [0, 1] and all(u.cpu_seconds > 0 for u in usage)
+
+
+def test_accumulation_updates_once_per_c_a_gradients() -> None:
+    units, items = tiny_units(), stream(20)
+    plan = make_plan(1, 1, num_units=3, accumulation=2)
+    with ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.05)) as clock:
+        sequentially(clock, items)
+        assert clock.counters.trained == 20 and clock.counters.updates[0] == [10]
+        clock.validate()
+
+
+def test_an_executor_exception_reaches_the_caller_naming_the_item() -> None:
+    units, items = tiny_units(), stream(4)
+    plan = make_plan(1, 1, num_units=3)
+    clock = ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.05)).start()
+    try:
+        sequentially(clock, items[:2])
+        clock.submit(items[2].x, items[2].y, index=7)
+        # the executor's forward gets a sample it cannot take (the coordinator predicted item 7 already)
+        clock._inputs[8] = (torch.randn(IN_FEATURES + 3), 1)
+        clock.scheduler.admit(0, 8, 0)
+        with pytest.raises(ScheduleError, match="item 8") as caught:
+            clock.drain(timeout=30)
+        assert "Traceback" in str(caught.value) and clock.failed_item == 8
+    finally:
+        clock.close(reraise=False)
+    assert all(not p.is_alive() for p in clock._processes.values())
+
+
+def test_a_killed_executor_stops_the_clock_within_seconds() -> None:
+    units = tiny_units(width=256)
+    plan = make_plan(1, 2, num_units=3)
+    clock = ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.01)).start()
+    victim = clock._processes[1]
+    try:
+        for item in stream(50):
+            clock.submit(item.x, item.y)
+        os.kill(victim.pid, signal.SIGKILL)
+        t0 = time.perf_counter()
+        with pytest.raises(ScheduleError, match="worker 1"):
+            deadline = t0 + 5.0
+            while time.perf_counter() < deadline:
+                for item in stream(5, seed=int(time.perf_counter() * 1000) % 1000):
+                    clock.submit(item.x, item.y)
+                time.sleep(0.05)
+            clock.drain(timeout=5)
+        assert time.perf_counter() - t0 < 5.0
+    finally:
+        clock.close(reraise=False)
+    assert all(not p.is_alive() for p in clock._processes.values())
+
+
+def test_a_two_stage_plan_is_refused_with_what_to_do() -> None:
+    plan = make_plan(2, 1, num_units=3)
+    with pytest.raises(NotImplementedError, match="plans of one stage"):
+        ProcessClock(tiny_units(), setup_for(plan))
+
+
+def test_compensators_that_observe_every_update_are_refused() -> None:
+    plan = make_plan(1, 2, num_units=3)
+    with pytest.raises(NotImplementedError, match="iter-fisher-lean"):
+        ProcessClock(tiny_units(), setup_for(plan), ProcessSettings(compensator="iter-fisher"))
+    ProcessClock(tiny_units(), setup_for(plan), ProcessSettings(compensator="iter-fisher-lean"))  # accepted
+
+
+def test_removed_workers_get_no_process_and_their_items_are_skipped() -> None:
+    plan = make_plan(1, 2, num_units=3, live=[True, False])
+    with ProcessClock(tiny_units(), setup_for(plan), ProcessSettings(lr=0.05)) as clock:
+        assert list(clock._processes) == [0]
+        arrivals = [clock.submit(item.x, item.y) for item in stream(10)]
+        clock.drain(timeout=30)
+    assert all(a.skipped is not None and a.skipped.value == "worker_removed" for a in arrivals if a.index % 2 == 1)
+
