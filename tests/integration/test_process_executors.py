@@ -154,3 +154,15 @@ def test_removed_workers_get_no_process_and_their_items_are_skipped() -> None:
         clock.drain(timeout=30)
     assert all(a.skipped is not None and a.skipped.value == "worker_removed" for a in arrivals if a.index % 2 == 1)
 
+
+
+def test_closing_is_not_an_executor_failure() -> None:
+    """Executors exit when the clock closes; the router must not take that for a death (it raced once)."""
+    units, items = tiny_units(), stream(6)
+    plan = make_plan(1, 2, num_units=3)
+    for _ in range(10):
+        with ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.05)) as clock:
+            for item in items:
+                clock.submit(item.x, item.y)
+            clock.drain(timeout=30)
+        assert all(not p.is_alive() for p in clock._processes.values())

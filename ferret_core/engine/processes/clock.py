@@ -127,7 +127,8 @@ class ProcessClock:
         self._conns: dict[int, mpc.Connection] = {}
         self._processes: dict[int, Any] = {}
         self._router: threading.Thread | None = None
-        self._wake_r, self._wake_w = mpc.Pipe(duplex=False)
+        self._wake_r: Any = None  # the router's wake-up pipe (start() makes it)
+        self._wake_w: Any = None
         self.start_seconds = math.nan  # start() to every executor ready
 
     # ------------------------------------------------------------------------------------ lifecycle
@@ -162,6 +163,7 @@ class ProcessClock:
             self._conns[n] = parent
             self._processes[n] = process
         self._started = True
+        self._wake_r, self._wake_w = mpc.Pipe(duplex=False)
         self._router = threading.Thread(target=self._route, name="ferret-router", daemon=True)
         self._router.start()
         self.origin = t0
@@ -171,15 +173,18 @@ class ProcessClock:
     def close(self, *, reraise: bool = True) -> None:
         """Stop every executor (items in flight are abandoned; :meth:`drain` first to finish them) and
         raise an executor's failure unless ``reraise`` is false."""
-        with self._lock:
+        with self._lock:  # no action is sent after this, so the None below is each pipe's last message
             self._stopping = True
             self._lock.notify_all()
-        for conn in self._conns.values():
-            with contextlib.suppress(OSError, EOFError):
-                conn.send(None)
-        self._wake_w.send(None)
+            for conn in self._conns.values():
+                with contextlib.suppress(OSError, EOFError):
+                    conn.send(None)
         if self._router is not None:
+            self._wake_w.send(None)
             self._router.join()
+            self._router = None
+            self._wake_r.close()
+            self._wake_w.close()
         self._stop_processes()
         self._started = False
         if reraise:
@@ -316,7 +321,7 @@ class ProcessClock:
         """Start executor (worker, 0)'s next action, if it has one; call under the lock. With one stage the
         next action is an item's F, and the executor runs its B right after (see :meth:`_handle`)."""
         action = self.scheduler.next_action(worker, 0)
-        if action is None or self._error is not None:
+        if action is None or self._error is not None or self._stopping:
             return
         if action.kind is not Kind.F:
             raise ScheduleError(f"{action}: a one-stage executor runs an item's B with its F, never alone")
@@ -414,8 +419,10 @@ class ProcessClock:
             self.trace.append(TraceEvent(kind, n, 0, item, read, written, t0 - self.origin, t1 - self.origin))
 
     def _fail(self, exc: BaseException) -> None:
+        """Record an executor's death, unless the clock is closing (then executors exit on purpose)."""
         with self._lock:
-            self._fail_locked(exc)
+            if not self._stopping:
+                self._fail_locked(exc)
 
     def _fail_locked(self, exc: BaseException) -> None:
         if self._error is None:

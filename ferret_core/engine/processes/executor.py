@@ -34,7 +34,6 @@ import torch
 from torch import Tensor
 
 from ferret_core.compensation import CompensatorSettings, make_compensator
-from ferret_core.engine.optim import SGD
 from ferret_core.engine.pipeline import all_finite
 from ferret_core.engine.processes.slots import SharedStageVersions
 from ferret_core.engine.stage_exec import StageGraph, StageProgram, backward, forward_no_grad, forward_with_grad
@@ -73,7 +72,6 @@ class _Executor:
         self.spec = spec
         self.stage = stage
         self.runner = spec.program.runner()
-        self.optimizer = SGD(spec.lr)
         initial = stage.params[0]
         self.compensator = make_compensator(
             spec.compensator, initial, spec.compensator_settings, spec.ring_capacity
@@ -140,7 +138,9 @@ class _Executor:
             grads, reads = self.buffer.take()
             now_slot, now_version = stage.current()
             out = stage.free_slot()
-            self.optimizer.step(0, stage.params[now_slot], grads, out=stage.params[out])
+            with torch.no_grad():  # plain SGD (DESIGN §3.11): θ − lr·g, written once into the free slot
+                for new, old, grad in zip(stage.params[out], stage.params[now_slot], grads, strict=True):
+                    torch.sub(old, grad, alpha=self.spec.lr, out=new)
             written = now_version + 1
             stage.publish(out, written, replica=self.replica[0])
             self.replica = (out, written)
