@@ -133,22 +133,35 @@ def plain_stream(
     return {"trained": trained, "elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0}
 
 
-def paced(submit: Callable[[torch.Tensor, int], None], xs: list[torch.Tensor], ys: list[int], rate: float,
+Batch = Callable[[list[torch.Tensor], list[int]], None]
+
+
+def paced(submit: Batch, xs: list[torch.Tensor], ys: list[int], rate: float, window: float = 0.0,
           idle: Callable[[float], None] | None = None) -> float:
+    """Deliver the stream at ``rate``: at each wake-up every item whose arrival time has passed, as one
+    batch (a consumer's poll); wake-ups at each arrival, or at most every ``window`` seconds. ``idle``
+    (an inline trainer) trains until the next wake-up instead of sleeping."""
     t0 = time.perf_counter()
-    for k, (x, y) in enumerate(zip(xs, ys, strict=True)):
-        due = t0 + k / rate
+    last_wake = t0
+    n, nxt = len(xs), 0
+    while nxt < n:
+        due = min(n, int((time.perf_counter() - t0) * rate) + 1)
+        if due > nxt:
+            submit(xs[nxt:due], ys[nxt:due])
+            nxt = due
+            continue
+        wake = max(t0 + nxt / rate, last_wake + window)
         if idle is not None:
-            idle(due)
-        delay = due - time.perf_counter()
+            idle(wake)
+        delay = wake - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        submit(x, y)
+        last_wake = wake
     return t0
 
 
 def engine_wall(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: list[int], lr: float, rate: float,
-                workers: int, inline: bool, warm: Warm) -> dict[str, Any]:
+                workers: int, inline: bool, warm: Warm, window: float) -> dict[str, Any]:
     setup = setup_for(model, len(units), workers, 1.0 / rate)
     engine = StreamEngine(units, setup, EngineSettings(lr=lr, measure_memory=False, keep_trace=False))
     clock = engine.wall_clock(inline_training=inline, inline_predictions=True)
@@ -160,11 +173,11 @@ def engine_wall(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: 
             clock.drain(60)
         cpu0 = time.process_time()
 
-        def submit(x: torch.Tensor, y: int) -> None:
-            futures.append(clock.submit(x, y))
-            clock.predict_queued()
+        def submit(batch_x: list[torch.Tensor], batch_y: list[int]) -> None:
+            futures.extend(clock.submit(x, y) for x, y in zip(batch_x, batch_y, strict=True))
+            clock.predict_queued()  # the batch in one forward pass
 
-        t0 = paced(submit, xs, ys, rate, clock.train_until if inline else None)
+        t0 = paced(submit, xs, ys, rate, window, clock.train_until if inline else None)
         clock.drain(300)
         elapsed = time.perf_counter() - t0
     trained = sum(f.result().skipped is None for f in futures)
@@ -172,9 +185,9 @@ def engine_wall(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: 
 
 
 def processes(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: list[int], lr: float, rate: float,
-              workers: int, warm: Warm) -> dict[str, Any]:
+              workers: int, warm: Warm, window: float) -> dict[str, Any]:
     setup = setup_for(model, len(units), workers, 1.0 / rate)
-    clock = ProcessClock(units, setup, ProcessSettings(lr=lr, keep_trace=False))
+    clock = ProcessClock(units, setup, ProcessSettings(lr=lr, keep_trace=False, flush_denormal=True))
     with clock:
         start_s = clock.start_seconds
         for x, y in zip(*warm, strict=True):  # every executor's first actions (kernels, allocator), untimed
@@ -184,11 +197,11 @@ def processes(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: li
         trained = 0
         cpu0 = time.process_time()
 
-        def submit(x: torch.Tensor, y: int) -> None:
+        def submit(batch_x: list[torch.Tensor], batch_y: list[int]) -> None:
             nonlocal trained
-            trained += clock.submit(x, y).skipped is None
+            trained += sum(a.skipped is None for a in clock.submit_many(batch_x, list(batch_y)))
 
-        t0 = paced(submit, xs, ys, rate)
+        t0 = paced(submit, xs, ys, rate, window)
         clock.drain(300)
         elapsed = time.perf_counter() - t0
         usage = clock.usage()
@@ -205,7 +218,9 @@ def processes(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: li
 
 
 # --------------------------------------------------------------------------------------------- driver
-def measure(model: str, items: int, warm: int, repeats: int, factor: float, workers: int, root: Path) -> dict[str, Any]:
+def measure(
+    model: str, items: int, warm: int, repeats: int, factor: float, workers: int, root: Path, window: float
+) -> dict[str, Any]:
     dataset, kwargs, lr = CASES[model]
     xs, ys = load_items(dataset, items + warm, root)
     units = units_of(model, kwargs)
@@ -220,10 +235,12 @@ def measure(model: str, items: int, warm: int, repeats: int, factor: float, work
             "plain capacity, 1 thread": cap1,
             "plain capacity, 2 threads": plain_capacity(units, xs, ys, lr, 2),
             "plain loop": plain_stream(units, xs, ys, lr, rate),
-            "engine inline 1 × 1": engine_wall(units, model, xs, ys, lr, rate, 1, True, warm_items),
-            f"thread executors 1 × {workers}": engine_wall(units, model, xs, ys, lr, rate, workers, False, warm_items),
-            "process executors 1 × 1": processes(units, model, xs, ys, lr, rate, 1, warm_items),
-            f"process executors 1 × {workers}": processes(units, model, xs, ys, lr, rate, workers, warm_items),
+            "engine inline 1 × 1": engine_wall(units, model, xs, ys, lr, rate, 1, True, warm_items, window),
+            f"thread executors 1 × {workers}": engine_wall(
+                units, model, xs, ys, lr, rate, workers, False, warm_items, window
+            ),
+            "process executors 1 × 1": processes(units, model, xs, ys, lr, rate, 1, warm_items, window),
+            f"process executors 1 × {workers}": processes(units, model, xs, ys, lr, rate, workers, warm_items, window),
         }
         for name, row in arms.items():
             rows.setdefault(name, []).append({**row, "stream_rate": rate, "per_s": row["trained"] / row["elapsed_s"]})
@@ -275,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rate-factor", type=float, default=2.0, help="stream rate ÷ the plain loop's capacity")
     parser.add_argument("--workers", type=int, default=2, help="N of the multi-worker arms")
+    parser.add_argument(
+        "--window-ms", type=float, default=0.0,
+        help="stream arms take arrivals at most this often, as one batch (a consumer's poll); 0: at each arrival",
+    )
     parser.add_argument("--data-root", type=Path, default=None)
     parser.add_argument("--out", default="throughput")
     args = parser.parse_args(argv)
@@ -285,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for model in args.models:
         items = max(50, args.items // 4) if model == "resnet18" else args.items
-        results.append(measure(model, items, args.warm, args.repeats, args.rate_factor, args.workers, root))
+        results.append(
+            measure(model, items, args.warm, args.repeats, args.rate_factor, args.workers, root, args.window_ms / 1000)
+        )
         print(table(results[-1:]), flush=True)
     result = {
         "command": " ".join([".venv/bin/python", "-m", "benchmarks.distributed.throughput", *(argv or sys.argv[1:])]),

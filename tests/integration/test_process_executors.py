@@ -166,3 +166,15 @@ def test_closing_is_not_an_executor_failure() -> None:
                 clock.submit(item.x, item.y)
             clock.drain(timeout=30)
         assert all(not p.is_alive() for p in clock._processes.values())
+
+
+def test_a_batch_is_predicted_on_one_version_and_dispatched_in_order() -> None:
+    units, items = tiny_units(), stream(8)
+    plan = make_plan(1, 2, num_units=3)
+    with ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.05)) as clock:
+        single = [clock.submit(item.x, None) for item in items]  # unlabelled: predicted, never trained
+        batch = clock.submit_many([item.x for item in items], [None] * len(items))
+        clock.drain(timeout=30)
+    assert [a.index for a in batch] == list(range(8, 16)) and {a.version for a in batch} == {0}
+    assert [a.prediction for a in batch] == [a.prediction for a in single]
+    assert all(a.skipped is not None and a.skipped.value == "no_label" for a in batch)

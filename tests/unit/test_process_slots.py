@@ -70,3 +70,17 @@ def test_a_stage_needs_three_slots() -> None:
 def test_nbytes_counts_every_slot_once() -> None:
     s = slots(4)
     assert s.nbytes() == 4 * (6 + 3) * 4 + 2 * 4 + (1 + 2 * 4) * 8
+
+
+def test_an_update_writes_in_place_only_where_its_own_replica_is_the_only_reader() -> None:
+    s = slots(4)
+    replica, _ = s.pin_current()
+
+    def bump() -> None:
+        s.params[replica][1].add_(1)
+
+    assert s.write_in_place(replica, 1, bump, 1) and s.current() == (replica, 1)
+    assert torch.equal(s.params[replica][1], torch.full((3,), 2.0))
+    s.pin(replica)  # a prediction (or a stash) reads the master now: no write in place
+    assert not s.write_in_place(replica, 1, bump, 2) and s.current() == (replica, 1)
+    assert torch.equal(s.params[replica][1], torch.full((3,), 2.0))

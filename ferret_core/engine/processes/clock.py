@@ -69,13 +69,16 @@ JOIN_TIMEOUT_S = 5.0  # a closed executor that has not exited by then is killed
 @dataclass(frozen=True)
 class ProcessSettings:
     """``lr``: the master's plain SGD. ``compensator``: a registry name (see the module docstring for
-    those that run here). ``threads``: torch threads per executor process. ``keep_trace``: keep every
-    trace event (validation). ``top_k``: classes an :class:`Arrival` reports."""
+    those that run here). ``threads``: torch threads per executor process. ``flush_denormal``: executors
+    flush denormal floats to zero (``torch.set_flush_denormal``: much faster where weights or gradients
+    get tiny; results then differ from a process that keeps them). ``keep_trace``: keep every trace event
+    (validation). ``top_k``: classes an :class:`Arrival` reports."""
 
     lr: float = 1e-3
     compensator: str = "none"
     compensator_settings: CompensatorSettings = field(default_factory=CompensatorSettings)
     threads: int = 1
+    flush_denormal: bool = False
     keep_trace: bool = True
     top_k: int = 1
 
@@ -153,6 +156,7 @@ class ProcessClock:
                 compensator_settings=s.compensator_settings,
                 ring_capacity=ring_capacity(self.plan, 0),
                 threads=s.threads,
+                flush_denormal=s.flush_denormal,
             )
             parent, child = ctx.Pipe(duplex=True)
             process = ctx.Process(
@@ -200,24 +204,36 @@ class ProcessClock:
     def submit(self, x: Tensor, y: int | None, *, index: int | None = None) -> Arrival:
         """Predict one arrival (a sample without batch dimension) with the current master, on the caller's
         thread, and dispatch it: admitted to worker i mod N, or skipped with the reason."""
+        return self.submit_many([x], [y], None if index is None else [index])[0]
+
+    def submit_many(
+        self, xs: Sequence[Tensor], ys: Sequence[int | None], indices: Sequence[int] | None = None
+    ) -> list[Arrival]:
+        """Arrivals that came together (a consumer batch): predicted in one forward pass on one master
+        version, then dispatched one by one in order (what the wall clock does with a queued backlog)."""
+        if len(xs) != len(ys) or (indices is not None and len(indices) != len(xs)):
+            raise ConfigError(f"submit_many needs as many labels and indices as samples, got {len(xs)} samples")
         with self._lock:
             self._raise_if_failed()
             if self._stopping or not self._started:
                 raise ClockStopped("the process clock is not running: start() it (or it was closed)")
-        i = next(self._counter) if index is None else index
-        top, version = self._predict(x)
-        prediction, confidence = top[0]
+        numbers = [next(self._counter) for _ in xs] if indices is None else list(indices)
+        tops, version = self._predict(xs)
+        arrivals = []
         with self._lock:
             c = self.counters
-            c.items += 1
-            if y is not None:
-                self.online.update(prediction, y)
-            reason, worker = self._admit(i, x, y)
-            if reason is not None:
-                c.skipped[reason.value] += 1
-            elif worker is not None:
-                self._kick(worker)
-        return Arrival(i, prediction, reason, confidence, worker, tuple(top), version)
+            for i, x, y, top in zip(numbers, xs, ys, tops, strict=True):
+                prediction, confidence = top[0]
+                c.items += 1
+                if y is not None:
+                    self.online.update(prediction, y)
+                reason, worker = self._admit(i, x, y)
+                if reason is not None:
+                    c.skipped[reason.value] += 1
+                elif worker is not None:
+                    self._kick(worker)
+                arrivals.append(Arrival(i, prediction, reason, confidence, worker, tuple(top), version))
+        return arrivals
 
     def run_stream(self, items: Iterable[tuple[Tensor, int | None]], arrival_interval: float) -> None:
         """Submit ``items`` every ``arrival_interval`` seconds (paced on the wall clock), then drain."""
@@ -284,19 +300,22 @@ class ProcessClock:
         validate_trace(self.ordered_trace(), self.plan, check_staleness=False)
 
     # ---------------------------------------------------------------------------------------- inside
-    def _predict(self, x: Tensor) -> tuple[list[tuple[int, float]], int]:
+    def _predict(self, xs: Sequence[Tensor]) -> tuple[list[list[tuple[int, float]]], int]:
+        """The top-k classes of each sample on the current master (pinned while it runs), and its version."""
         pins = [stage.pin_current() for stage in self.stages]
         try:
             versions = [stage.view(slot, v) for stage, (slot, v) in zip(self.stages, pins, strict=True)]
-            logits = predict_logits(self._predict_runners, versions, x.unsqueeze(0))
+            logits = predict_logits(self._predict_runners, versions, torch.stack(list(xs)))
         finally:
             for stage, (slot, _) in zip(self.stages, pins, strict=True):
                 stage.unpin(slot)
-        probs = F.softmax(logits.float(), dim=1)[0]
-        k = min(self.settings.top_k, probs.numel())
-        values, classes = torch.sort(probs, descending=True, stable=True)
-        top = list(zip(classes[:k].tolist(), values[:k].tolist(), strict=True))
-        return top, sum(v for _, v in pins)
+        probs = F.softmax(logits.float(), dim=1)
+        k = min(self.settings.top_k, probs.shape[1])
+        values, classes = torch.sort(probs, dim=1, descending=True, stable=True)
+        tops = [
+            list(zip(c, v, strict=True)) for c, v in zip(classes[:, :k].tolist(), values[:, :k].tolist(), strict=True)
+        ]
+        return tops, sum(v for _, v in pins)
 
     def _admit(self, index: int, x: Tensor, y: int | None) -> tuple[SkipReason | None, int | None]:
         """The wall clock's admission (:meth:`Pipeline._admit`) for a one-stage plan; call under the lock."""

@@ -45,7 +45,8 @@ from ferret_core.errors import ScheduleError
 class ExecutorSpec:
     """What executor (``worker``, stage 0) runs: its stage's program, the (slot, version) the coordinator
     pinned as its first replica, the worker's T1/T2 settings, the master's SGD learning rate, the
-    compensator (by registry name) and the torch threads it may use."""
+    compensator (by registry name), the torch threads it may use and whether it flushes denormal floats
+    to zero (``torch.set_flush_denormal``; a process does not inherit its coordinator's choice)."""
 
     worker: int
     program: StageProgram
@@ -57,6 +58,7 @@ class ExecutorSpec:
     compensator_settings: CompensatorSettings = field(default_factory=CompensatorSettings)
     ring_capacity: int = 0
     threads: int = 1
+    flush_denormal: bool = False
 
 
 @dataclass
@@ -131,19 +133,32 @@ class _Executor:
         return ("B", index, version, t0, t_recompute, t_end, update, not finite)
 
     def _update(self) -> tuple[int, int, float, float, list[int]]:
-        """T2's update point: the buffer's sum stepped into a free slot, published as the next master."""
+        """T2's update point: plain SGD (DESIGN §3.11), θ − lr·g from the buffer's sum, as the next master
+        version: in place where only this worker's replica reads the master, else written once into a
+        free slot and published; the worker's replica moves to it."""
         stage = self.stage
+        lr = self.spec.lr
         with stage.update_lock:
             t0 = time.perf_counter()
             grads, reads = self.buffer.take()
             now_slot, now_version = stage.current()
-            out = stage.free_slot()
-            with torch.no_grad():  # plain SGD (DESIGN §3.11): θ − lr·g, written once into the free slot
-                for new, old, grad in zip(stage.params[out], stage.params[now_slot], grads, strict=True):
-                    torch.sub(old, grad, alpha=self.spec.lr, out=new)
             written = now_version + 1
-            stage.publish(out, written, replica=self.replica[0])
-            self.replica = (out, written)
+
+            def in_place() -> None:
+                with torch.no_grad():
+                    for param, grad in zip(stage.params[now_slot], grads, strict=True):
+                        param.sub_(grad, alpha=lr)
+
+            own = int(self.replica[0] == now_slot)
+            if own and stage.write_in_place(now_slot, own, in_place, written):
+                self.replica = (now_slot, written)
+            else:
+                out = stage.free_slot()
+                with torch.no_grad():
+                    for new, old, grad in zip(stage.params[out], stage.params[now_slot], grads, strict=True):
+                        torch.sub(old, grad, alpha=lr, out=new)
+                stage.publish(out, written, replica=self.replica[0])
+                self.replica = (out, written)
             t_end = time.perf_counter()
         return (now_version, written, t0, t_end, [now_version - r for r in reads])
 
@@ -151,6 +166,7 @@ class _Executor:
 def executor_main(conn: Connection, spec: ExecutorSpec, stage: SharedStageVersions) -> None:
     """Serve actions from ``conn`` until it sends ``None`` or closes; report a failure and stop."""
     torch.set_num_threads(spec.threads)
+    torch.set_flush_denormal(spec.flush_denormal)
     executor: _Executor | None = None
     item: int | None = None
     try:
