@@ -178,3 +178,19 @@ def test_a_batch_is_predicted_on_one_version_and_dispatched_in_order() -> None:
     assert [a.index for a in batch] == list(range(8, 16)) and {a.version for a in batch} == {0}
     assert [a.prediction for a in batch] == [a.prediction for a in single]
     assert all(a.skipped is not None and a.skipped.value == "no_label" for a in batch)
+
+
+def test_a_model_with_many_tensors_starts_and_trains() -> None:
+    """ResNet-18's 62 parameter tensors in K slots each once took one shared-memory handle per tensor,
+    more than a forkserver passes to a new process; the slots now share one buffer per dtype."""
+    from ferret_core.zoo import build_model
+
+    model = build_model("resnet18", seed=0)
+    units = list(model.units)
+    plan = make_plan(1, 2, num_units=len(units))
+    gen = torch.Generator().manual_seed(0)
+    with ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.01)) as clock:
+        for _ in range(2):
+            clock.submit(torch.randn(*model.input_shape, generator=gen), 3)
+            clock.drain(timeout=60)
+        assert clock.counters.trained == 2

@@ -84,3 +84,18 @@ def test_an_update_writes_in_place_only_where_its_own_replica_is_the_only_reader
     s.pin(replica)  # a prediction (or a stash) reads the master now: no write in place
     assert not s.write_in_place(replica, 1, bump, 2) and s.current() == (replica, 1)
     assert torch.equal(s.params[replica][1], torch.full((3,), 2.0))
+
+
+def test_flat_tensors_hold_many_tensors_of_two_dtypes_in_one_buffer_each() -> None:
+    from ferret_core.engine.processes.slots import FlatTensors
+
+    like = [torch.zeros(2, 3), torch.zeros(()), torch.zeros(4, dtype=torch.int64), torch.zeros(5)]
+    flat = FlatTensors(like, copies=3)
+    views = flat.views()
+    assert len(views) == 3 and [tuple(t.shape) for t in views[2]] == [(2, 3), (), (4,), (5,)]
+    assert len(flat._flat) == 2  # one shared buffer per dtype
+    views[1][0].fill_(7)
+    views[1][2].fill_(3)
+    assert views[0][0].sum() == 0 and views[2][0].sum() == 0 and views[1][0].sum() == 42
+    assert views[1][3].sum() == 0 and views[1][2].tolist() == [3, 3, 3, 3]
+    assert flat.nbytes() == 3 * (12 * 4 + 4 * 8)

@@ -29,6 +29,7 @@ at j (at most P − j per worker), one prediction and the slot an update writes 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -61,10 +62,50 @@ def slots_needed(live_workers: int, num_stages: int, stage: int) -> int:
     return 1 + live_workers + live_workers * (num_stages - stage) + 1 + 1
 
 
+class FlatTensors:
+    """Tensors of any shapes and dtypes held in one shared flat buffer per dtype, so a process receiving
+    them gets one shared-memory handle per dtype, not one per tensor (a forkserver passes at most a few
+    hundred handles to a new process: ResNet-18's 62 parameters times K slots would not fit). Picklable
+    to a ``torch.multiprocessing`` child; the views are rebuilt in each process."""
+
+    def __init__(self, like: Sequence[Tensor], copies: int) -> None:
+        self.copies = copies
+        self._layout = [(tuple(t.shape), t.dtype) for t in like]
+        sizes: dict[torch.dtype, int] = {}
+        self._offsets: list[int] = []
+        for shape, dtype in self._layout:
+            self._offsets.append(sizes.get(dtype, 0))
+            sizes[dtype] = sizes.get(dtype, 0) + math.prod(shape)
+        self._sizes = sizes
+        self._flat = {dtype: _shared(torch.zeros(copies * n, dtype=dtype)) for dtype, n in sizes.items()}
+
+    def views(self) -> tuple[tuple[Tensor, ...], ...]:
+        """Per copy, the tensors in ``like``'s order (views of the flat buffers; cached per process)."""
+        cached = self.__dict__.get("_views")
+        if cached is None:
+            cached = self.__dict__["_views"] = tuple(
+                tuple(
+                    self._flat[dtype][k * self._sizes[dtype] + offset :][: math.prod(shape)].view(shape)
+                    for (shape, dtype), offset in zip(self._layout, self._offsets, strict=True)
+                )
+                for k in range(self.copies)
+            )
+        return cached
+
+    def nbytes(self) -> int:
+        return int(sum(t.numel() * t.element_size() for t in self._flat.values()))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_views", None)
+        return state
+
+
 class SharedStageVersions:
     """``K`` version slots of one stage in shared memory (see the module docstring). Picklable to a child
     process started by a ``torch.multiprocessing`` context: the tensors travel as shared-memory handles
-    and the lock as the context's lock, so every process reads and writes the same slots."""
+    (one per dtype, :class:`FlatTensors`) and the locks as the context's locks, so every process reads
+    and writes the same slots."""
 
     def __init__(self, initial: StageVersion, slots: int, lock: Lock, update_lock: Lock) -> None:
         if slots < 3:
@@ -73,15 +114,25 @@ class SharedStageVersions:
         self.num_slots = slots
         self.lock = lock
         self.update_lock = update_lock
-        self.params: tuple[tuple[Tensor, ...], ...] = tuple(
-            tuple(_shared(torch.empty_like(p)) for p in initial.params) for _ in range(slots)
-        )
-        self.buffers: tuple[Tensor, ...] = tuple(_shared(b.detach().clone()) for b in initial.buffers)
+        self._params = FlatTensors(initial.params, slots)
+        self._buffers = FlatTensors(initial.buffers, 1)
         self.meta = _shared(torch.zeros(1 + 2 * slots, dtype=torch.int64))
         with torch.no_grad():
             for dst, src in zip(self.params[0], initial.params, strict=True):
                 dst.copy_(src)
+            for dst, src in zip(self.buffers, initial.buffers, strict=True):
+                dst.copy_(src)
         self._table[1] = initial.version
+
+    @property
+    def params(self) -> tuple[tuple[Tensor, ...], ...]:
+        """Per slot, the stage's parameter tensors (shared memory)."""
+        return self._params.views()
+
+    @property
+    def buffers(self) -> tuple[Tensor, ...]:
+        """The stage's buffers (shared memory; they never change in training)."""
+        return self._buffers.views()[0]
 
     @property
     def _table(self) -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -183,8 +234,7 @@ class SharedStageVersions:
     def nbytes(self) -> int:
         """Bytes of every slot and the buffers: what the shared segments hold (counted once, whichever
         processes map them)."""
-        slots = sum(t.numel() * t.element_size() for row in self.params for t in row)
-        return int(slots + sum(b.numel() * b.element_size() for b in self.buffers) + self.meta.numel() * 8)
+        return self._params.nbytes() + self._buffers.nbytes() + int(self.meta.numel()) * 8
 
     def copy_current(self) -> list[Tensor]:
         """Copies of the master's parameters (snapshots, tests)."""
