@@ -80,7 +80,7 @@ def test_two_workers_count_every_item_and_the_trace_validates() -> None:
         assert sum(clock.stages[0].readers()) == 2  # the two replicas: no stash or prediction pin is left
         clock.validate()
         usage = clock.usage()
-    assert [u.worker for u in usage] == [0, 1] and all(u.cpu_seconds > 0 for u in usage)
+    assert [(u.worker, u.stage) for u in usage] == [(0, 0), (1, 0)] and all(u.cpu_seconds > 0 for u in usage)
 
 
 def test_accumulation_updates_once_per_c_a_gradients() -> None:
@@ -100,7 +100,8 @@ def test_an_executor_exception_reaches_the_caller_naming_the_item() -> None:
         sequentially(clock, items[:2])
         clock.submit(items[2].x, items[2].y, index=7)
         # the executor's forward gets a sample it cannot take (the coordinator predicted item 7 already)
-        clock._inputs[8] = (torch.randn(IN_FEATURES + 3), 1)
+        clock._inputs[8] = torch.randn(IN_FEATURES + 3)
+        clock._targets[8] = 1
         clock.scheduler.admit(0, 8, 0)
         with pytest.raises(ScheduleError, match="item 8") as caught:
             clock.drain(timeout=30)
@@ -114,7 +115,7 @@ def test_a_killed_executor_stops_the_clock_within_seconds() -> None:
     units = tiny_units(width=256)
     plan = make_plan(1, 2, num_units=3)
     clock = ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.01)).start()
-    victim = clock._processes[1]
+    victim = clock._processes[(1, 0)]
     try:
         for item in stream(50):
             clock.submit(item.x, item.y)
@@ -133,10 +134,41 @@ def test_a_killed_executor_stops_the_clock_within_seconds() -> None:
     assert all(not p.is_alive() for p in clock._processes.values())
 
 
-def test_a_two_stage_plan_is_refused_with_what_to_do() -> None:
-    plan = make_plan(2, 1, num_units=3)
-    with pytest.raises(NotImplementedError, match="plans of one stage"):
-        ProcessClock(tiny_units(), setup_for(plan))
+@pytest.mark.parametrize("recompute", [False, True])
+def test_one_worker_over_three_stage_processes_equals_the_plain_sgd_loop(recompute: bool) -> None:
+    """Transparency across processes: P stages in P processes exchanging activations and gradients over
+    torch.distributed (gloo), one worker, no staleness (each item trained before the next arrives)."""
+    units, items = tiny_units(), stream(20)
+    plan = make_plan(3, 1, num_units=3, recompute=recompute)
+    with ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.05)) as clock:
+        assert sorted(clock._processes) == [(0, 0), (0, 1), (0, 2)]
+        sequentially(clock, items)
+        stages = plan.partition.stages
+        state = {  # stage-local names ("0.0.weight": the stage's first unit) to the model's
+            f"{stages[j][int(k.split('.', 1)[0])]}.{k.split('.', 1)[1]}": v
+            for j, tensors in enumerate(clock.master_state())
+            for k, v in tensors.items()
+        }
+        clock.validate()
+        assert clock.counters.trained == 20 and clock.counters.updates[0] == [20, 20, 20]
+    reference = plain_sgd(units, items, 0.05)
+    assert_close(state, {k: reference[k] for k in state}, **EXACT)
+
+
+def test_two_workers_over_two_stage_processes_pipeline_and_validate() -> None:
+    """2 × 2 executors in 4 processes, 1F1B with weight stashing under a saturating stream, T3 omission on
+    one worker: every item accounted for, the executed trace valid across ranks."""
+    units, items = tiny_units(), stream(200)
+    plan = make_plan(2, 2, num_units=3, omission=[[1, 0], [0, 0]])
+    with ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.05)) as clock:
+        arrivals = [clock.submit(item.x, item.y) for item in items]
+        clock.drain(timeout=60)
+        c = clock.counters
+        assert c.items == 200 and c.trained_any_stage + sum(c.skipped.values()) == 200
+        assert c.trained < c.trained_any_stage  # worker 0 omits stage 0's backward for every other item
+        assert {a.worker for a in arrivals if a.skipped is None} == {0, 1}
+        clock.validate()
+        assert [sum(stage.readers()) for stage in clock.stages] == [2, 2]  # only the replicas are pinned
 
 
 def test_compensators_that_observe_every_update_are_refused() -> None:
@@ -149,7 +181,7 @@ def test_compensators_that_observe_every_update_are_refused() -> None:
 def test_removed_workers_get_no_process_and_their_items_are_skipped() -> None:
     plan = make_plan(1, 2, num_units=3, live=[True, False])
     with ProcessClock(tiny_units(), setup_for(plan), ProcessSettings(lr=0.05)) as clock:
-        assert list(clock._processes) == [0]
+        assert list(clock._processes) == [(0, 0)]
         arrivals = [clock.submit(item.x, item.y) for item in stream(10)]
         clock.drain(timeout=30)
     assert all(a.skipped is not None and a.skipped.value == "worker_removed" for a in arrivals if a.index % 2 == 1)

@@ -99,3 +99,15 @@ def test_flat_tensors_hold_many_tensors_of_two_dtypes_in_one_buffer_each() -> No
     assert views[0][0].sum() == 0 and views[2][0].sum() == 0 and views[1][0].sum() == 42
     assert views[1][3].sum() == 0 and views[1][2].tolist() == [3, 3, 3, 3]
     assert flat.nbytes() == 3 * (12 * 4 + 4 * 8)
+
+
+def test_writing_one_slot_does_not_touch_another_slots_autograd_version() -> None:
+    """A graph that saved slot 0's weights stays valid while an update writes slot 1 (views of one buffer
+    would share one version counter, and autograd would refuse the backward)."""
+    s = slots(4)
+    weight = s.params[0][0].detach().requires_grad_(True)
+    loss = (weight * weight).sum()
+    s.params[1][0].add_(1.0)
+    s.params[2][1].mul_(2.0)
+    (grad,) = torch.autograd.grad(loss, weight)
+    assert torch.equal(grad, 2 * torch.arange(6.0).reshape(2, 3))

@@ -36,6 +36,9 @@ import contextlib
 import itertools
 import math
 import multiprocessing.connection as mpc
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -51,7 +54,7 @@ from ferret_core.compensation import CompensatorSettings, make_compensator
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.processes.executor import ExecutorSpec, executor_main
 from ferret_core.engine.processes.slots import SharedStageVersions, stage_versions
-from ferret_core.engine.stage_exec import build_stages, predict_logits
+from ferret_core.engine.stage_exec import build_stages
 from ferret_core.engine.state import Counters
 from ferret_core.engine.trace import validate_trace
 from ferret_core.engine.wall_clock import Arrival, ClockStopped
@@ -64,6 +67,8 @@ from ferret_core.staleness import ring_capacity
 START_METHOD = "forkserver"
 PRELOAD = ["torch", "ferret_core.engine.processes.executor"]
 JOIN_TIMEOUT_S = 5.0  # a closed executor that has not exited by then is killed
+
+Executor = tuple[int, int]  # (worker, stage)
 
 
 @dataclass(frozen=True)
@@ -89,13 +94,14 @@ class ProcessUsage:
     where it touched them), read when asked."""
 
     worker: int
+    stage: int
     pid: int
     cpu_seconds: float
     max_rss_bytes: int
 
 
 class ProcessClock:
-    """Drives a one-stage plan's live workers as processes (see the module docstring).
+    """Drives a plan's live (worker, stage) executors as processes (see the module docstring).
 
     >>> with ProcessClock(units, setup, ProcessSettings(lr=0.02)) as clock:   # doctest: +SKIP
     ...     outcome = clock.submit(x, y)           # predicted now; trained by a worker process
@@ -119,16 +125,21 @@ class ProcessClock:
         self.trace: list[TraceEvent] | None = [] if s.keep_trace else None
         self.failed_item: int | None = None
         self._lock = threading.Condition()
-        self._inputs: dict[int, tuple[Tensor, int]] = {}
+        self._inputs: dict[int, Tensor] = {}  # stage 0's input of admitted items not yet sent
+        self._targets: dict[int, int] = {}  # the label, until the last stage's F is sent
+        self._non_finite: set[int] = set()  # in-flight items with a dropped gradient (counted once)
+        self._shapes: list[tuple[int, ...]] = []  # per stage, its input for one item (batch 1); then the output
         self._counter = itertools.count()
         self._error: BaseException | None = None
         self._started = False
         self._stopping = False
-        self._usage: dict[int, ProcessUsage] = {}
+        self._usage: dict[Executor, ProcessUsage] = {}
         self._live = [w.index for w in plan.workers if w.live]
+        self._executors = [(n, j) for n in self._live for j in range(plan.num_stages)]  # rank order
         self.stages: list[SharedStageVersions] = []
-        self._conns: dict[int, mpc.Connection] = {}
-        self._processes: dict[int, Any] = {}
+        self._conns: dict[Executor, mpc.Connection] = {}
+        self._processes: dict[Executor, Any] = {}
+        self._store: str | None = None  # the executors' gloo rendezvous file (several stages)
         self._router: threading.Thread | None = None
         self._wake_r: Any = None  # the router's wake-up pipe (start() makes it)
         self._wake_w: Any = None
@@ -143,29 +154,40 @@ class ProcessClock:
         ctx.set_forkserver_preload(PRELOAD)
         self.stages = stage_versions(self._initial, len(self._live), ctx.Lock)
         s = self.settings
-        for n in self._live:
+        p = self.plan.num_stages
+        rank = {executor: r for r, executor in enumerate(self._executors)}
+        if p > 1:
+            self._store = tempfile.mkdtemp(prefix="ferret-gloo-")
+        for n, j in self._executors:
             worker = self.plan.workers[n]
             spec = ExecutorSpec(
                 worker=n,
-                program=self._programs[0],
-                replica=self.stages[0].pin_current(),  # worker n's first replica: the master, version 0
-                accumulation=worker.accumulation[0],
+                stage=j,
+                num_stages=p,
+                program=self._programs[j],
+                replica=self.stages[j].pin_current(),  # the worker's first replica: the master, version 0
+                accumulation=worker.accumulation[j],
                 recompute=worker.recompute,
                 lr=s.lr,
                 compensator=s.compensator,
                 compensator_settings=s.compensator_settings,
-                ring_capacity=ring_capacity(self.plan, 0),
+                ring_capacity=ring_capacity(self.plan, j),
                 threads=s.threads,
                 flush_denormal=s.flush_denormal,
+                rank=rank[(n, j)],
+                world_size=len(self._executors) if p > 1 else 1,
+                store=None if self._store is None else os.path.join(self._store, "store"),
+                prev_rank=rank.get((n, j - 1)),
+                next_rank=rank.get((n, j + 1)),
             )
             parent, child = ctx.Pipe(duplex=True)
             process = ctx.Process(
-                target=executor_main, args=(child, spec, self.stages[0]), name=f"ferret-w{n}s0", daemon=True
+                target=executor_main, args=(child, spec, self.stages[j]), name=f"ferret-w{n}s{j}", daemon=True
             )
             process.start()
             child.close()
-            self._conns[n] = parent
-            self._processes[n] = process
+            self._conns[(n, j)] = parent
+            self._processes[(n, j)] = process
         self._started = True
         self._wake_r, self._wake_w = mpc.Pipe(duplex=False)
         self._router = threading.Thread(target=self._route, name="ferret-router", daemon=True)
@@ -190,6 +212,9 @@ class ProcessClock:
             self._wake_r.close()
             self._wake_w.close()
         self._stop_processes()
+        if self._store is not None:
+            shutil.rmtree(self._store, ignore_errors=True)
+            self._store = None
         self._started = False
         if reraise:
             self._raise_if_failed()
@@ -231,7 +256,7 @@ class ProcessClock:
                 if reason is not None:
                     c.skipped[reason.value] += 1
                 elif worker is not None:
-                    self._kick(worker)
+                    self._kick(worker, 0)
                 arrivals.append(Arrival(i, prediction, reason, confidence, worker, tuple(top), version))
         return arrivals
 
@@ -283,7 +308,7 @@ class ProcessClock:
                     raise ScheduleError(f"executors did not report their usage within {timeout} s")
                 self._lock.wait(left)
             self._raise_if_failed()
-            return [self._usage[n] for n in sorted(self._usage)]
+            return [self._usage[e] for e in sorted(self._usage)]
 
     def ordered_trace(self) -> list[TraceEvent]:
         """The trace in the order its events ended (executors report concurrently; their stamps come from
@@ -301,14 +326,23 @@ class ProcessClock:
 
     # ---------------------------------------------------------------------------------------- inside
     def _predict(self, xs: Sequence[Tensor]) -> tuple[list[list[tuple[int, float]]], int]:
-        """The top-k classes of each sample on the current master (pinned while it runs), and its version."""
+        """The top-k classes of each sample on the current master (pinned while it runs), and its version.
+        The first prediction also records each stage's input and output shape for one item (what a stage
+        executor receives from the one before)."""
         pins = [stage.pin_current() for stage in self.stages]
         try:
             versions = [stage.view(slot, v) for stage, (slot, v) in zip(self.stages, pins, strict=True)]
-            logits = predict_logits(self._predict_runners, versions, torch.stack(list(xs)))
+            logits = torch.stack(list(xs))
+            shapes = [(1, *logits.shape[1:])]
+            with torch.no_grad():
+                for runner, version in zip(self._predict_runners, versions, strict=True):
+                    logits = runner(version.params, version.buffers, logits)
+                    shapes.append((1, *logits.shape[1:]))
         finally:
             for stage, (slot, _) in zip(self.stages, pins, strict=True):
                 stage.unpin(slot)
+        if not self._shapes:
+            self._shapes = shapes
         probs = F.softmax(logits.float(), dim=1)
         k = min(self.settings.top_k, probs.shape[1])
         values, classes = torch.sort(probs, dim=1, descending=True, stable=True)
@@ -318,7 +352,7 @@ class ProcessClock:
         return tops, sum(v for _, v in pins)
 
     def _admit(self, index: int, x: Tensor, y: int | None) -> tuple[SkipReason | None, int | None]:
-        """The wall clock's admission (:meth:`Pipeline._admit`) for a one-stage plan; call under the lock."""
+        """The wall clock's admission (:meth:`Pipeline._admit`); call under the lock."""
         if y is None:
             return SkipReason.NO_LABEL, None
         n = index % self.plan.num_workers
@@ -332,26 +366,47 @@ class ProcessClock:
         if not self.scheduler.can_admit(n):
             return SkipReason.BUSY, None
         self.counters.admitted[n] += 1
-        self._inputs[index] = (x, y)
+        self._inputs[index] = x
+        self._targets[index] = y
         self.scheduler.admit(n, index, lowest)
         return None, n
 
-    def _kick(self, worker: int) -> None:
-        """Start executor (worker, 0)'s next action, if it has one; call under the lock. With one stage the
-        next action is an item's F, and the executor runs its B right after (see :meth:`_handle`)."""
-        action = self.scheduler.next_action(worker, 0)
+    def _kick(self, worker: int, stage: int) -> None:
+        """Start executor (worker, stage)'s next action, if it has one; call under the lock. At the last
+        stage the next action is an item's F, and the executor runs its B right after (see
+        :meth:`_handle`)."""
+        action = self.scheduler.next_action(worker, stage)
         if action is None or self._error is not None or self._stopping:
             return
-        if action.kind is not Kind.F:
-            raise ScheduleError(f"{action}: a one-stage executor runs an item's B with its F, never alone")
+        last = self.plan.num_stages - 1
+        if stage == last and action.kind is not Kind.F:
+            raise ScheduleError(f"{action}: the last stage runs an item's B with its F, never alone")
         self.scheduler.start(action)
-        x, y = self._inputs.pop(action.item)
-        self._conns[worker].send(("FB", action.item, x.detach().cpu().numpy(), int(y)))
+        item = action.item
+        if action.kind is Kind.F:
+            x = self._inputs.pop(item).detach().cpu().numpy() if stage == 0 else None
+            target = self._targets.pop(item) if stage == last else None
+            lowest = self.scheduler.lowest(item)
+            in_shape = self._shapes[stage]
+            if stage == last:
+                message: tuple[Any, ...] = ("FB", item, lowest, x, target, in_shape, self._shapes[stage + 1])
+            else:
+                message = ("F", item, lowest, x, target, in_shape)
+        else:
+            message = ("B", item, self._shapes[stage + 1])
+        self._conns[(worker, stage)].send(message)
 
     def _route(self) -> None:
-        """The router thread: executors' answers in, next actions out, failures stop everything."""
-        by_conn = {conn: n for n, conn in self._conns.items()}
-        by_sentinel = {self._processes[n].sentinel: n for n in self._conns}
+        """The router thread: executors' answers in, next actions out, failures stop everything (its own
+        included: a broken invariant here fails the clock instead of leaving the caller waiting)."""
+        try:
+            self._route_until_stopped()
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _route_until_stopped(self) -> None:
+        by_conn = {conn: e for e, conn in self._conns.items()}
+        by_sentinel = {self._processes[e].sentinel: e for e in self._conns}
         waits: list[Any] = [self._wake_r, *by_conn, *by_sentinel]
         while True:
             with self._lock:
@@ -361,81 +416,99 @@ class ProcessClock:
                 if ready is self._wake_r:
                     return
                 if ready in by_sentinel:
-                    n = by_sentinel[ready]
-                    conn = self._conns[n]
+                    e = by_sentinel[ready]
+                    conn = self._conns[e]
                     while conn.poll():  # its last words first (an error it sent before exiting)
-                        self._handle(n, conn.recv())
+                        self._handle(e, conn.recv())
                     self._fail(ScheduleError(
-                        f"executor process of worker {n} (pid {self._processes[n].pid}) exited with code "
-                        f"{self._processes[n].exitcode} while the clock ran"
+                        f"executor process of worker {e[0]}, stage {e[1]} (pid {self._processes[e].pid}) exited "
+                        f"with code {self._processes[e].exitcode} while the clock ran"
                     ))
                     return
-                n = by_conn[ready]  # type: ignore[index]
+                e = by_conn[ready]  # type: ignore[index]
                 try:
-                    message = self._conns[n].recv()
+                    message = self._conns[e].recv()
                 except (EOFError, OSError):
-                    self._fail(ScheduleError(f"executor process of worker {n} closed its pipe (it died)"))
+                    self._fail(ScheduleError(f"executor process of worker {e[0]}, stage {e[1]} closed its pipe"))
                     return
-                self._handle(n, message)
+                self._handle(e, message)
 
-    def _handle(self, n: int, message: tuple[Any, ...]) -> None:
+    def _handle(self, executor: Executor, message: tuple[Any, ...]) -> None:
+        n, j = executor
         kind = message[0]
         with self._lock:
             if kind == "FB":
-                self._forward_done(n, message[1])
-                self._backward_done(n, message[2])
+                self._forward_done(n, j, message[1], then_backward=True)
+                self._backward_done(n, j, message[2])
+            elif kind == "F":
+                self._forward_done(n, j, message, then_backward=False)
+            elif kind == "B":
+                self._backward_done(n, j, message)
             elif kind == "stats":
                 _, cpu, rss = message
-                self._usage[n] = ProcessUsage(n, self._processes[n].pid, cpu, rss)
+                self._usage[executor] = ProcessUsage(n, j, self._processes[executor].pid, cpu, rss)
                 self._lock.notify_all()
             elif kind == "error":
                 _, item, text, tb = message
                 if self.failed_item is None:
                     self.failed_item = item
-                self._fail_locked(ScheduleError(f"executor of worker {n} failed on item {item}: {text}\n{tb}"))
+                self._fail_locked(ScheduleError(
+                    f"executor of worker {n}, stage {j} failed on item {item}: {text}\n{tb}"
+                ))
             else:
-                self._fail_locked(ScheduleError(f"executor of worker {n} sent an unknown message {kind!r}"))
+                self._fail_locked(ScheduleError(f"executor of worker {n}, stage {j} sent an unknown message {kind!r}"))
 
-    def _forward_done(self, n: int, report: tuple[Any, ...]) -> None:
-        """Replay an F the executor ran through the scheduler, and start the B it ran next."""
+    def _forward_done(self, n: int, j: int, report: tuple[Any, ...], *, then_backward: bool) -> None:
+        """Replay an F the executor ran through the scheduler; at the last stage, start the B it ran next."""
         _, item, read, t0, t1 = report
-        self.scheduler.finish(Action(Kind.F, n, 0, item))
-        self.counters.forwards[n][0] += 1
-        self._record(Kind.F, n, item, read, None, t0, t1)
-        backward = self.scheduler.next_action(n, 0)
-        if backward != Action(Kind.B, n, 0, item):
-            raise ScheduleError(f"executor {n}/0 ran item {item}'s B, the scheduler's next action is {backward}")
-        self.scheduler.start(backward)
-
-    def _backward_done(self, n: int, report: tuple[Any, ...]) -> None:
-        _, item, read, t0, t_recompute, t1, update, non_finite = report
-        c = self.counters
-        b_start = t0
-        if t_recompute is not None:
-            c.recomputes[n][0] += 1
-            self._record(Kind.R, n, item, read, None, t0, t_recompute)
-            b_start = t_recompute
-        c.backwards[n][0] += 1
-        self._record(Kind.B, n, item, read, None, b_start, t1)
-        if update is not None:
-            master_read, written, tu0, tu1, stalenesses = update
-            c.updates[n][0] += 1
-            c.staleness_sum[0] += sum(stalenesses)
-            c.staleness_count[0] += len(stalenesses)
-            c.staleness_max[0] = max(c.staleness_max[0], *stalenesses)
-            self._record(Kind.U, n, item, master_read, written, tu0, tu1)
-        if non_finite:
-            c.skipped[SkipReason.NON_FINITE.value] += 1
-        else:
-            c.trained += 1
-            c.trained_any_stage += 1
-        self.scheduler.finish(Action(Kind.B, n, 0, item))
-        self._kick(n)
+        self.counters.forwards[n][j] += 1
+        self._record(Kind.F, n, j, item, read, None, t0, t1)
+        for executor in self.scheduler.finish(Action(Kind.F, n, j, item)):
+            if executor != (n, j) or not then_backward:
+                self._kick(*executor)
+        if then_backward:
+            backward = self.scheduler.next_action(n, j)
+            if backward != Action(Kind.B, n, j, item):
+                raise ScheduleError(f"executor {n}/{j} ran item {item}'s B, the scheduler's next action is {backward}")
+            self.scheduler.start(backward)
         self._lock.notify_all()
 
-    def _record(self, kind: Kind, n: int, item: int, read: int, written: int | None, t0: float, t1: float) -> None:
+    def _backward_done(self, n: int, j: int, report: tuple[Any, ...]) -> None:
+        _, item, read, t0, t_recompute, t1, update, non_finite = report
+        c = self.counters
+        lowest = self.scheduler.lowest(item)
+        b_start = t0
+        if t_recompute is not None:
+            c.recomputes[n][j] += 1
+            self._record(Kind.R, n, j, item, read, None, t0, t_recompute)
+            b_start = t_recompute
+        c.backwards[n][j] += 1
+        self._record(Kind.B, n, j, item, read, None, b_start, t1)
+        if update is not None:
+            master_read, written, tu0, tu1, stalenesses = update
+            c.updates[n][j] += 1
+            c.staleness_sum[j] += sum(stalenesses)
+            c.staleness_count[j] += len(stalenesses)
+            c.staleness_max[j] = max(c.staleness_max[j], *stalenesses)
+            self._record(Kind.U, n, j, item, master_read, written, tu0, tu1)
+        if non_finite and item not in self._non_finite:
+            self._non_finite.add(item)
+            c.skipped[SkipReason.NON_FINITE.value] += 1
+        if j == lowest:  # the item's last action
+            if item in self._non_finite:
+                self._non_finite.discard(item)
+            else:
+                c.trained_any_stage += 1
+                c.trained += int(lowest == 0)
+        for executor in self.scheduler.finish(Action(Kind.B, n, j, item)):
+            self._kick(*executor)
+        self._lock.notify_all()
+
+    def _record(
+        self, kind: Kind, n: int, j: int, item: int, read: int, written: int | None, t0: float, t1: float
+    ) -> None:
         if self.trace is not None:
-            self.trace.append(TraceEvent(kind, n, 0, item, read, written, t0 - self.origin, t1 - self.origin))
+            self.trace.append(TraceEvent(kind, n, j, item, read, written, t0 - self.origin, t1 - self.origin))
 
     def _fail(self, exc: BaseException) -> None:
         """Record an executor's death, unless the clock is closing (then executors exit on purpose)."""
@@ -468,13 +541,6 @@ class ProcessClock:
 
 def _check_supported(setup: PolicySetup, settings: ProcessSettings) -> None:
     """What this version of the process executors runs (see the module docstring)."""
-    plan = setup.plan
-    if plan.num_stages != 1:
-        raise NotImplementedFeatureError(
-            f"process executors run plans of one stage (N workers × 1 stage); this plan has {plan.num_stages} "
-            "stages, whose executors would exchange activations over torch.distributed (not built yet): run it "
-            "on the wall clock's executor threads, or plan with one stage"
-        )
     if setup.feeder is not None or setup.pipeline_type is not None or setup.instant:
         raise NotImplementedFeatureError(
             f"method {setup.method!r} is not run on process executors (buffering methods, flushing schedules "
@@ -488,5 +554,3 @@ def _check_supported(setup: PolicySetup, settings: ProcessSettings) -> None:
             f"compensator {settings.compensator!r} observes every master update, which executor processes do "
             "not share; use none, step-aware, fisher or iter-fisher-lean on process executors"
         )
-    del compensator
-

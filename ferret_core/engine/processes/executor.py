@@ -1,18 +1,22 @@
-"""The body of one executor process: worker n's stage, over the stage's versions in shared memory.
+"""The body of one executor process: worker n's stage j, over the stage's versions in shared memory.
 
 The coordinator (:class:`~ferret_core.engine.processes.clock.ProcessClock`) runs the scheduler and sends
-each item the scheduler starts on this executor over a pipe; the process runs it and answers with what
-the trace needs (the versions read and written, the times). With one stage, an item's B is the
+each action the scheduler starts on this executor over a pipe; the process runs it and answers with what
+the trace needs (the versions read and written, the times). At the last stage an item's B is the
 executor's next action once its F is done (1F1B: a ready B goes first), so one message carries both.
-What an action does is the thread engine's (:mod:`ferret_core.engine.pipeline`), on shared slots
-instead of Python-owned versions (:mod:`ferret_core.engine.processes.slots`):
+Between the stages of a worker, activations (forward) and their gradients (backward) travel over
+``torch.distributed`` (gloo point-to-point, tagged with the item), never through the coordinator.
+What an action does is the thread engine's (:mod:`ferret_core.engine.pipeline`), on shared slots instead
+of Python-owned versions (:mod:`ferret_core.engine.processes.slots`):
 
-* **F** pins the worker's replica for the item (weight stashing) and runs the stage forward, keeping
-  the graph, or under T1 only the input;
-* **B** (under T1 after recomputing the graph on the stash) back-propagates the item's loss, compensates
-  the gradient to the current master (under the stage's update lock), adds it to the worker's buffer (T2)
-  and releases the stash; once the buffer holds c^a gradients, the **U** writes the optimizer's step into
-  a free slot, publishes it as the next master version and moves the worker's replica to it.
+* **F** receives the stage input (stage 0: from the coordinator's message), pins the worker's replica for
+  the item where the item is back-propagated (weight stashing; T3 omits the rest), runs the stage forward
+  keeping the graph (under T1 only the input) and sends the output to the next stage;
+* **B** (under T1 after recomputing the graph on the stash) back-propagates the item's loss (last stage)
+  or the gradient received from the next stage, sends the input's gradient to the stage before (above
+  the item's lowest back-propagated stage), compensates the parameter gradient to the current master
+  (under the stage's update lock), adds it to the worker's buffer (T2) and releases the stash; once the
+  buffer holds c^a gradients, the **U** writes the step and publishes it as the next master version.
 
 A non-finite gradient (or compensated gradient) is dropped, never applied, and reported. An exception
 is sent to the coordinator with its traceback and ends the process; so does a closed pipe (the
@@ -25,12 +29,14 @@ import contextlib
 import resource
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from ferret_core.compensation import CompensatorSettings, make_compensator
@@ -43,12 +49,17 @@ from ferret_core.errors import ScheduleError
 
 @dataclass(frozen=True)
 class ExecutorSpec:
-    """What executor (``worker``, stage 0) runs: its stage's program, the (slot, version) the coordinator
-    pinned as its first replica, the worker's T1/T2 settings, the master's SGD learning rate, the
-    compensator (by registry name), the torch threads it may use and whether it flushes denormal floats
-    to zero (``torch.set_flush_denormal``; a process does not inherit its coordinator's choice)."""
+    """What executor (``worker``, ``stage``) runs: its stage's program, the (slot, version) the
+    coordinator pinned as its first replica, the worker's T1/T2 settings at this stage, the master's SGD
+    learning rate, the compensator (by registry name), the torch threads it may use and whether it
+    flushes denormal floats to zero (``torch.set_flush_denormal``; a process does not inherit its
+    coordinator's choice). With several stages, ``rank`` of ``world_size`` in the executors' gloo
+    process group (rendezvous through the file ``store``) and the ranks of the worker's executors of the
+    stages before and after (``None`` at the ends)."""
 
     worker: int
+    stage: int
+    num_stages: int
     program: StageProgram
     replica: tuple[int, int]
     accumulation: int
@@ -59,14 +70,24 @@ class ExecutorSpec:
     ring_capacity: int = 0
     threads: int = 1
     flush_denormal: bool = False
+    rank: int = 0
+    world_size: int = 1
+    store: str | None = None
+    prev_rank: int | None = None
+    next_rank: int | None = None
 
 
 @dataclass
 class _Item:
-    stash: tuple[int, int]  # (slot, version) pinned from F to B
-    target: Tensor
+    lowest: int  # the lowest back-propagated stage (T3)
+    target: Tensor | None  # the label, at the last stage
+    stash: tuple[int, int] | None = None  # (slot, version) pinned from F to B where the item is back-propagated
     graph: StageGraph | None = None
-    x: Tensor | None = None  # kept for the recompute (T1)
+    x: Tensor | None = None  # the stage input kept for the recompute (T1)
+
+
+def _tag(item: int) -> int:
+    return item % (2**31 - 1)
 
 
 class _Executor:
@@ -74,44 +95,97 @@ class _Executor:
         self.spec = spec
         self.stage = stage
         self.runner = spec.program.runner()
-        initial = stage.params[0]
         self.compensator = make_compensator(
-            spec.compensator, initial, spec.compensator_settings, spec.ring_capacity
+            spec.compensator, stage.params[0], spec.compensator_settings, spec.ring_capacity
         )
         self.buffer = GradientBuffer()
         self.replica = spec.replica
         self.items: dict[int, _Item] = {}
+        self._sends: list[tuple[Any, Tensor]] = []  # isend works in flight and the tensors they read
 
-    def forward(self, index: int, x: np.ndarray[Any, Any], target: int) -> tuple[Any, ...]:
+    # ----------------------------------------------------------------- messages between stage ranks
+    def _send(self, tensor: Tensor, dst: int | None, item: int) -> None:
+        if dst is None:
+            raise ScheduleError(f"executor {self.spec.worker}/{self.spec.stage}: no stage after it for item {item}")
+        payload = tensor.detach().contiguous()
+        self._sends = [(w, t) for w, t in self._sends if not w.is_completed()]
+        self._sends.append((dist.isend(payload, dst, tag=_tag(item)), payload))
+
+    def _recv(self, src: int | None, shape: Sequence[int], item: int) -> Tensor:
+        if src is None:
+            raise ScheduleError(f"executor {self.spec.worker}/{self.spec.stage}: no stage before it for item {item}")
+        buffer = torch.empty(tuple(shape))
+        dist.recv(buffer, src, tag=_tag(item))
+        return buffer
+
+    def finish_sends(self) -> None:
+        for work, _ in self._sends:
+            work.wait()
+        self._sends = []
+
+    # ---------------------------------------------------------------------------------- the actions
+    def forward(
+        self, index: int, lowest: int, x: np.ndarray[Any, Any] | None, target: int | None, in_shape: Sequence[int]
+    ) -> tuple[Any, ...]:
         t0 = time.perf_counter()
-        slot, version = self.replica
-        self.stage.pin(slot)
-        item = _Item((slot, version), torch.tensor([target]))
-        self.items[index] = item
-        view = self.stage.view(slot, version)
-        inputs = torch.from_numpy(x).unsqueeze(0)
-        if self.spec.recompute:
-            forward_no_grad(self.runner, view, inputs)
-            item.x = inputs
+        j, last = self.spec.stage, self.spec.num_stages - 1
+        if j == 0:
+            if x is None:
+                raise ScheduleError(f"item {index}: stage 0's F needs the item's input")
+            inputs = torch.from_numpy(x).unsqueeze(0)
         else:
-            item.graph = forward_with_grad(self.runner, view, inputs, input_grad=False)
+            inputs = self._recv(self.spec.prev_rank, in_shape, index)
+        slot, version = self.replica
+        view = self.stage.view(slot, version)
+        item = _Item(lowest, None if target is None else torch.tensor([target]))
+        self.items[index] = item
+        if j >= lowest:  # weight stashing: the B reads what this F read
+            self.stage.pin(slot)
+            item.stash = (slot, version)
+            if self.spec.recompute:
+                out = forward_no_grad(self.runner, view, inputs)
+                item.x = inputs
+            else:
+                item.graph = forward_with_grad(self.runner, view, inputs, input_grad=j > lowest)
+                out = item.graph.output.detach()
+        else:  # T3: this stage is not back-propagated for the item
+            out = forward_no_grad(self.runner, view, inputs)
+        if j < last:
+            self._send(out, self.spec.next_rank, index)
+        if j < lowest:
+            del self.items[index]  # nothing more to do for it here
         return ("F", index, version, t0, time.perf_counter())
 
-    def backward(self, index: int) -> tuple[Any, ...]:
+    def backward(self, index: int, out_shape: Sequence[int]) -> tuple[Any, ...]:
         item = self.items.pop(index)
         t0 = time.perf_counter()
+        j, last = self.spec.stage, self.spec.num_stages - 1
+        if item.stash is None:
+            raise ScheduleError(f"item {index}: B at stage {j} without its stash (its F did not run here)")
         slot, version = item.stash
         view = self.stage.view(slot, version)
+        input_grad = j > item.lowest
         t_recompute = None
         if self.spec.recompute:
             if item.x is None:
                 raise ScheduleError(f"item {index}: the input kept for recomputation is gone")
-            item.graph = forward_with_grad(self.runner, view, item.x, input_grad=False)
+            item.graph = forward_with_grad(self.runner, view, item.x, input_grad=input_grad)
+            item.x = None
             t_recompute = time.perf_counter()
         if item.graph is None:
             raise ScheduleError(f"item {index}: B without its forward graph")
-        grads, _ = backward(item.graph, target=item.target)
+        if j == last:
+            if item.target is None:
+                raise ScheduleError(f"item {index}: the last stage's B needs the item's label")
+            grads, grad_in = backward(item.graph, target=item.target)
+        else:
+            grad_out = self._recv(self.spec.next_rank, out_shape, index)
+            grads, grad_in = backward(item.graph, grad_output=grad_out)
         item.graph = None
+        if input_grad:
+            if grad_in is None:
+                raise ScheduleError(f"item {index}: stage {j} produced no input gradient for stage {j - 1}")
+            self._send(grad_in, self.spec.prev_rank, index)
         finite = all_finite(grads)
         stage = self.stage
         with stage.update_lock:
@@ -169,7 +243,12 @@ def executor_main(conn: Connection, spec: ExecutorSpec, stage: SharedStageVersio
     torch.set_flush_denormal(spec.flush_denormal)
     executor: _Executor | None = None
     item: int | None = None
+    grouped = spec.world_size > 1
     try:
+        if grouped:
+            dist.init_process_group(
+                "gloo", init_method=f"file://{spec.store}", rank=spec.rank, world_size=spec.world_size
+            )
         executor = _Executor(spec, stage)
         while True:
             try:
@@ -177,17 +256,27 @@ def executor_main(conn: Connection, spec: ExecutorSpec, stage: SharedStageVersio
             except EOFError:
                 return  # the coordinator is gone
             if message is None:
+                executor.finish_sends()
                 return
             kind, *args = message
             item = args[0] if args else None
-            if kind == "FB":  # one stage: the scheduler's next action after an item's F is its B
-                forward = executor.forward(*args)
-                conn.send(("FB", forward, executor.backward(args[0])))
+            if kind == "F":
+                conn.send(executor.forward(*args))
+            elif kind == "FB":  # the last stage: the scheduler's next action after an item's F is its B
+                index, lowest, x, target, in_shape, out_shape = args
+                forward = executor.forward(index, lowest, x, target, in_shape)
+                conn.send(("FB", forward, executor.backward(index, out_shape)))
+            elif kind == "B":
+                conn.send(executor.backward(*args))
             elif kind == "stats":
                 usage = resource.getrusage(resource.RUSAGE_SELF)
                 conn.send(("stats", time.process_time(), usage.ru_maxrss * 1024))
             else:
-                raise ScheduleError(f"executor {spec.worker}/0 got an unknown message {kind!r}")
+                raise ScheduleError(f"executor {spec.worker}/{spec.stage} got an unknown message {kind!r}")
     except BaseException as exc:  # reported to the coordinator, which raises it in its caller
         with contextlib.suppress(OSError, EOFError):
             conn.send(("error", item, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+    finally:
+        if grouped and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()

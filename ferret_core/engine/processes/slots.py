@@ -57,6 +57,24 @@ def _shared(tensor: Tensor) -> Tensor:
     return tensor
 
 
+def _alias(flat: Tensor, offset: int, shape: tuple[int, ...]) -> Tensor:
+    """A tensor over ``flat``'s storage at ``offset`` with ``shape`` that is *not* a view of ``flat``: it has
+    a version counter of its own, so writing one slot does not look to autograd like a write to a tensor
+    a graph saved from another slot (views of one buffer share one counter)."""
+    alias = torch.empty(0, dtype=flat.dtype)
+    with torch.no_grad():
+        alias.set_(flat.untyped_storage(), offset, shape, _contiguous_strides(shape))
+    return alias
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
 def slots_needed(live_workers: int, num_stages: int, stage: int) -> int:
     """K for ``stage``: master, replicas, stashes (P − j per worker), one prediction, one being written."""
     return 1 + live_workers + live_workers * (num_stages - stage) + 1 + 1
@@ -85,7 +103,7 @@ class FlatTensors:
         if cached is None:
             cached = self.__dict__["_views"] = tuple(
                 tuple(
-                    self._flat[dtype][k * self._sizes[dtype] + offset :][: math.prod(shape)].view(shape)
+                    _alias(self._flat[dtype], k * self._sizes[dtype] + offset, shape)
                     for (shape, dtype), offset in zip(self._layout, self._offsets, strict=True)
                 )
                 for k in range(self.copies)
