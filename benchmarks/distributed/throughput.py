@@ -12,11 +12,13 @@ saturated and must predict every arrival as well as train:
 * **engine inline 1 × 1**: Ferret's wall clock training on the caller's thread (what the trainer runs today);
 * **thread executors 1 × N**: the wall clock's executor threads, N workers, one process;
 * **process executors 1 × N**: :class:`ferret_core.engine.processes.ProcessClock`, N worker processes over
-  the master in shared memory; its start-up, each process's CPU and the coordinator's CPU are reported.
+  the master in shared memory; its start-up, each process's CPU and the coordinator's CPU are reported;
+* **process executors 2 stages × 1**: one worker's two stages (cut where their forward + backward times
+  balance, timed here) in two processes, passing activations and gradients over gloo.
 
 *Trained items/s* = items trained ÷ (first arrival → drained). Ratios are to the plain loop on the same
 stream, and to the plain loop's capacity. One torch thread per executor (and per plain loop, except the
-2-thread arm); compensator ``none``; every worker one stage (the layout process executors run today).
+2-thread arm); compensator ``none``; no T1–T4.
 
     .venv/bin/python -m benchmarks.distributed.throughput                       # → results/throughput.{md,json}
     .venv/bin/python -m benchmarks.distributed.throughput --models mnistnet --items 600 --repeats 1
@@ -47,7 +49,7 @@ from ferret_core.data import load_dataset, normalise
 from ferret_core.engine import EngineSettings, StreamEngine
 from ferret_core.engine.policies import PolicySetup, sequential_plan
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
-from ferret_core.plan import WorkerConfig
+from ferret_core.plan import Partition, WorkerConfig
 from ferret_core.schedule.scheduler import PlanRules
 from ferret_core.zoo import build_model
 from services.config.data_root import default_data_root
@@ -73,15 +75,43 @@ def units_of(model: str, kwargs: dict[str, Any]) -> list[nn.Module]:
     return list(build_model(model, seed=0, **kwargs).units)
 
 
-def setup_for(model: str, num_units: int, workers: int, interval: float) -> PolicySetup:
+def setup_for(
+    model: str, num_units: int, workers: int, interval: float, boundaries: tuple[int, ...] | None = None
+) -> PolicySetup:
+    """A plan of ``workers`` workers over one stage, or over the stages ``boundaries`` cut (no T1–T4)."""
     plan = sequential_plan(model, num_units, interval)
+    partition = Partition(boundaries or (0, num_units))
+    p = partition.num_stages
     plan = dataclasses.replace(
         plan,
+        partition=partition,
         workers=tuple(
-            WorkerConfig(n, live=True, recompute=False, accumulation=(1,), omission=(0,)) for n in range(workers)
+            WorkerConfig(n, live=True, recompute=False, accumulation=(1,) * p, omission=(0,) * p)
+            for n in range(workers)
         ),
     )
     return PolicySetup("ferret", plan, PlanRules(plan), instant=False, planned=None)
+
+
+def balanced_cut(units: list[nn.Module], x: torch.Tensor, repeats: int = 5) -> tuple[int, int, int]:
+    """Two stages of about equal forward + backward time on this machine (each unit timed on its input)."""
+    model = nn.Sequential(*copy.deepcopy(units))
+    inputs, h = [], x.unsqueeze(0)
+    with torch.no_grad():
+        for unit in model:
+            inputs.append(h)
+            h = unit(h)
+    times = [0.0] * len(units)
+    for _ in range(repeats):
+        for u, unit in enumerate(model):
+            t0 = time.perf_counter()
+            h_in = inputs[u].detach().requires_grad_(True)
+            out = unit(h_in)
+            torch.autograd.grad(out, [h_in, *unit.parameters()], torch.ones_like(out), allow_unused=True)
+            times[u] += time.perf_counter() - t0
+    total = sum(times)
+    cut = min(range(1, len(units)), key=lambda k: abs(sum(times[:k]) - total / 2))
+    return (0, cut, len(units))
 
 
 Warm = tuple[list[torch.Tensor], list[int]]
@@ -185,8 +215,8 @@ def engine_wall(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: 
 
 
 def processes(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: list[int], lr: float, rate: float,
-              workers: int, warm: Warm, window: float) -> dict[str, Any]:
-    setup = setup_for(model, len(units), workers, 1.0 / rate)
+              workers: int, warm: Warm, window: float, boundaries: tuple[int, ...] | None = None) -> dict[str, Any]:
+    setup = setup_for(model, len(units), workers, 1.0 / rate, boundaries)
     clock = ProcessClock(units, setup, ProcessSettings(lr=lr, keep_trace=False, flush_denormal=True))
     with clock:
         start_s = clock.start_seconds
@@ -226,6 +256,7 @@ def measure(
     units = units_of(model, kwargs)
     plain_capacity(units, xs[:warm], ys[:warm], lr, 1)  # warm-up: kernels, allocator
     warm_items = (xs[: 2 * workers], ys[: 2 * workers])
+    cut = balanced_cut(units, xs[0])
     xs, ys = xs[warm:], ys[warm:]
     rows: dict[str, list[dict[str, Any]]] = {}
     for _ in range(repeats):
@@ -241,6 +272,7 @@ def measure(
             ),
             "process executors 1 × 1": processes(units, model, xs, ys, lr, rate, 1, warm_items, window),
             f"process executors 1 × {workers}": processes(units, model, xs, ys, lr, rate, workers, warm_items, window),
+            "process executors 2 stages × 1": processes(units, model, xs, ys, lr, rate, 1, warm_items, window, cut),
         }
         for name, row in arms.items():
             rows.setdefault(name, []).append({**row, "stream_rate": rate, "per_s": row["trained"] / row["elapsed_s"]})

@@ -1,5 +1,6 @@
-"""Executors as OS processes: a one-stage plan's workers in parallel over a master in shared memory
-(:class:`ProcessClock`), with version slots and reader counts in place of Python-owned versions."""
+"""Executors as OS processes: a plan's (worker, stage) executors in parallel over a master in shared
+memory (:class:`ProcessClock`), with version slots and reader counts in place of Python-owned versions
+and torch.distributed (gloo) between a worker's stages."""
 
 from ferret_core.engine.processes.clock import ProcessClock, ProcessSettings, ProcessUsage
 from ferret_core.engine.processes.slots import SharedStageVersions, slots_needed

@@ -2,8 +2,8 @@
 
 On a CPU, the thread executors of :mod:`ferret_core.engine.wall_clock` share one interpreter: Python's
 GIL serialises their Python parts, so on a 2-core machine more threads trained *fewer* items than one.
-Here each live worker's executor is a process (:mod:`ferret_core.engine.processes.executor`), started
-from a forkserver that preloads torch (a few MB and milliseconds per process instead of a fresh
+Here each live (worker, stage) executor is a process (:mod:`ferret_core.engine.processes.executor`),
+started from a forkserver that preloads torch (milliseconds per process instead of a fresh
 interpreter's 1–2 s), and the caller's process is the **coordinator**:
 
 * it predicts every arrival with the current master, read straight from shared memory under a pin
@@ -13,14 +13,19 @@ interpreter's 1–2 s), and the caller's process is the **coordinator**:
   executor's next action by sending it down that executor's pipe, records the executor's answer as the
   trace events the validator reads (:func:`ferret_core.engine.trace.validate_trace`), and starts the next;
 * the master's versions live in shared slots with reader counts (:mod:`.slots`): weight stashing,
-  replicas refreshed at a worker's own update points and out-of-place updates, as on the other clocks.
+  replicas refreshed at a worker's own update points and out-of-place updates, as on the other clocks;
+* with several stages, a worker's stage executors are ranks of one gloo process group (rendezvous through
+  a file store: one host) and pass activations forward and their gradients backward point to point,
+  tagged by item; the coordinator only says which action runs next.
 
-**What runs here today.** Plans of one stage: N workers × 1 stage, the layout measured to pay on one
-host (each item's work stays in one process; no activation crosses a process boundary). A plan of
-several stages needs stage ranks exchanging activations and gradients over ``torch.distributed``, which
-is not built: such a plan, a buffering method, an OCL algorithm other than ``vanilla``, SGD momentum and
-compensators that observe every master update (``iter-fisher``, ``iter-fisher-cf``, ``gap-aware``) are
-refused with :class:`~ferret_core.errors.NotImplementedFeatureError`; run them on the wall clock.
+**What runs here today.** Any plan's N workers × P stages on one host's CPUs, T1–T4 included. Refused
+with :class:`~ferret_core.errors.NotImplementedFeatureError` (run them on the wall clock): buffering
+methods, flushing schedules, instant methods, and compensators that observe every master update
+(``iter-fisher``, ``iter-fisher-cf``, ``gap-aware``); the engine has no OCL algorithm or SGD momentum
+option here (vanilla, plain SGD). Each executor keeps its own compensator state (the thread engine
+shares one per stage): a stateful compensator (Fisher's moments, lean Iter-Fisher's λ) learns from its
+executor's gradients only. A script that starts process executors needs the ``if __name__ ==
+"__main__":`` guard (the forkserver imports the main module by path, as torch's DataLoader workers do).
 Each executor keeps its own compensator state (the thread engine shares one per stage): a stateful
 compensator (Fisher's moments, lean Iter-Fisher's λ) learns from its worker's gradients only.
 
