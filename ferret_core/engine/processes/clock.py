@@ -145,6 +145,8 @@ class ProcessClock:
         self._conns: dict[Executor, mpc.Connection] = {}
         self._processes: dict[Executor, Any] = {}
         self._store: str | None = None  # the executors' gloo rendezvous file (several stages)
+        self._ctx: Any = None
+        self._retiring: set[Executor] = set()  # executors a re-plan removed, exiting on purpose
         self._router: threading.Thread | None = None
         self._wake_r: Any = None  # the router's wake-up pipe (start() makes it)
         self._wake_w: Any = None
@@ -157,42 +159,13 @@ class ProcessClock:
         t0 = time.perf_counter()
         ctx: Any = tmp.get_context(START_METHOD)
         ctx.set_forkserver_preload(PRELOAD)
-        self.stages = stage_versions(self._initial, len(self._live), ctx.Lock)
-        s = self.settings
-        p = self.plan.num_stages
-        rank = {executor: r for r, executor in enumerate(self._executors)}
-        if p > 1:
+        self._ctx = ctx
+        # slots for every worker slot of the plan, live or not: a re-plan may bring a removed worker back
+        self.stages = stage_versions(self._initial, self.plan.num_workers, ctx.Lock)
+        if self.plan.num_stages > 1:
             self._store = tempfile.mkdtemp(prefix="ferret-gloo-")
-        for n, j in self._executors:
-            worker = self.plan.workers[n]
-            spec = ExecutorSpec(
-                worker=n,
-                stage=j,
-                num_stages=p,
-                program=self._programs[j],
-                replica=self.stages[j].pin_current(),  # the worker's first replica: the master, version 0
-                accumulation=worker.accumulation[j],
-                recompute=worker.recompute,
-                lr=s.lr,
-                compensator=s.compensator,
-                compensator_settings=s.compensator_settings,
-                ring_capacity=ring_capacity(self.plan, j),
-                threads=s.threads,
-                flush_denormal=s.flush_denormal,
-                rank=rank[(n, j)],
-                world_size=len(self._executors) if p > 1 else 1,
-                store=None if self._store is None else os.path.join(self._store, "store"),
-                prev_rank=rank.get((n, j - 1)),
-                next_rank=rank.get((n, j + 1)),
-            )
-            parent, child = ctx.Pipe(duplex=True)
-            process = ctx.Process(
-                target=executor_main, args=(child, spec, self.stages[j]), name=f"ferret-w{n}s{j}", daemon=True
-            )
-            process.start()
-            child.close()
-            self._conns[(n, j)] = parent
-            self._processes[(n, j)] = process
+        for executor in self._executors:
+            self._spawn(executor)
         self._started = True
         self._wake_r, self._wake_w = mpc.Pipe(duplex=False)
         self._router = threading.Thread(target=self._route, name="ferret-router", daemon=True)
@@ -200,6 +173,89 @@ class ProcessClock:
         self.origin = t0
         self.start_seconds = time.perf_counter() - t0
         return self
+
+    def _spawn(self, executor: Executor) -> None:
+        """Start executor (worker, stage) as a process, its replica pinned at the current master."""
+        n, j = executor
+        s = self.settings
+        p = self.plan.num_stages
+        rank = {e: r for r, e in enumerate(self._executors)}
+        worker = self.plan.workers[n]
+        spec = ExecutorSpec(
+            worker=n,
+            stage=j,
+            num_stages=p,
+            program=self._programs[j],
+            replica=self.stages[j].pin_current(),  # the worker's first replica: the current master
+            accumulation=worker.accumulation[j],
+            recompute=worker.recompute,
+            lr=s.lr,
+            compensator=s.compensator,
+            compensator_settings=s.compensator_settings,
+            ring_capacity=ring_capacity(self.plan, j),
+            threads=s.threads,
+            flush_denormal=s.flush_denormal,
+            rank=rank[executor],
+            world_size=len(self._executors) if p > 1 else 1,
+            store=None if self._store is None else os.path.join(self._store, "store"),
+            prev_rank=rank.get((n, j - 1)),
+            next_rank=rank.get((n, j + 1)),
+        )
+        parent, child = self._ctx.Pipe(duplex=True)
+        process = self._ctx.Process(
+            target=executor_main, args=(child, spec, self.stages[j]), name=f"ferret-w{n}s{j}", daemon=True
+        )
+        process.start()
+        child.close()
+        self._conns[executor] = parent
+        self._processes[executor] = process
+
+    def replan(self, setup: PolicySetup, timeout: float = 60.0) -> float:
+        """Run ``setup``'s plan from here on, keeping the executor processes: drain (every admitted item
+        finishes; none is lost), retire the executors of workers the plan removes (T4), start those of
+        workers it brings back, and send every kept executor its new T1/T2 settings; the versions, the
+        counters and each worker's item count (T3's alignment) carry over. Returns the seconds from the
+        drained pipeline to the new plan in force. The plan must keep the partition and the worker slots
+        (N, the dispatch modulus); with several stages it must also keep the live workers (their gloo
+        group stays as it is). Otherwise build a new clock."""
+        plan = setup.plan
+        _check_supported(setup, self.settings)
+        if plan.partition != self.plan.partition or plan.num_workers != self.plan.num_workers:
+            raise ConfigError(
+                f"a re-plan on the running executors keeps the partition {self.plan.partition.boundaries} and the "
+                f"{self.plan.num_workers} worker slots, got {plan.partition.boundaries} and {plan.num_workers}; "
+                "close this clock and start one for the new plan"
+            )
+        live = [w.index for w in plan.workers if w.live]
+        if plan.num_stages > 1 and live != self._live:
+            raise NotImplementedFeatureError(
+                f"re-planning live workers {self._live} → {live} over {plan.num_stages} stages would re-form the "
+                "executors' gloo group, which is not built; close this clock and start one for the new plan"
+            )
+        self.drain(timeout)
+        t0 = time.perf_counter()
+        with self._lock:
+            self._raise_if_failed()
+            gone = [e for e in self._executors if e[0] not in live]
+            for executor in gone:
+                self._retiring.add(executor)
+                self._conns[executor].send(("retire",))
+            self.plan = plan
+            self.rules = setup.rules
+            self.scheduler = Scheduler(setup.rules)
+            self._live = live
+            self._executors = [(n, j) for n in live for j in range(plan.num_stages)]
+            for executor in self._executors:
+                n, j = executor
+                if executor in self._conns:
+                    worker = plan.workers[n]
+                    self._conns[executor].send(("configure", worker.accumulation[j], worker.recompute))
+                else:
+                    self._spawn(executor)
+        self._wake_w.send("refresh")  # the router waits on the new executors too
+        for executor in gone:
+            self._processes[executor].join(JOIN_TIMEOUT_S)
+        return time.perf_counter() - t0
 
     def close(self, *, reraise: bool = True) -> None:
         """Stop every executor (items in flight are abandoned; :meth:`drain` first to finish them) and
@@ -410,21 +466,29 @@ class ProcessClock:
             self._fail(exc)
 
     def _route_until_stopped(self) -> None:
-        by_conn = {conn: e for e, conn in self._conns.items()}
-        by_sentinel = {self._processes[e].sentinel: e for e in self._conns}
-        waits: list[Any] = [self._wake_r, *by_conn, *by_sentinel]
         while True:
             with self._lock:
                 if self._stopping or self._error is not None:
                     return
+                by_conn = {conn: e for e, conn in self._conns.items()}
+                by_sentinel = {self._processes[e].sentinel: e for e in self._conns}
+            waits: list[Any] = [self._wake_r, *by_conn, *by_sentinel]
             for ready in mpc.wait(waits):
                 if ready is self._wake_r:
-                    return
+                    wake: Any = self._wake_r
+                    wake.recv()
+                    break  # stop, or a re-plan changed the executors: look again
                 if ready in by_sentinel:
                     e = by_sentinel[ready]
                     conn = self._conns[e]
                     while conn.poll():  # its last words first (an error it sent before exiting)
                         self._handle(e, conn.recv())
+                    with self._lock:
+                        if e in self._retiring:  # a re-plan removed it: it exited on purpose
+                            self._retiring.discard(e)
+                            self._conns.pop(e).close()
+                            self._processes.pop(e)
+                            break
                     self._fail(ScheduleError(
                         f"executor process of worker {e[0]}, stage {e[1]} (pid {self._processes[e].pid}) exited "
                         f"with code {self._processes[e].exitcode} while the clock ran"
@@ -434,6 +498,8 @@ class ProcessClock:
                 try:
                     message = self._conns[e].recv()
                 except (EOFError, OSError):
+                    if e in self._retiring:
+                        continue  # its sentinel follows
                     self._fail(ScheduleError(f"executor process of worker {e[0]}, stage {e[1]} closed its pipe"))
                     return
                 self._handle(e, message)

@@ -26,6 +26,7 @@ coordinator is gone): an executor never outlives the process that drives it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import resource
 import time
 import traceback
@@ -268,6 +269,14 @@ def executor_main(conn: Connection, spec: ExecutorSpec, stage: SharedStageVersio
                 conn.send(("FB", forward, executor.backward(index, out_shape)))
             elif kind == "B":
                 conn.send(executor.backward(*args))
+            elif kind == "configure":  # a re-plan kept this executor: the worker's new T1/T2 here
+                accumulation, recompute = args
+                executor.spec = dataclasses.replace(executor.spec, accumulation=accumulation, recompute=recompute)
+                item = None
+            elif kind == "retire":  # a re-plan removed the worker: let go of the replica and exit
+                executor.finish_sends()
+                stage.unpin(executor.replica[0])
+                return
             elif kind == "stats":
                 usage = resource.getrusage(resource.RUSAGE_SELF)
                 conn.send(("stats", time.process_time(), usage.ru_maxrss * 1024))
