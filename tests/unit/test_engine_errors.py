@@ -3,6 +3,7 @@ raising ConfigError (a ValueError), so a service maps the two apart (INTERNAL vs
 
 from __future__ import annotations
 
+import grpc
 import pytest
 import torch
 
@@ -13,6 +14,7 @@ from ferret_core.errors import ConfigError, FerretError, ScheduleError
 from ferret_core.schedule.actions import Action, Kind
 from ferret_core.schedule.flush_scheduler import FlushRules, FlushScheduler
 from ferret_core.schedule.scheduler import PlanRules, Scheduler
+from services.control.servicer import status_for
 from tests.unit.test_engine_support import make_plan, stream
 from tests.unit.test_engine_wall import engine_for
 
@@ -20,6 +22,9 @@ from tests.unit.test_engine_wall import engine_for
 def test_schedule_error_is_a_ferret_runtime_error_not_a_config_error() -> None:
     assert issubclass(ScheduleError, FerretError) and issubclass(ScheduleError, RuntimeError)
     assert not issubclass(ScheduleError, ValueError) and not issubclass(ScheduleError, ConfigError)
+    # the control plane answers a caller's bad value INVALID_ARGUMENT, an engine's broken invariant INTERNAL
+    assert status_for(ConfigError("bad value"))[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert status_for(ScheduleError("broken")) == (grpc.StatusCode.INTERNAL, "ScheduleError: broken")
 
 
 def test_the_scheduler_refuses_an_action_out_of_its_life_cycle() -> None:
