@@ -44,7 +44,7 @@ from torch import Tensor
 from ferret_core.engine.coreset import RepresentativeBuffer, select_coreset
 from ferret_core.engine.policies import PolicySetup, sequential_plan
 from ferret_core.engine.steps import NO_FOOTPRINT, Batch, Fed, Feeder, Footprint
-from ferret_core.errors import ConfigError, InfeasibleBudgetError
+from ferret_core.errors import ConfigError, InfeasibleBudgetError, ScheduleError
 from ferret_core.plan import Partition
 from ferret_core.planning.cost_model import StageGeometry
 from ferret_core.profile import ModelProfile, dtype_bytes
@@ -116,7 +116,10 @@ class WindowFeeder:
 
     def take(self) -> Fed:
         if not self.ready():
-            raise ConfigError(f"the window holds {len(self._window)} items, a step needs {self.settings.batch}")
+            raise ScheduleError(
+                f"a step needs {self.settings.batch} items, the window holds {len(self._window)}; take() only "
+                "when ready()"
+            )
         rows = self._chosen_rows()
         chosen = [self._window[r] for r in rows]
         left = len(self._window) - len(chosen)
@@ -157,7 +160,10 @@ class CamelFeeder(WindowFeeder):
 
     def take(self) -> Fed:
         if not self.ready():
-            raise ConfigError(f"the window holds {len(self._window)} items, a step needs {self.settings.batch}")
+            raise ScheduleError(
+                f"a step needs {self.settings.batch} items, the window holds {len(self._window)}; take() only "
+                "when ready()"
+            )
         items = list(self._window)
         self._window.clear()
         window = Batch.stack([x for _, x, _ in items], [y for _, _, y in items])

@@ -82,7 +82,7 @@ from ferret_core.engine.state import Counters, GradientBuffer, InFlightItem, Sta
 from ferret_core.engine.steps import Algorithm, Batch, Feeder, PlainSteps, TrainingStep
 from ferret_core.engine.trace import TraceSemantics
 from ferret_core.engine.versions import StageVersion, VersionStore
-from ferret_core.errors import ConfigError
+from ferret_core.errors import ConfigError, ScheduleError
 from ferret_core.metrics import OnlineAccuracy, TestAccuracy
 from ferret_core.plan import Plan
 from ferret_core.schedule.actions import Action, Kind, SkipReason, TraceEvent
@@ -280,7 +280,10 @@ class Pipeline:
         if y is None:
             return SkipReason.NO_LABEL
         if index in self._items:
-            raise ConfigError(f"item {index} is already in flight; item numbers must be unique")
+            raise ConfigError(
+                f"item {index} is already in flight: expected a new item number, got one in use; give every "
+                "arrival its own index (or let the clock number them)"
+            )
         if self.feeder is not None:
             self.counters.skipped[SkipReason.EVICTED.value] += self.feeder.offer(index, x, y)
             return None
@@ -325,7 +328,10 @@ class Pipeline:
                 return ()
             lowest = self.rules.lowest_backprop_stage(0, self.counters.admitted[0])
             if lowest is None:
-                raise ConfigError("a buffering method's plan must back-propagate every step")
+                raise ConfigError(
+                    f"a buffering method's plan must back-propagate every step, got one that omits step "
+                    f"{self.counters.admitted[0]} (T3); give it a plan without omission"
+                )
             fed = feeder.take()
             self.counters.skipped[SkipReason.NOT_SELECTED.value] += fed.not_selected
             self.counters.admitted[0] += 1
@@ -361,7 +367,10 @@ class Pipeline:
         elif action.kind is Kind.B:
             self._backward(action, stamps)
         else:
-            raise ConfigError(f"executors run F and B actions, not {action.kind}")
+            raise ScheduleError(
+                f"{action}: this pipeline's executors run F and B actions, got {action.kind.value}; a schedule "
+                "with W actions (split backward) runs on a FlushPipeline"
+            )
 
     def _forward(self, a: Action, stamps: Stamps) -> None:
         n, j = a.worker, a.stage
@@ -369,7 +378,10 @@ class Pipeline:
         t0 = stamps.start()
         x = item.inputs[j]
         if x is None:
-            raise ConfigError(f"{a} on executor {n}/{j}: the item's input is not there (F at {j - 1} missing)")
+            raise ScheduleError(
+                f"{a} on executor {n}/{j}: expected the item's input from its F at stage {j - 1}, got none; the "
+                "scheduler started F before its dependency (a bug)"
+            )
         version = self.store.replica(n, j)
         runner = self._runners[(n, j)]
         x = on_device(x, self._devices[j])
@@ -402,13 +414,19 @@ class Pipeline:
         t0 = stamps.start()
         version = item.stashes[j]
         if version is None:
-            raise ConfigError(f"{a} on executor {n}/{j}: no stash (the item's F at stage {j} did not run)")
+            raise ScheduleError(
+                f"{a} on executor {n}/{j}: expected the stash of the item's F at stage {j}, got none; the "
+                "scheduler started B before that F (a bug)"
+            )
         input_grad = j > item.lowest
         if self.plan.workers[n].recompute:
             t0 = self._recompute(a, item, version, stamps, t0)
         graph_ = item.graphs[j]
         if graph_ is None:
-            raise ConfigError(f"{a} on executor {n}/{j}: the forward graph is gone")
+            raise ScheduleError(
+                f"{a} on executor {n}/{j}: expected the forward graph of the item's F at stage {j}, got none "
+                "(freed or never built); each B runs once after its F (a bug)"
+            )
         item.graphs[j] = None
         if j == self.num_stages - 1:
             if item.held:  # rows a buffer keeps: which of them to blame if the step turns out non-finite
@@ -417,7 +435,10 @@ class Pipeline:
         else:
             grad_out = item.grad_outputs[j]
             if grad_out is None:
-                raise ConfigError(f"{a} on executor {n}/{j}: no gradient from stage {j + 1}")
+                raise ScheduleError(
+                    f"{a} on executor {n}/{j}: expected the output gradient from B at stage {j + 1}, got none; "
+                    "the scheduler started B before its dependency (a bug)"
+                )
             item.grad_outputs[j] = None
             grads, grad_in = backward(graph_, grad_output=grad_out.to(self._devices[j], non_blocking=True))
             del grad_out
@@ -447,7 +468,10 @@ class Pipeline:
         n, j = a.worker, a.stage
         x = item.inputs[j]
         if x is None:
-            raise ConfigError(f"{a} on executor {n}/{j}: the stage input kept for recomputation is gone")
+            raise ScheduleError(
+                f"{a} on executor {n}/{j}: expected the stage input kept for recomputation (T1), got none; "
+                "each stage recomputes once, before its first backward action (a bug)"
+            )
         with self._saving():
             item.graphs[j] = forward_with_grad(self._runners[(n, j)], version, x, input_grad=j > item.lowest)
         item.inputs[j] = None

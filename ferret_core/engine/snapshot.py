@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ferret_core.engine.engine import StreamEngine
-from ferret_core.errors import ConfigError
+from ferret_core.errors import ConfigError, ScheduleError
 from ferret_core.metrics import OnlineAccuracy
 
 
@@ -39,7 +39,10 @@ def engine_state(engine: StreamEngine) -> EngineState:
     """The learned state of a drained ``engine``."""
     p = engine.pipeline
     if p.in_flight():
-        raise ConfigError(f"{p.in_flight()} item(s) are in flight: drain the engine before taking its state")
+        raise ScheduleError(
+            f"the engine's state is taken with no item in flight, got {p.in_flight()}: drain the engine "
+            "(finish its items) before taking its state"
+        )
     weights: dict[str, Tensor] = {}
     stages = engine.setup.plan.partition.stages
     for units, tensors in zip(stages, p.master_state(), strict=True):

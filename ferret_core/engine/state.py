@@ -12,7 +12,7 @@ from torch import Tensor
 from ferret_core.engine.stage_exec import StageGraph
 from ferret_core.engine.steps import Held, LossFn
 from ferret_core.engine.versions import StageVersion
-from ferret_core.errors import ConfigError
+from ferret_core.errors import ScheduleError
 from ferret_core.schedule.actions import SkipReason
 from ferret_core.schedule.step_shape import UNIT_STEP, StepShape
 
@@ -104,7 +104,10 @@ class GradientBuffer:
     def take(self) -> tuple[list[Tensor], list[int]]:
         """The sum and the read versions; the buffer is empty afterwards."""
         if self.grads is None:
-            raise ConfigError("an update needs at least one accumulated gradient")
+            raise ScheduleError(
+                "an update needs at least one accumulated gradient, got an empty buffer; take() only after "
+                "add() (check count first)"
+            )
         grads, reads = self.grads, self.reads
         self.grads, self.reads = None, []
         return grads, reads

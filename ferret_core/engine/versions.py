@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from ferret_core.engine.memory_meter import StorageKey, storage_key
-from ferret_core.errors import ConfigError
+from ferret_core.errors import ConfigError, ScheduleError
 
 
 @dataclass(frozen=True, eq=False, slots=True, weakref_slot=True)
@@ -126,7 +126,10 @@ class VersionStore:
     def _row(self, worker: int) -> list[StageVersion]:
         row = self._replicas[worker]
         if row is None:
-            raise ConfigError(f"worker {worker} was removed (T4): it has no replica")
+            raise ScheduleError(
+                f"worker {worker} was removed (T4): expected a live worker's replica, got a request for a "
+                "removed one; only live workers run actions (a bug)"
+            )
         return row
 
     def publish(self, stage: int, params: Sequence[Tensor]) -> StageVersion:

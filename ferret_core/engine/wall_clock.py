@@ -79,7 +79,7 @@ from torch import Tensor
 from ferret_core.engine.admission import AdmissionSettings, EventTimeAdmission, ServiceTimes
 from ferret_core.engine.pipeline import Pipeline
 from ferret_core.engine.virtual_clock import Sample
-from ferret_core.errors import ConfigError, FerretError
+from ferret_core.errors import ConfigError, FerretError, ScheduleError
 from ferret_core.schedule.actions import Action, Kind, SkipReason
 from ferret_core.staleness import staleness_bound
 
@@ -192,7 +192,10 @@ class WallClock:
     # ------------------------------------------------------------------------------------ lifecycle
     def start(self) -> WallClock:
         if self._started:
-            raise ConfigError("the wall clock is already started")
+            raise ScheduleError(
+                "the wall clock is already started: start() it once (a `with` block starts it), and close() it "
+                "before starting it again"
+            )
         self._started = True
         self.origin = time.perf_counter()
         self._stamps = _WallStamps(self.origin)

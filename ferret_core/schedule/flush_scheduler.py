@@ -34,7 +34,7 @@ from collections import defaultdict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ferret_core.errors import ConfigError
+from ferret_core.errors import ConfigError, ScheduleError
 from ferret_core.schedule.actions import Action, Kind
 from ferret_core.schedule.scheduler import Scheduler
 from ferret_core.schedule.stage_times import StageTimes
@@ -156,12 +156,17 @@ class FlushScheduler(Scheduler):
 
     def admit(self, worker: int, item: int, lowest: int) -> None:
         if not 0 <= lowest < self.num_stages:
-            raise ConfigError(f"item {item}: lowest back-propagated stage {lowest} is not a stage")
+            raise ConfigError(
+                f"item {item}: lowest back-propagated stage {lowest} is not a stage (expected 0 <= k < "
+                f"{self.num_stages}); the rules' lowest_backprop_stage must return a stage or None"
+            )
         group = self._groups[self.open_group]
         slot = self.flush_rules.slot(worker)
         if group.admitted[slot] >= self.flush_rules.flush_every:
-            raise ConfigError(f"slot {slot} already holds its {self.flush_rules.flush_every} items of group "
-                              f"{self.open_group}; ask can_admit first")
+            raise ScheduleError(
+                f"item {item}: slot {slot} already holds its {self.flush_rules.flush_every} items of group "
+                f"{self.open_group}; admit only when can_admit says so"
+            )
         group.admitted[slot] += 1
         group.closed = all(a == self.flush_rules.flush_every for a in group.admitted)
         self._group_of[item] = self.open_group
@@ -230,10 +235,16 @@ class FlushScheduler(Scheduler):
         ex = self._states[action.worker][action.stage]
         device = self._device_of[(action.worker, action.stage)]
         if ex.running is not None or self._busy[device] is not None:
-            raise ConfigError(f"{action}: executor {action.worker}/{action.stage} or its device is busy")
+            raise ScheduleError(
+                f"{action}: executor {action.worker}/{action.stage} or its device is busy (running "
+                f"{ex.running}, device running {self._busy[device]}); start only what next_action returns"
+            )
         queue = {Kind.F: ex.ready_f, Kind.B: ex.ready_b, Kind.W: ex.ready_w}[action.kind]
         if not queue or queue[0] != action.item:
-            raise ConfigError(f"{action} is not the next ready action of executor {action.worker}/{action.stage}")
+            raise ScheduleError(
+                f"{action} is not the next ready action of executor {action.worker}/{action.stage} (its ready "
+                f"{action.kind.value} queue holds items {list(queue)[:3]}); start only what next_action returns"
+            )
         queue.popleft()
         ex.running = action
         self._busy[device] = action
@@ -244,7 +255,10 @@ class FlushScheduler(Scheduler):
         n, j, item = action.worker, action.stage, action.item
         ex = self._states[n][j]
         if ex.running != action:
-            raise ConfigError(f"executor {n}/{j} is not running {action} (running {ex.running})")
+            raise ScheduleError(
+                f"executor {n}/{j} is not running {action} (running {ex.running}); finish only the action it "
+                "started"
+            )
         ex.running = None
         self._busy[self._device_of[(n, j)]] = None
         changed: set[Executor] = {(n, j)}

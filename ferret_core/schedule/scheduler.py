@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ferret_core.errors import ConfigError
+from ferret_core.errors import ConfigError, ScheduleError
 from ferret_core.plan import Plan
 from ferret_core.schedule.actions import Action, Kind
 from ferret_core.schedule.stage_times import StageTimes
@@ -125,7 +125,10 @@ class Scheduler:
 
     def admit(self, worker: int, item: int, lowest: int) -> None:
         if not 0 <= lowest < self.num_stages:
-            raise ConfigError(f"item {item}: lowest back-propagated stage {lowest} is not a stage")
+            raise ConfigError(
+                f"item {item}: lowest back-propagated stage {lowest} is not a stage (expected 0 <= k < "
+                f"{self.num_stages}); the rules' lowest_backprop_stage must return a stage or None"
+            )
         self._lowest[item] = lowest
         self._ex[worker][0].ready_f.append(item)
 
@@ -147,10 +150,16 @@ class Scheduler:
     def start(self, action: Action) -> None:
         ex = self._ex[action.worker][action.stage]
         if ex.running is not None:
-            raise ConfigError(f"executor {action.worker}/{action.stage} is already running {ex.running}")
+            raise ScheduleError(
+                f"{action}: executor {action.worker}/{action.stage} is already running {ex.running}; start an "
+                "action only when next_action offers it (finish the running one first)"
+            )
         queue = ex.ready_b if action.kind is Kind.B else ex.ready_f
         if not queue or queue[0] != action.item:
-            raise ConfigError(f"{action} is not the next ready action of executor {action.worker}/{action.stage}")
+            raise ScheduleError(
+                f"{action} is not the next ready action of executor {action.worker}/{action.stage} (its ready "
+                f"{action.kind.value} queue holds items {list(queue)[:3]}); start only what next_action returns"
+            )
         queue.popleft()
         ex.running = action
         if action.kind is Kind.F:
@@ -161,7 +170,10 @@ class Scheduler:
         n, j, item = action.worker, action.stage, action.item
         ex = self._ex[n][j]
         if ex.running != action:
-            raise ConfigError(f"executor {n}/{j} is not running {action} (running {ex.running})")
+            raise ScheduleError(
+                f"executor {n}/{j} is not running {action} (running {ex.running}); finish only the action it "
+                "started"
+            )
         ex.running = None
         last = self.num_stages - 1
         if action.kind is Kind.F:

@@ -11,6 +11,9 @@ error                                  gRPC status          raised by
                                                             is also a ``LookupError`` counts)
 :class:`ServiceUnavailable`            UNAVAILABLE          shutting down
 :class:`TooManyWatchers`               RESOURCE_EXHAUSTED   WatchStatus beyond the watcher cap
+``ScheduleError`` (core)               INTERNAL             the engine (a broken invariant or a
+                                                            misused life cycle: not the caller's
+                                                            value, so never INVALID_ARGUMENT)
 any other ``FerretError``              INTERNAL             the trainer, the planner
 =====================================  ===================  ==================================
 

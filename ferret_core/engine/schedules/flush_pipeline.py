@@ -36,14 +36,10 @@ from ferret_core.engine.stage_exec import StageProgram, backward
 from ferret_core.engine.state import InFlightItem, Stamps
 from ferret_core.engine.trace import TraceSemantics
 from ferret_core.engine.versions import StageVersion
-from ferret_core.errors import ConfigError, FerretError
+from ferret_core.errors import ConfigError, ScheduleError
 from ferret_core.plan import Plan
 from ferret_core.schedule.actions import Action, Kind
 from ferret_core.schedule.flush_scheduler import FlushRules, FlushScheduler
-
-
-class ScheduleError(FerretError, RuntimeError):
-    """A schedule broke its own invariant while running (a bug, not a user error)."""
 
 
 class FlushPipeline(Pipeline):
@@ -58,7 +54,10 @@ class FlushPipeline(Pipeline):
         **kwargs: object,
     ) -> None:
         if not isinstance(rules, FlushRules):
-            raise ConfigError(f"a FlushPipeline runs FlushRules, got {type(rules).__name__}")
+            raise ConfigError(
+                f"a FlushPipeline runs FlushRules, got {type(rules).__name__}; build a synchronous schedule's "
+                "rules with FlushRules (or run other rules on a Pipeline)"
+            )
         super().__init__(plan, rules, programs, initial, **kwargs)  # type: ignore[arg-type]
         self.flush_rules = rules
         self.scheduler: FlushScheduler = FlushScheduler(rules)

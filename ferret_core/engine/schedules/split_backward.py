@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ferret_core.engine.stage_exec import StageGraph
-from ferret_core.errors import ConfigError
+from ferret_core.errors import ScheduleError
 
 
 def backward_root(
@@ -41,7 +41,10 @@ def backward_root(
 def input_gradient(graph: StageGraph, root: Tensor, grad_output: Tensor | None) -> Tensor:
     """B: the gradient of the stage input, keeping the graph for :func:`weight_gradients`."""
     if not graph.input.requires_grad:
-        raise ConfigError("B of a split backward needs a stage input that requires grad (the stage is not the lowest)")
+        raise ScheduleError(
+            "B of a split backward needs a stage input that requires grad, got one that does not: at the "
+            "item's lowest back-propagated stage, run the fused backward (W), not B (a bug)"
+        )
     (grad_in,) = torch.autograd.grad(root, (graph.input,), grad_outputs=grad_output, retain_graph=True)
     return grad_in
 
