@@ -226,3 +226,49 @@ def test_a_model_with_many_tensors_starts_and_trains() -> None:
             clock.submit(torch.randn(*model.input_shape, generator=gen), 3)
             clock.drain(timeout=60)
         assert clock.counters.trained == 2
+
+
+def test_a_replan_removes_and_brings_back_a_worker_keeping_the_processes() -> None:
+    units, items = tiny_units(), stream(60)
+    two = make_plan(1, 2, num_units=3)
+    one = make_plan(1, 2, num_units=3, live=[True, False])
+    with ProcessClock(units, setup_for(two), ProcessSettings(lr=0.05)) as clock:
+        kept = clock._processes[(0, 0)].pid
+        sequentially(clock, items[:10])
+        clock.validate()
+        clock.replan(setup_for(one))
+        assert list(clock._processes) == [(0, 0)] and clock._processes[(0, 0)].pid == kept
+        arrivals = []
+        for item in items[10:30]:
+            arrivals.append(clock.submit(item.x, item.y))
+            clock.drain(timeout=30)
+        assert all((a.skipped is None) == (a.index % 2 == 0) for a in arrivals)
+        assert all(a.skipped.value == "worker_removed" for a in arrivals if a.skipped is not None)
+        assert sum(clock.stages[0].readers()) == 1  # the retired worker let go of its replica
+        clock.replan(setup_for(two))
+        assert sorted(clock._processes) == [(0, 0), (1, 0)] and clock._processes[(0, 0)].pid == kept
+        sequentially(clock, items[30:])
+        c = clock.counters
+        assert c.items == 60 and c.trained == 50 and c.skipped["worker_removed"] == 10
+        assert clock.stages[0].current_version() == 50
+        with pytest.raises(NotImplementedError, match="before replan"):
+            clock.validate()
+
+
+def test_a_replan_changes_accumulation_on_the_running_executor() -> None:
+    units, items = tiny_units(), stream(20)
+    with ProcessClock(units, setup_for(make_plan(1, 1, num_units=3)), ProcessSettings(lr=0.05)) as clock:
+        sequentially(clock, items[:10])
+        clock.replan(setup_for(make_plan(1, 1, num_units=3, accumulation=2)))
+        sequentially(clock, items[10:])
+        assert clock.counters.trained == 20 and clock.counters.updates[0] == [15]
+
+
+def test_a_replan_that_needs_new_executors_is_refused_with_what_to_do() -> None:
+    units = tiny_units()
+    one_stage = ProcessClock(units, setup_for(make_plan(1, 2, num_units=3)), ProcessSettings(lr=0.05))
+    with one_stage, pytest.raises(ValueError, match="start one for the new plan"):
+        one_stage.replan(setup_for(make_plan(3, 2, num_units=3)))
+    two_stages = ProcessClock(units, setup_for(make_plan(2, 2, num_units=3)), ProcessSettings(lr=0.05))
+    with two_stages, pytest.raises(NotImplementedError, match="gloo group"):
+        two_stages.replan(setup_for(make_plan(2, 2, num_units=3, live=[True, False])))

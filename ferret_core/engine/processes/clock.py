@@ -147,6 +147,7 @@ class ProcessClock:
         self._store: str | None = None  # the executors' gloo rendezvous file (several stages)
         self._ctx: Any = None
         self._retiring: set[Executor] = set()  # executors a re-plan removed, exiting on purpose
+        self.replans = 0
         self._router: threading.Thread | None = None
         self._wake_r: Any = None  # the router's wake-up pipe (start() makes it)
         self._wake_w: Any = None
@@ -252,10 +253,25 @@ class ProcessClock:
                     self._conns[executor].send(("configure", worker.accumulation[j], worker.recompute))
                 else:
                     self._spawn(executor)
+            self.replans += 1
         self._wake_w.send("refresh")  # the router waits on the new executors too
         for executor in gone:
-            self._processes[executor].join(JOIN_TIMEOUT_S)
+            process = self._processes[executor]
+            process.join(JOIN_TIMEOUT_S)
+            if process.is_alive():
+                process.kill()
+                process.join()
+            self._forget(executor)
         return time.perf_counter() - t0
+
+    def _forget(self, executor: Executor) -> None:
+        """Drop a retired executor's pipe and process (whichever of the re-plan and the router sees its
+        exit first)."""
+        with self._lock:
+            if executor in self._retiring:
+                self._retiring.discard(executor)
+                self._conns.pop(executor).close()
+                self._processes.pop(executor)
 
     def close(self, *, reraise: bool = True) -> None:
         """Stop every executor (items in flight are abandoned; :meth:`drain` first to finish them) and
@@ -382,7 +398,13 @@ class ProcessClock:
 
     def validate(self) -> None:
         """Check the executed trace against the schedule's invariants (staleness is reported, not bounded:
-        executors run when their inputs are ready, as on the wall clock)."""
+        executors run when their inputs are ready, as on the wall clock). The validator reads one plan's
+        trace from version 0: call it before a :meth:`replan`."""
+        if self.replans:
+            raise NotImplementedFeatureError(
+                f"the trace spans {self.replans} re-plan(s); the validator reads one plan's trace from version 0: "
+                "validate() before replan()"
+            )
         validate_trace(self.ordered_trace(), self.plan, check_staleness=False)
 
     # ---------------------------------------------------------------------------------------- inside
@@ -473,6 +495,7 @@ class ProcessClock:
                 by_conn = {conn: e for e, conn in self._conns.items()}
                 by_sentinel = {self._processes[e].sentinel: e for e in self._conns}
             waits: list[Any] = [self._wake_r, *by_conn, *by_sentinel]
+            ready: Any
             for ready in mpc.wait(waits):
                 if ready is self._wake_r:
                     wake: Any = self._wake_r
@@ -480,26 +503,26 @@ class ProcessClock:
                     break  # stop, or a re-plan changed the executors: look again
                 if ready in by_sentinel:
                     e = by_sentinel[ready]
+                    with self._lock:
+                        retired = e in self._retiring or e not in self._conns
+                    if retired:  # a re-plan removed it: it exited on purpose
+                        self._forget(e)
+                        break
                     conn = self._conns[e]
                     while conn.poll():  # its last words first (an error it sent before exiting)
                         self._handle(e, conn.recv())
-                    with self._lock:
-                        if e in self._retiring:  # a re-plan removed it: it exited on purpose
-                            self._retiring.discard(e)
-                            self._conns.pop(e).close()
-                            self._processes.pop(e)
-                            break
                     self._fail(ScheduleError(
                         f"executor process of worker {e[0]}, stage {e[1]} (pid {self._processes[e].pid}) exited "
                         f"with code {self._processes[e].exitcode} while the clock ran"
                     ))
                     return
-                e = by_conn[ready]  # type: ignore[index]
+                e = by_conn[ready]
+                conn = ready
                 try:
-                    message = self._conns[e].recv()
+                    message = conn.recv()
                 except (EOFError, OSError):
-                    if e in self._retiring:
-                        continue  # its sentinel follows
+                    if e in self._retiring or e not in self._conns:
+                        break  # a retired executor's pipe: look again
                     self._fail(ScheduleError(f"executor process of worker {e[0]}, stage {e[1]} closed its pipe"))
                     return
                 self._handle(e, message)
