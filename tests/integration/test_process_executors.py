@@ -272,3 +272,24 @@ def test_a_replan_that_needs_new_executors_is_refused_with_what_to_do() -> None:
     two_stages = ProcessClock(units, setup_for(make_plan(2, 2, num_units=3)), ProcessSettings(lr=0.05))
     with two_stages, pytest.raises(NotImplementedError, match="gloo group"):
         two_stages.replan(setup_for(make_plan(2, 2, num_units=3, live=[True, False])))
+
+
+def test_a_worker_brought_back_by_a_replan_is_watched_like_the_others() -> None:
+    """Its process is new: its death must still stop the clock (the router follows the processes a
+    re-plan starts and forgets the ones it retires)."""
+    units, items = tiny_units(), stream(20)
+    two = make_plan(1, 2, num_units=3)
+    clock = ProcessClock(units, setup_for(two), ProcessSettings(lr=0.05)).start()
+    try:
+        sequentially(clock, items[:4])
+        clock.replan(setup_for(make_plan(1, 2, num_units=3, live=[True, False])))
+        clock.replan(setup_for(two))
+        os.kill(clock._processes[(1, 0)].pid, signal.SIGKILL)
+        deadline = time.perf_counter() + 5.0
+        with pytest.raises(ScheduleError, match="worker 1"):
+            while time.perf_counter() < deadline:
+                clock.submit(items[5].x, items[5].y)
+                time.sleep(0.01)
+    finally:
+        clock.close(reraise=False)
+    assert all(not p.is_alive() for p in clock._processes.values())

@@ -147,6 +147,7 @@ class ProcessClock:
         self._store: str | None = None  # the executors' gloo rendezvous file (several stages)
         self._ctx: Any = None
         self._retiring: set[Executor] = set()  # executors a re-plan removed, exiting on purpose
+        self._dead_conns: list[mpc.Connection] = []  # retired executors' pipes, closed by the router
         self.replans = 0
         self._router: threading.Thread | None = None
         self._wake_r: Any = None  # the router's wake-up pipe (start() makes it)
@@ -270,7 +271,7 @@ class ProcessClock:
         with self._lock:
             if executor in self._retiring:
                 self._retiring.discard(executor)
-                self._conns.pop(executor).close()
+                self._dead_conns.append(self._conns.pop(executor))  # the router closes it (it may be reading it)
                 self._processes.pop(executor)
 
     def close(self, *, reraise: bool = True) -> None:
@@ -288,6 +289,9 @@ class ProcessClock:
             self._router = None
             self._wake_r.close()
             self._wake_w.close()
+        for dead in self._dead_conns:
+            dead.close()
+        self._dead_conns.clear()
         self._stop_processes()
         if self._store is not None:
             shutil.rmtree(self._store, ignore_errors=True)
@@ -490,6 +494,9 @@ class ProcessClock:
     def _route_until_stopped(self) -> None:
         while True:
             with self._lock:
+                for dead in self._dead_conns:  # not in the previous wait any more: safe to close
+                    dead.close()
+                self._dead_conns.clear()
                 if self._stopping or self._error is not None:
                     return
                 by_conn = {conn: e for e, conn in self._conns.items()}
@@ -504,8 +511,12 @@ class ProcessClock:
                 if ready in by_sentinel:
                     e = by_sentinel[ready]
                     with self._lock:
-                        retired = e in self._retiring or e not in self._conns
-                    if retired:  # a re-plan removed it: it exited on purpose
+                        current = self._processes.get(e)
+                        stale = current is None or current.sentinel != ready  # forgotten, or started anew
+                        retiring = e in self._retiring
+                    if stale:
+                        continue
+                    if retiring:  # a re-plan removed it: it exited on purpose
                         self._forget(e)
                         break
                     conn = self._conns[e]
@@ -518,6 +529,9 @@ class ProcessClock:
                     return
                 e = by_conn[ready]
                 conn = ready
+                with self._lock:
+                    if self._conns.get(e) is not conn:  # retired since the wait began
+                        continue
                 try:
                     message = conn.recv()
                 except (EOFError, OSError):

@@ -1,17 +1,20 @@
-"""How fast a killed executor process stops a process clock, and what starting executors costs.
+"""A process clock's life cycle: start-up, re-plans that keep the processes, and a kill -9.
 
 For each repeat: start a :class:`~ferret_core.engine.processes.ProcessClock` (1 stage × N workers,
-MNISTNet), stream items at about its capacity, ``kill -9`` one executor process mid-stream, and measure
-(a) the time from the kill to the caller's first :class:`~ferret_core.errors.ScheduleError` and (b) to
-every executor process gone. Start-up is timed for the first clock of the run (which starts the
-forkserver and imports torch there) and for the later ones (a fork of the preloaded server).
+MNISTNet); train some items; re-plan three times on the running executors (T2 changed on every worker:
+configure only; the last worker removed, T4; brought back: a process started) and time each from the
+drained pipeline to the new plan in force; stream items at about the clock's capacity, ``kill -9`` one
+executor process mid-stream, and measure the time from the kill to the caller's first
+:class:`~ferret_core.errors.ScheduleError` and to every executor process gone. Start-up is timed for the
+first clock of the run (which starts the forkserver and imports torch there) and for the later ones.
 
-    .venv/bin/python -m benchmarks.distributed.failure                 # → results/failure.{md,json}
+    .venv/bin/python -m benchmarks.distributed.lifecycle               # → results/lifecycle.{md,json}
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import statistics
@@ -24,11 +27,33 @@ import torch
 
 from benchmarks.distributed.throughput import load_items, setup_for, units_of
 from benchmarks.support import short_head, write_result
+from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
 from ferret_core.errors import ScheduleError
+from ferret_core.schedule.scheduler import PlanRules
 from services.config.data_root import default_data_root
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def replans(clock: ProcessClock, units: list[Any], workers: int) -> dict[str, float]:
+    """Seconds of three re-plans on the running executors."""
+    base = setup_for("mnistnet", len(units), workers, 0.004)
+    accumulate = dataclasses.replace(
+        base.plan, workers=tuple(dataclasses.replace(w, accumulation=(2,)) for w in base.plan.workers)
+    )
+    removed = dataclasses.replace(
+        base.plan, workers=(*base.plan.workers[:-1], dataclasses.replace(base.plan.workers[-1], live=False))
+    )
+    return {
+        "replan_configure_s": clock.replan(setup_of(accumulate)),
+        "replan_remove_worker_s": clock.replan(setup_of(removed)),
+        "replan_add_worker_s": clock.replan(setup_of(base.plan)),
+    }
+
+
+def setup_of(plan: Any) -> PolicySetup:
+    return PolicySetup("ferret", plan, PlanRules(plan), instant=False, planned=None)
 
 
 def one_kill(units: list[Any], xs: list[torch.Tensor], ys: list[int], workers: int) -> dict[str, float]:
@@ -36,7 +61,11 @@ def one_kill(units: list[Any], xs: list[torch.Tensor], ys: list[int], workers: i
     clock = ProcessClock(units, setup, ProcessSettings(lr=0.02, keep_trace=False))
     clock.start()
     start_s = clock.start_seconds
-    victim = clock._processes[workers - 1]
+    for x, y in zip(xs[:10], ys[:10], strict=True):
+        clock.submit(x, y)
+        clock.drain(30)
+    timings = replans(clock, units, workers)
+    victim = clock._processes[(workers - 1, 0)]
     killed = raised = gone = float("nan")
     try:
         for k, (x, y) in enumerate(zip(xs, ys, strict=True)):
@@ -60,7 +89,11 @@ def one_kill(units: list[Any], xs: list[torch.Tensor], ys: list[int], workers: i
     while any(p.is_alive() for p in clock._processes.values()) and time.perf_counter() < deadline:
         time.sleep(0.005)
     gone = time.perf_counter()
-    return {"start_s": start_s, "kill_to_error_s": raised - killed, "kill_to_all_gone_s": gone - killed}
+    return {"start_s": start_s, **timings, "kill_to_error_s": raised - killed, "kill_to_all_gone_s": gone - killed}
+
+
+def _column(rows: list[dict[str, float]], key: str) -> list[float]:
+    return [r[key] for r in rows]
 
 
 def _ms(values: list[float]) -> str:
@@ -73,7 +106,7 @@ def render(result: dict[str, Any]) -> str:
     errors = [r["kill_to_error_s"] for r in rows]
     gone = [r["kill_to_all_gone_s"] for r in rows]
     return (
-        "# Process executors: a kill -9 mid-stream, and start-up\n\n"
+        "# Process executors: start-up, re-plans that keep the processes, a kill -9 mid-stream\n\n"
         f"Command: `{result['command']}` at {result['commit']}; {result['cpus']} CPUs; 1 stage × "
         f"{result['workers']} workers, MNISTNet; {len(rows)} repeats.\n\n"
         "| measure | median | max |\n|---|---:|---:|\n"
@@ -81,6 +114,9 @@ def render(result: dict[str, Any]) -> str:
         f"| kill -9 → every executor process gone | {_ms(gone)} |\n"
         f"| start-up, first clock of the process (forkserver + torch import) | {first:.3f} s | |\n"
         f"| start-up, later clocks | {1000 * statistics.median(later):.1f} ms | {1000 * max(later):.1f} ms |\n"
+        f"| re-plan, T2 changed on every worker (configure) | {_ms(_column(rows, 'replan_configure_s'))} |\n"
+        f"| re-plan, a worker removed (T4: its process retired) | {_ms(_column(rows, 'replan_remove_worker_s'))} |\n"
+        f"| re-plan, the worker back (a process started) | {_ms(_column(rows, 'replan_add_worker_s'))} |\n"
     )
 
 
@@ -96,13 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     units = units_of("mnistnet", {})
     rows = [one_kill(units, xs, ys, args.workers) for _ in range(args.repeats)]
     result = {
-        "command": " ".join([".venv/bin/python", "-m", "benchmarks.distributed.failure", *(argv or sys.argv[1:])]),
+        "command": " ".join([".venv/bin/python", "-m", "benchmarks.distributed.lifecycle", *(argv or sys.argv[1:])]),
         "commit": short_head(),
         "cpus": os.cpu_count(),
         "workers": args.workers,
         "rows": rows,
     }
-    print(write_result(RESULTS, "failure", result, render))
+    print(write_result(RESULTS, "lifecycle", result, render))
     return 0
 
 
