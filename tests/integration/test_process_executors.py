@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -293,3 +295,44 @@ def test_a_worker_brought_back_by_a_replan_is_watched_like_the_others() -> None:
     finally:
         clock.close(reraise=False)
     assert all(not p.is_alive() for p in clock._processes.values())
+
+
+def _hold(lock: Any, conn: Any) -> None:
+    lock.acquire()
+    conn.send("holding")
+    time.sleep(60)
+
+
+def test_a_prediction_does_not_wait_forever_for_a_lock_a_killed_process_held() -> None:
+    """kill -9 between an acquire and its release leaves a cross-process lock held for good; the
+    coordinator stops waiting for it once the clock knows an executor died, and raises that death."""
+    import torch.multiprocessing as tmp
+
+    units, items = tiny_units(), stream(4)
+    clock = ProcessClock(units, setup_for(make_plan(1, 1, num_units=3)), ProcessSettings(lr=0.05)).start()
+    ctx = tmp.get_context("forkserver")
+    parent, child = ctx.Pipe()
+    holder = ctx.Process(target=_hold, args=(clock.stages[0].lock, child), daemon=True)
+    holder.start()
+    try:
+        assert parent.recv() == "holding"
+        os.kill(holder.pid, signal.SIGKILL)
+        raised: list[BaseException] = []
+
+        def predict() -> None:
+            try:
+                clock.submit(items[0].x, items[0].y)
+            except BaseException as exc:
+                raised.append(exc)
+
+        waiting = threading.Thread(target=predict)
+        waiting.start()
+        time.sleep(0.3)
+        assert waiting.is_alive() and not raised  # the prediction waits for the dead holder's lock
+        os.kill(clock._processes[(0, 0)].pid, signal.SIGKILL)
+        waiting.join(5.0)
+        assert not waiting.is_alive()
+        assert len(raised) == 1 and isinstance(raised[0], ScheduleError) and "worker 0" in str(raised[0])
+    finally:
+        clock.close(reraise=False)
+        holder.join(5)

@@ -164,6 +164,8 @@ class ProcessClock:
         self._ctx = ctx
         # slots for every worker slot of the plan, live or not: a re-plan may bring a removed worker back
         self.stages = stage_versions(self._initial, self.plan.num_workers, ctx.Lock)
+        for stage in self.stages:
+            stage.watch(lambda: self._error is not None)
         if self.plan.num_stages > 1:
             self._store = tempfile.mkdtemp(prefix="ferret-gloo-")
         for executor in self._executors:
@@ -324,7 +326,12 @@ class ProcessClock:
             if self._stopping or not self._started:
                 raise ClockStopped("the process clock is not running: start() it (or it was closed)")
         numbers = [next(self._counter) for _ in xs] if indices is None else list(indices)
-        tops, version = self._predict(xs)
+        try:
+            tops, version = self._predict(xs)
+        except ScheduleError:
+            with self._lock:
+                self._raise_if_failed()  # the executor failure that stopped the clock, not its symptom
+            raise
         arrivals = []
         with self._lock:
             c = self.counters

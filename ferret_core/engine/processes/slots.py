@@ -29,8 +29,9 @@ at j (at most P − j per worker), one prediction and the slot an update writes 
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -49,6 +50,13 @@ class Lock(Protocol):
     def __enter__(self) -> Any: ...
 
     def __exit__(self, *exc: object) -> Any: ...
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+LOCK_POLL_S = 0.05  # how often a watched wait for the slot table's lock asks whether the clock failed
 
 
 def _shared(tensor: Tensor) -> Tensor:
@@ -164,7 +172,32 @@ class SharedStageVersions:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_table_view", None)
+        state.pop("_abandoned", None)
         return state
+
+    def watch(self, abandoned: Callable[[], bool]) -> None:
+        """In this process, wait for the slot table's lock only while ``abandoned()`` is false: an executor
+        killed while holding it (kill -9 between two lines) never releases it, and the coordinator, which
+        learns of the death from the process's sentinel, must not wait for it forever."""
+        self.__dict__["_abandoned"] = abandoned
+
+    @contextlib.contextmanager
+    def _holding(self) -> Iterator[None]:
+        abandoned: Callable[[], bool] | None = self.__dict__.get("_abandoned")
+        if abandoned is None:
+            with self.lock:
+                yield
+            return
+        while not self.lock.acquire(timeout=LOCK_POLL_S):
+            if abandoned():
+                raise ScheduleError(
+                    f"stage {self.stage}: the version slots' lock is held by an executor that failed; the clock "
+                    "has stopped (its failure is raised by submit, drain or close)"
+                )
+        try:
+            yield
+        finally:
+            self.lock.release()
 
     # ------------------------------------------------------------------------------- read (any process)
     def view(self, slot: int, version: int) -> StageVersion:
@@ -173,35 +206,35 @@ class SharedStageVersions:
 
     def pin_current(self) -> tuple[int, int]:
         """Pin the master: (slot, version). Unpin it when done reading."""
-        with self.lock:
+        with self._holding():
             slot = int(self._table[_CURRENT])
             self._table[1 + self.num_slots + slot] += 1
             return slot, int(self._table[1 + slot])
 
     def pin(self, slot: int) -> int:
         """Add a reader to ``slot`` (which the caller already reads through a pin): its version."""
-        with self.lock:
+        with self._holding():
             self._table[1 + self.num_slots + slot] += 1
             return int(self._table[1 + slot])
 
     def unpin(self, slot: int) -> None:
-        with self.lock:
+        with self._holding():
             self._unpin(slot)
 
     def current_version(self) -> int:
-        with self.lock:
+        with self._holding():
             return int(self._table[1 + int(self._table[_CURRENT])])
 
     def readers(self) -> list[int]:
         """Reader count of every slot (for tests and diagnostics)."""
-        with self.lock:
+        with self._holding():
             return [int(r) for r in self._table[1 + self.num_slots :]]
 
     # ------------------------------------------------------------ update (call under the update lock)
     def current(self) -> tuple[int, int]:
         """(slot, version) of the master. Under :attr:`update_lock` it stays the master (and is not
         written) until the caller publishes."""
-        with self.lock:
+        with self._holding():
             slot = int(self._table[_CURRENT])
             return slot, int(self._table[1 + slot])
 
@@ -209,7 +242,7 @@ class SharedStageVersions:
         """A slot nobody reads and that is not the master, to write the next master into (under
         :attr:`update_lock` no one else picks it). Raises :class:`ScheduleError` when every slot is taken
         (more readers than the schedule allows: a bug)."""
-        with self.lock:
+        with self._holding():
             current = int(self._table[_CURRENT])
             readers = [int(r) for r in self._table[1 + self.num_slots :]]
         for slot, count in enumerate(readers):
@@ -223,7 +256,7 @@ class SharedStageVersions:
     def publish(self, slot: int, version: int, *, replica: int | None = None) -> None:
         """Make ``slot`` (just written) the master at ``version``; with ``replica`` (the publishing
         worker's old replica slot), move that worker's replica pin to the new master in the same step."""
-        with self.lock:
+        with self._holding():
             self._table[1 + slot] = version
             self._table[_CURRENT] = slot
             if replica is not None:
@@ -235,7 +268,7 @@ class SharedStageVersions:
         replica), run ``write`` on it and number it ``version``, all under :attr:`lock`, so no reader pins
         it half written (a pin waits for the write, as the thread engine's predictions wait for an
         in-place update). Returns whether it wrote; otherwise the caller writes a free slot."""
-        with self.lock:
+        with self._holding():
             if int(self._table[_CURRENT]) != slot or int(self._table[1 + self.num_slots + slot]) != readers:
                 return False
             write()
