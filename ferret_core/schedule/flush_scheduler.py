@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from ferret_core.errors import ConfigError, ScheduleError
 from ferret_core.schedule.actions import Action, Kind
-from ferret_core.schedule.scheduler import Scheduler
+from ferret_core.schedule.scheduler import Scheduler, not_next, not_running
 from ferret_core.schedule.stage_times import StageTimes
 from ferret_core.schedule.step_shape import UNIT_STEP, StepShape
 
@@ -241,10 +241,7 @@ class FlushScheduler(Scheduler):
             )
         queue = {Kind.F: ex.ready_f, Kind.B: ex.ready_b, Kind.W: ex.ready_w}[action.kind]
         if not queue or queue[0] != action.item:
-            raise ScheduleError(
-                f"{action} is not the next ready action of executor {action.worker}/{action.stage} (its ready "
-                f"{action.kind.value} queue holds items {list(queue)[:3]}); start only what next_action returns"
-            )
+            raise not_next(action, queue)
         queue.popleft()
         ex.running = action
         self._busy[device] = action
@@ -255,10 +252,7 @@ class FlushScheduler(Scheduler):
         n, j, item = action.worker, action.stage, action.item
         ex = self._states[n][j]
         if ex.running != action:
-            raise ScheduleError(
-                f"executor {n}/{j} is not running {action} (running {ex.running}); finish only the action it "
-                "started"
-            )
+            raise not_running(action, ex.running)
         ex.running = None
         self._busy[self._device_of[(n, j)]] = None
         changed: set[Executor] = {(n, j)}

@@ -25,6 +25,7 @@ The class is pure bookkeeping (no torch, no clock, no threads); the wall clock s
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -85,6 +86,22 @@ class PlanRules:
 
     def in_flight_cap(self, worker: int, stage: int) -> int:
         return self.plan.num_stages - stage
+
+
+def not_next(action: Action, queue: Iterable[int]) -> ScheduleError:
+    """The error for starting ``action`` when it is not its executor's next ready action."""
+    return ScheduleError(
+        f"{action} is not the next ready action of executor {action.worker}/{action.stage} (its ready "
+        f"{action.kind.value} queue holds items {list(queue)[:3]}); start only what next_action returns"
+    )
+
+
+def not_running(action: Action, running: Action | None) -> ScheduleError:
+    """The error for finishing ``action`` when its executor is not running it."""
+    return ScheduleError(
+        f"executor {action.worker}/{action.stage} is not running {action} (running {running}); finish only "
+        "the action it started"
+    )
 
 
 @dataclass
@@ -156,10 +173,7 @@ class Scheduler:
             )
         queue = ex.ready_b if action.kind is Kind.B else ex.ready_f
         if not queue or queue[0] != action.item:
-            raise ScheduleError(
-                f"{action} is not the next ready action of executor {action.worker}/{action.stage} (its ready "
-                f"{action.kind.value} queue holds items {list(queue)[:3]}); start only what next_action returns"
-            )
+            raise not_next(action, queue)
         queue.popleft()
         ex.running = action
         if action.kind is Kind.F:
@@ -170,10 +184,7 @@ class Scheduler:
         n, j, item = action.worker, action.stage, action.item
         ex = self._ex[n][j]
         if ex.running != action:
-            raise ScheduleError(
-                f"executor {n}/{j} is not running {action} (running {ex.running}); finish only the action it "
-                "started"
-            )
+            raise not_running(action, ex.running)
         ex.running = None
         last = self.num_stages - 1
         if action.kind is Kind.F:
