@@ -102,8 +102,8 @@ def test_an_executor_exception_reaches_the_caller_naming_the_item() -> None:
         sequentially(clock, items[:2])
         clock.submit(items[2].x, items[2].y, index=7)
         # the executor's forward gets a sample it cannot take (the coordinator predicted item 7 already)
-        clock._inputs[8] = torch.randn(IN_FEATURES + 3)
-        clock._targets[8] = 1
+        clock.dispatch.inputs[8] = torch.randn(IN_FEATURES + 3)
+        clock.dispatch.targets[8] = 1
         clock.scheduler.admit(0, 8, 0)
         with pytest.raises(ScheduleError, match="item 8") as caught:
             clock.drain(timeout=30)

@@ -47,7 +47,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -55,9 +54,10 @@ import torch.multiprocessing as tmp
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ferret_core.compensation import CompensatorSettings, make_compensator
 from ferret_core.engine.policies import PolicySetup
+from ferret_core.engine.processes.dispatch import Dispatch, Executor
 from ferret_core.engine.processes.executor import ExecutorSpec, executor_main
+from ferret_core.engine.processes.settings import ProcessSettings, ProcessUsage, check_supported
 from ferret_core.engine.processes.slots import SharedStageVersions, stage_versions
 from ferret_core.engine.stage_exec import build_stages
 from ferret_core.engine.state import Counters
@@ -65,44 +65,14 @@ from ferret_core.engine.trace import validate_trace
 from ferret_core.engine.wall_clock import Arrival, ClockStopped
 from ferret_core.errors import ConfigError, NotImplementedFeatureError, ScheduleError
 from ferret_core.metrics import OnlineAccuracy
-from ferret_core.schedule.actions import Action, Kind, SkipReason, TraceEvent
+from ferret_core.plan import Plan
+from ferret_core.schedule.actions import TraceEvent
 from ferret_core.schedule.scheduler import Scheduler
 from ferret_core.staleness import ring_capacity
 
 START_METHOD = "forkserver"
 PRELOAD = ["torch", "ferret_core.engine.processes.executor"]
 JOIN_TIMEOUT_S = 5.0  # a closed executor that has not exited by then is killed
-
-Executor = tuple[int, int]  # (worker, stage)
-
-
-@dataclass(frozen=True)
-class ProcessSettings:
-    """``lr``: the master's plain SGD. ``compensator``: a registry name (see the module docstring for
-    those that run here). ``threads``: torch threads per executor process. ``flush_denormal``: executors
-    flush denormal floats to zero (``torch.set_flush_denormal``: much faster where weights or gradients
-    get tiny; results then differ from a process that keeps them). ``keep_trace``: keep every trace event
-    (validation). ``top_k``: classes an :class:`Arrival` reports."""
-
-    lr: float = 1e-3
-    compensator: str = "none"
-    compensator_settings: CompensatorSettings = field(default_factory=CompensatorSettings)
-    threads: int = 1
-    flush_denormal: bool = False
-    keep_trace: bool = True
-    top_k: int = 1
-
-
-@dataclass(frozen=True)
-class ProcessUsage:
-    """One executor process's CPU seconds and peak resident bytes (its own, shared segments included
-    where it touched them), read when asked."""
-
-    worker: int
-    stage: int
-    pid: int
-    cpu_seconds: float
-    max_rss_bytes: int
 
 
 class ProcessClock:
@@ -116,24 +86,15 @@ class ProcessClock:
     def __init__(self, units: Sequence[nn.Module], setup: PolicySetup, settings: ProcessSettings | None = None) -> None:
         self.settings = s = settings or ProcessSettings()
         plan = setup.plan
-        _check_supported(setup, s)
-        self.plan = plan
-        self.rules = setup.rules
-        self.scheduler = Scheduler(setup.rules)
+        check_supported(setup, s)
+        self.dispatch = Dispatch(plan, setup.rules, keep_trace=s.keep_trace)
         recomputes = any(w.recompute for w in plan.workers)
         programs, initial = build_stages(units, plan.partition, allow_stochastic=not recomputes)
         self._programs = programs
         self._predict_runners = [p.runner() for p in programs]
         self._initial = initial
-        self.counters = Counters(plan.num_workers, plan.num_stages)
-        self.online = OnlineAccuracy()
-        self.trace: list[TraceEvent] | None = [] if s.keep_trace else None
         self.failed_item: int | None = None
         self._lock = threading.Condition()
-        self._inputs: dict[int, Tensor] = {}  # stage 0's input of admitted items not yet sent
-        self._targets: dict[int, int] = {}  # the label, until the last stage's F is sent
-        self._non_finite: set[int] = set()  # in-flight items with a dropped gradient (counted once)
-        self._shapes: list[tuple[int, ...]] = []  # per stage, its input for one item (batch 1); then the output
         self._counter = itertools.count()
         self._error: BaseException | None = None
         self._started = False
@@ -153,6 +114,27 @@ class ProcessClock:
         self._wake_r: Any = None  # the router's wake-up pipe (start() makes it)
         self._wake_w: Any = None
         self.start_seconds = math.nan  # start() to every executor ready
+
+    @property
+    def plan(self) -> Plan:
+        """The plan in force (the last :meth:`replan`'s)."""
+        return self.dispatch.plan
+
+    @property
+    def counters(self) -> Counters:
+        return self.dispatch.counters
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.dispatch.scheduler
+
+    @property
+    def online(self) -> OnlineAccuracy:
+        return self.dispatch.online
+
+    @property
+    def trace(self) -> list[TraceEvent] | None:
+        return self.dispatch.trace
 
     # ------------------------------------------------------------------------------------ lifecycle
     def start(self) -> ProcessClock:
@@ -174,7 +156,7 @@ class ProcessClock:
         self._wake_r, self._wake_w = mpc.Pipe(duplex=False)
         self._router = threading.Thread(target=self._route, name="ferret-router", daemon=True)
         self._router.start()
-        self.origin = t0
+        self.dispatch.origin = t0
         self.start_seconds = time.perf_counter() - t0
         return self
 
@@ -223,7 +205,7 @@ class ProcessClock:
         (N, the dispatch modulus); with several stages it must also keep the live workers (their gloo
         group stays as it is). Otherwise build a new clock."""
         plan = setup.plan
-        _check_supported(setup, self.settings)
+        check_supported(setup, self.settings)
         if plan.partition != self.plan.partition or plan.num_workers != self.plan.num_workers:
             raise ConfigError(
                 f"a re-plan on the running executors keeps the partition {self.plan.partition.boundaries} and the "
@@ -244,9 +226,7 @@ class ProcessClock:
             for executor in gone:
                 self._retiring.add(executor)
                 self._conns[executor].send(("retire",))
-            self.plan = plan
-            self.rules = setup.rules
-            self.scheduler = Scheduler(setup.rules)
+            self.dispatch.replan(plan, setup.rules)
             self._live = live
             self._executors = [(n, j) for n in live for j in range(plan.num_stages)]
             for executor in self._executors:
@@ -334,16 +314,10 @@ class ProcessClock:
             raise
         arrivals = []
         with self._lock:
-            c = self.counters
             for i, x, y, top in zip(numbers, xs, ys, tops, strict=True):
                 prediction, confidence = top[0]
-                c.items += 1
-                if y is not None:
-                    self.online.update(prediction, y)
-                reason, worker = self._admit(i, x, y)
-                if reason is not None:
-                    c.skipped[reason.value] += 1
-                elif worker is not None:
+                reason, worker = self.dispatch.admit(i, x, y, prediction)
+                if worker is not None:
                     self._kick(worker, 0)
                 arrivals.append(Arrival(i, prediction, reason, confidence, worker, tuple(top), version))
         return arrivals
@@ -435,8 +409,8 @@ class ProcessClock:
         finally:
             for stage, (slot, _) in zip(self.stages, pins, strict=True):
                 stage.unpin(slot)
-        if not self._shapes:
-            self._shapes = shapes
+        if not self.dispatch.shapes:
+            self.dispatch.shapes = shapes
         probs = F.softmax(logits.float(), dim=1)
         k = min(self.settings.top_k, probs.shape[1])
         values, classes = torch.sort(probs, dim=1, descending=True, stable=True)
@@ -445,50 +419,13 @@ class ProcessClock:
         ]
         return tops, sum(v for _, v in pins)
 
-    def _admit(self, index: int, x: Tensor, y: int | None) -> tuple[SkipReason | None, int | None]:
-        """The wall clock's admission (:meth:`Pipeline._admit`); call under the lock."""
-        if y is None:
-            return SkipReason.NO_LABEL, None
-        n = index % self.plan.num_workers
-        if not self.plan.workers[n].live:
-            return SkipReason.WORKER_REMOVED, None
-        m = self.counters.admitted[n]
-        lowest = self.rules.lowest_backprop_stage(n, m)
-        if lowest is None:
-            self.counters.admitted[n] += 1
-            return SkipReason.OMITTED, None
-        if not self.scheduler.can_admit(n):
-            return SkipReason.BUSY, None
-        self.counters.admitted[n] += 1
-        self._inputs[index] = x
-        self._targets[index] = y
-        self.scheduler.admit(n, index, lowest)
-        return None, n
-
     def _kick(self, worker: int, stage: int) -> None:
-        """Start executor (worker, stage)'s next action, if it has one; call under the lock. At the last
-        stage the next action is an item's F, and the executor runs its B right after (see
-        :meth:`_handle`)."""
-        action = self.scheduler.next_action(worker, stage)
-        if action is None or self._error is not None or self._stopping:
+        """Send executor (worker, stage) its next action, if it has one; call under the lock."""
+        if self._error is not None or self._stopping:
             return
-        last = self.plan.num_stages - 1
-        if stage == last and action.kind is not Kind.F:
-            raise ScheduleError(f"{action}: the last stage runs an item's B with its F, never alone")
-        self.scheduler.start(action)
-        item = action.item
-        if action.kind is Kind.F:
-            x = self._inputs.pop(item).detach().cpu().numpy() if stage == 0 else None
-            target = self._targets.pop(item) if stage == last else None
-            lowest = self.scheduler.lowest(item)
-            in_shape = self._shapes[stage]
-            if stage == last:
-                message: tuple[Any, ...] = ("FB", item, lowest, x, target, in_shape, self._shapes[stage + 1])
-            else:
-                message = ("F", item, lowest, x, target, in_shape)
-        else:
-            message = ("B", item, self._shapes[stage + 1])
-        self._conns[(worker, stage)].send(message)
+        message = self.dispatch.next_message(worker, stage)
+        if message is not None:
+            self._conns[(worker, stage)].send(message)
 
     def _route(self) -> None:
         """The router thread: executors' answers in, next actions out, failures stop everything (its own
@@ -552,13 +489,17 @@ class ProcessClock:
         n, j = executor
         kind = message[0]
         with self._lock:
-            if kind == "FB":
-                self._forward_done(n, j, message[1], then_backward=True)
-                self._backward_done(n, j, message[2])
-            elif kind == "F":
-                self._forward_done(n, j, message, then_backward=False)
-            elif kind == "B":
-                self._backward_done(n, j, message)
+            if kind in ("FB", "F", "B"):
+                if kind == "FB":
+                    changed = self.dispatch.forward_done(n, j, message[1], then_backward=True)
+                    changed += self.dispatch.backward_done(n, j, message[2])
+                elif kind == "F":
+                    changed = self.dispatch.forward_done(n, j, message, then_backward=False)
+                else:
+                    changed = self.dispatch.backward_done(n, j, message)
+                for e in changed:
+                    self._kick(*e)
+                self._lock.notify_all()
             elif kind == "stats":
                 _, cpu, rss = message
                 self._usage[executor] = ProcessUsage(n, j, self._processes[executor].pid, cpu, rss)
@@ -572,58 +513,6 @@ class ProcessClock:
                 ))
             else:
                 self._fail_locked(ScheduleError(f"executor of worker {n}, stage {j} sent an unknown message {kind!r}"))
-
-    def _forward_done(self, n: int, j: int, report: tuple[Any, ...], *, then_backward: bool) -> None:
-        """Replay an F the executor ran through the scheduler; at the last stage, start the B it ran next."""
-        _, item, read, t0, t1 = report
-        self.counters.forwards[n][j] += 1
-        self._record(Kind.F, n, j, item, read, None, t0, t1)
-        for executor in self.scheduler.finish(Action(Kind.F, n, j, item)):
-            if executor != (n, j) or not then_backward:
-                self._kick(*executor)
-        if then_backward:
-            backward = self.scheduler.next_action(n, j)
-            if backward != Action(Kind.B, n, j, item):
-                raise ScheduleError(f"executor {n}/{j} ran item {item}'s B, the scheduler's next action is {backward}")
-            self.scheduler.start(backward)
-        self._lock.notify_all()
-
-    def _backward_done(self, n: int, j: int, report: tuple[Any, ...]) -> None:
-        _, item, read, t0, t_recompute, t1, update, non_finite = report
-        c = self.counters
-        lowest = self.scheduler.lowest(item)
-        b_start = t0
-        if t_recompute is not None:
-            c.recomputes[n][j] += 1
-            self._record(Kind.R, n, j, item, read, None, t0, t_recompute)
-            b_start = t_recompute
-        c.backwards[n][j] += 1
-        self._record(Kind.B, n, j, item, read, None, b_start, t1)
-        if update is not None:
-            master_read, written, tu0, tu1, stalenesses = update
-            c.updates[n][j] += 1
-            c.staleness_sum[j] += sum(stalenesses)
-            c.staleness_count[j] += len(stalenesses)
-            c.staleness_max[j] = max(c.staleness_max[j], *stalenesses)
-            self._record(Kind.U, n, j, item, master_read, written, tu0, tu1)
-        if non_finite and item not in self._non_finite:
-            self._non_finite.add(item)
-            c.skipped[SkipReason.NON_FINITE.value] += 1
-        if j == lowest:  # the item's last action
-            if item in self._non_finite:
-                self._non_finite.discard(item)
-            else:
-                c.trained_any_stage += 1
-                c.trained += int(lowest == 0)
-        for executor in self.scheduler.finish(Action(Kind.B, n, j, item)):
-            self._kick(*executor)
-        self._lock.notify_all()
-
-    def _record(
-        self, kind: Kind, n: int, j: int, item: int, read: int, written: int | None, t0: float, t1: float
-    ) -> None:
-        if self.trace is not None:
-            self.trace.append(TraceEvent(kind, n, j, item, read, written, t0 - self.origin, t1 - self.origin))
 
     def _fail(self, exc: BaseException) -> None:
         """Record an executor's death, unless the clock is closing (then executors exit on purpose)."""
@@ -652,20 +541,3 @@ class ProcessClock:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise self._error
-
-
-def _check_supported(setup: PolicySetup, settings: ProcessSettings) -> None:
-    """What this version of the process executors runs (see the module docstring)."""
-    if setup.feeder is not None or setup.pipeline_type is not None or setup.instant:
-        raise NotImplementedFeatureError(
-            f"method {setup.method!r} is not run on process executors (buffering methods, flushing schedules "
-            "and instant methods run on the wall clock)"
-        )
-    if settings.threads < 1:
-        raise ConfigError(f"threads per executor must be >= 1, got {settings.threads}")
-    compensator = make_compensator(settings.compensator, [torch.zeros(1)], settings.compensator_settings, 0)
-    if compensator.needs_deltas:
-        raise NotImplementedFeatureError(
-            f"compensator {settings.compensator!r} observes every master update, which executor processes do "
-            "not share; use none, step-aware, fisher or iter-fisher-lean on process executors"
-        )
