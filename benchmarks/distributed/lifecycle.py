@@ -25,12 +25,10 @@ from typing import Any
 
 import torch
 
-from benchmarks.distributed.throughput import load_items, setup_for, units_of
+from benchmarks.distributed.throughput import load_items, setup_for, setup_of, units_of
 from benchmarks.support import short_head, write_result
-from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
 from ferret_core.errors import ScheduleError
-from ferret_core.schedule.scheduler import PlanRules
 from services.config.data_root import default_data_root
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -50,10 +48,6 @@ def replans(clock: ProcessClock, units: list[Any], workers: int) -> dict[str, fl
         "replan_remove_worker_s": clock.replan(setup_of(removed)),
         "replan_add_worker_s": clock.replan(setup_of(base.plan)),
     }
-
-
-def setup_of(plan: Any) -> PolicySetup:
-    return PolicySetup("ferret", plan, PlanRules(plan), instant=False, planned=None)
 
 
 def one_kill(units: list[Any], xs: list[torch.Tensor], ys: list[int], workers: int) -> dict[str, float]:

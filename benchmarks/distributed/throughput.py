@@ -39,17 +39,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.engine.service_time import items
 from benchmarks.support import short_head, write_result
-from ferret_core.data import load_dataset, normalise
 from ferret_core.engine import EngineSettings, StreamEngine
 from ferret_core.engine.policies import PolicySetup, sequential_plan
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
-from ferret_core.plan import Partition, WorkerConfig
+from ferret_core.plan import Partition, Plan, WorkerConfig
 from ferret_core.schedule.scheduler import PlanRules
 from ferret_core.zoo import build_model
 from services.config.data_root import default_data_root
@@ -66,9 +65,7 @@ CASES: dict[str, tuple[str, dict[str, Any], float]] = {
 
 
 def load_items(dataset: str, n: int, root: Path) -> tuple[list[torch.Tensor], list[int]]:
-    data = load_dataset(dataset, root)
-    xs = [normalise(np.asarray(data.x_train[i])) for i in range(n)]
-    return xs, [int(data.y_train[i]) for i in range(n)]
+    return items(n, str(root), dataset)
 
 
 def units_of(model: str, kwargs: dict[str, Any]) -> list[nn.Module]:
@@ -90,6 +87,11 @@ def setup_for(
             for n in range(workers)
         ),
     )
+    return setup_of(plan)
+
+
+def setup_of(plan: Plan) -> PolicySetup:
+    """Ferret's rules over a hand-made plan (no planner: nothing is budgeted)."""
     return PolicySetup("ferret", plan, PlanRules(plan), instant=False, planned=None)
 
 

@@ -59,9 +59,10 @@ from ferret_core.engine.processes.dispatch import Dispatch, Executor
 from ferret_core.engine.processes.executor import ExecutorSpec, executor_main
 from ferret_core.engine.processes.settings import ProcessSettings, ProcessUsage, check_supported
 from ferret_core.engine.processes.slots import SharedStageVersions, stage_versions
-from ferret_core.engine.stage_exec import build_stages
+from ferret_core.engine.stage_exec import build_stages, predict_logits
 from ferret_core.engine.state import Counters
 from ferret_core.engine.trace import validate_trace
+from ferret_core.engine.versions import StageVersion
 from ferret_core.engine.wall_clock import Arrival, ClockStopped
 from ferret_core.errors import ConfigError, NotImplementedFeatureError, ScheduleError
 from ferret_core.metrics import OnlineAccuracy
@@ -400,17 +401,12 @@ class ProcessClock:
         pins = [stage.pin_current() for stage in self.stages]
         try:
             versions = [stage.view(slot, v) for stage, (slot, v) in zip(self.stages, pins, strict=True)]
-            logits = torch.stack(list(xs))
-            shapes = [(1, *logits.shape[1:])]
-            with torch.no_grad():
-                for runner, version in zip(self._predict_runners, versions, strict=True):
-                    logits = runner(version.params, version.buffers, logits)
-                    shapes.append((1, *logits.shape[1:]))
+            if not self.dispatch.shapes:
+                self.dispatch.shapes = self._stage_shapes(versions, xs[0])
+            logits = predict_logits(self._predict_runners, versions, torch.stack(list(xs)))
         finally:
             for stage, (slot, _) in zip(self.stages, pins, strict=True):
                 stage.unpin(slot)
-        if not self.dispatch.shapes:
-            self.dispatch.shapes = shapes
         probs = F.softmax(logits.float(), dim=1)
         k = min(self.settings.top_k, probs.shape[1])
         values, classes = torch.sort(probs, dim=1, descending=True, stable=True)
@@ -418,6 +414,16 @@ class ProcessClock:
             list(zip(c, v, strict=True)) for c, v in zip(classes[:, :k].tolist(), values[:, :k].tolist(), strict=True)
         ]
         return tops, sum(v for _, v in pins)
+
+    def _stage_shapes(self, versions: Sequence[StageVersion], x: Tensor) -> list[tuple[int, ...]]:
+        """Each stage's input shape for one item, then the last stage's output: what a stage executor
+        receives from the one before (every item has the shape of the first)."""
+        h = x.unsqueeze(0)
+        shapes = [tuple(h.shape)]
+        for j in range(len(versions)):
+            h = predict_logits(self._predict_runners[j : j + 1], versions[j : j + 1], h)
+            shapes.append(tuple(h.shape))
+        return shapes
 
     def _kick(self, worker: int, stage: int) -> None:
         """Send executor (worker, stage) its next action, if it has one; call under the lock."""

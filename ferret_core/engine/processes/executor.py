@@ -138,9 +138,8 @@ class _Executor:
             inputs = self._recv(self.spec.prev_rank, in_shape, index)
         slot, version = self.replica
         view = self.stage.view(slot, version)
-        item = _Item(lowest, None if target is None else torch.tensor([target]))
-        self.items[index] = item
         if j >= lowest:  # weight stashing: the B reads what this F read
+            item = self.items[index] = _Item(lowest, None if target is None else torch.tensor([target]))
             self.stage.pin(slot)
             item.stash = (slot, version)
             if self.spec.recompute:
@@ -153,8 +152,6 @@ class _Executor:
             out = forward_no_grad(self.runner, view, inputs)
         if j < last:
             self._send(out, self.spec.next_rank, index)
-        if j < lowest:
-            del self.items[index]  # nothing more to do for it here
         return ("F", index, version, t0, time.perf_counter())
 
     def backward(self, index: int, out_shape: Sequence[int]) -> tuple[Any, ...]:

@@ -173,6 +173,7 @@ class SharedStageVersions:
         state = dict(self.__dict__)
         state.pop("_table_view", None)
         state.pop("_abandoned", None)
+        state.pop("_version_views", None)
         return state
 
     def watch(self, abandoned: Callable[[], bool]) -> None:
@@ -201,8 +202,13 @@ class SharedStageVersions:
 
     # ------------------------------------------------------------------------------- read (any process)
     def view(self, slot: int, version: int) -> StageVersion:
-        """Slot ``slot`` as a version (the caller holds a pin on it, and read ``version`` when it pinned)."""
-        return StageVersion(self.stage, version, self.params[slot], self.buffers)
+        """Slot ``slot`` as a version (the caller holds a pin on it, and read ``version`` when it pinned);
+        made once per (slot, version) in each process, not at every action."""
+        views: dict[int, StageVersion] = self.__dict__.setdefault("_version_views", {})
+        cached = views.get(slot)
+        if cached is None or cached.version != version:
+            cached = views[slot] = StageVersion(self.stage, version, self.params[slot], self.buffers)
+        return cached
 
     def pin_current(self) -> tuple[int, int]:
         """Pin the master: (slot, version). Unpin it when done reading."""
