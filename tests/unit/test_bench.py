@@ -18,6 +18,13 @@ from services.bench.results_csv import COLUMNS, RunsCsv
 from services.bench.specs import Arm, ExperimentSpec, Setting
 from services.bench.tables import Cell, Row, markdown, ranks, spearman
 from services.cli.main import main
+from services.config.data_root import default_data_root
+
+# runs that read MNIST from the default data root (the checkout's ../shared/data, else the user's cache)
+needs_mnist = pytest.mark.skipif(
+    not (default_data_root() / "MNIST" / "raw").is_dir(),
+    reason=f"MNIST not found under the default data root {default_data_root()} (see README, Data)",
+)
 
 MAIN_ONLY = Capabilities(
     methods=("oracle", "1-skip", "ferret"),
@@ -153,6 +160,7 @@ def test_m_minus_is_the_smallest_budget_keeping_ms_partition() -> None:
     assert Budgets.from_dict(budgets.to_dict()) == budgets
 
 
+@needs_mnist
 def test_same_command_twice_gives_identical_tables(tmp_path: Path) -> None:
     tiny = dataclasses.replace(preset("quick"), items=4, seeds=1, test_items=5, overall=(MNIST,))
     caps = dataclasses.replace(MAIN_ONLY, methods=("oracle", "1-skip"))
@@ -270,6 +278,7 @@ def test_the_papers_ferret_runs_algorithm_1_whatever_the_cli_default() -> None:
     assert compensator(Arm("1-skip", "1-skip")) is None
 
 
+@needs_mnist
 def test_budget_m_is_measured_under_each_arms_algorithm(tmp_path: Path) -> None:
     """M is PipeDream-2BW's measured bytes *under the arm's algorithm* (its state included): under ER it
     exceeds Vanilla's M by at least the replay buffer's bytes, and Ferret under ER is feasible at it
@@ -295,6 +304,7 @@ def test_budget_m_is_measured_under_each_arms_algorithm(tmp_path: Path) -> None:
     assert _budgets(spec, tmp_path / "algorithms", options, main) == budgets  # kept, not measured again
 
 
+@needs_mnist
 def test_short_stream_presets_let_lwf_and_mas_act() -> None:
     """On 250 items 1-Skip trains ~50 of them, below LwF's and MAS's default refresh periods (1000 and 100
     trained items): both ran as Vanilla, bit for bit. The short-stream presets refresh every 10 trained
