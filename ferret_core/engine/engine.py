@@ -29,7 +29,7 @@ from ferret_core.engine.optim import SGD, Optimizer
 from ferret_core.engine.pipeline import Pipeline
 from ferret_core.engine.policies import Policy, PolicySetup
 from ferret_core.engine.result import EngineStats, SimulationResult
-from ferret_core.engine.stage_exec import build_stages
+from ferret_core.engine.stage_exec import build_stages, unit_state
 from ferret_core.engine.steps import Algorithm
 from ferret_core.engine.trace import plan_bounds, validate_trace
 from ferret_core.engine.versions import StageVersion
@@ -174,13 +174,7 @@ class StreamEngine:
         index in the model and the tensor's name inside the unit: what the model's units hold once the
         master is copied into them (snapshots, and the weights a rebuilt engine starts from). Take it
         drained for weights that reflect every dispatched item."""
-        stages = self.setup.plan.partition.stages
-        out: dict[tuple[int, str], Tensor] = {}
-        for j, tensors in enumerate(self.pipeline.master_state()):
-            for key, value in tensors.items():
-                local, _, name = key.partition(".")
-                out[(stages[j][int(local)], name)] = value
-        return out
+        return unit_state(self.setup.plan.partition, self.pipeline.master_state())
 
     def evaluate(self, x: Tensor, y: Tensor) -> float:
         """Test accuracy (percent) of the current master on the labelled split ``x``, ``y``."""

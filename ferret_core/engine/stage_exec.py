@@ -82,9 +82,7 @@ class StageRunner:
             for (table, leaf), meta in zip(slots, kept, strict=True):
                 table[leaf] = meta
         if not isinstance(out, Tensor):
-            raise ConfigError(
-                f"stage {self.program.index} must map one tensor to one tensor, got {type(out).__name__}"
-            )
+            raise ConfigError(f"stage {self.program.index} must map one tensor to one tensor, got {type(out).__name__}")
         return out
 
 
@@ -215,3 +213,16 @@ def predict_logits(runners: Sequence[StageRunner], versions: Sequence[StageVersi
             device = version.params[0].device if version.params else x.device
             x = runner(version.params, version.buffers, on_device(x, device))
     return x
+
+
+def unit_state(partition: Partition, stage_state: Sequence[dict[str, Tensor]]) -> dict[tuple[int, str], Tensor]:
+    """Stage tensors keyed by the stage module's names (``"<local unit>.<name>"``, as :func:`build_stages`
+    names them) re-keyed by (unit index in the model, name inside the unit): what the model's units hold
+    once a master is copied into them."""
+    stages = partition.stages
+    out: dict[tuple[int, str], Tensor] = {}
+    for j, tensors in enumerate(stage_state):
+        for key, value in tensors.items():
+            local, _, name = key.partition(".")
+            out[(stages[j][int(local)], name)] = value
+    return out

@@ -42,6 +42,17 @@ only, nothing with η_λ = 0; Gap-Aware: ΣW), the transient terms above (``pape
 max_j |w_j| as the gradient), and the OCL algorithm's state (replay buffer items, LwF's teacher ΣW, MAS
 importances and anchor 2ΣW).
 
+**Executor processes (ours, not in the paper;** ``MemorySettings.executors="processes"``, engine variant).
+:class:`~ferret_core.engine.processes.ProcessClock` allocates each stage's versions up front as K_j slots in
+shared memory, for the N live workers: K_j = 1 (master) + N (replicas) + N·(P − j) (stashes) + 1 (a
+prediction's pin) + 1 (the slot being written), :func:`process_version_slots`. Counted as a shared
+``shared_version_slots`` = 3·ΣW and, per live worker, ``version_slots`` = Σ_j (1 + P − j)·|w_j| in place of
+``versions`` (a re-plan that removes a worker starts a new clock, whose slots fit its live workers). Each
+executor keeps its own compensator state, so ``compensator_moments`` and ``compensator_counters`` become
+per-worker terms (a removed worker frees them). Activations, accumulation buffers, pending gradients and
+the queue are counted as on threads. Not counted: each process's own runtime (the interpreter and torch,
+~100 MB resident per process before its first tensor; the budget excludes it, docs/processes.md "Memory").
+
 **Plus the admission queue (ours, not in the paper).** With ``MemorySettings.admission_queue`` set (the
 trainer's planner), every live worker adds K × (input + label) elements, K = max(⌈(W + D)/(N·t^d)⌉,
 ⌈B/N⌉) (:mod:`ferret_core.planning.admission_queue`): the inputs admitted items hold while they wait for the
@@ -77,6 +88,8 @@ MEMORY_VARIANTS = ("engine", "paper")
 IN_FLIGHT_MODES = ("cap", "schedule")
 COMPENSATORS_WITH_RING = ("iter-fisher", "iter-fisher-cf")
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
+EXECUTOR_KINDS = ("threads", "processes")
+PER_EXECUTOR_EXTRAS = ("compensator_moments", "compensator_counters")  # kept by each executor process
 CORRECTION_SUM_BYTES = 8  # a compensator's device-side float64 statistics accumulator (compensation/base.py)
 
 
@@ -99,8 +112,16 @@ class MemorySettings:
     # the wall clock's admission queue, K items (input + label) per live worker (ours, not in the paper);
     # None: not counted (the virtual clock admits by its own wait_slots)
     admission_queue: AdmissionQueue | None = None
+    # where the executors run (engine variant): "threads" share the Python-owned versions of one process;
+    # "processes" allocate K version slots per stage in shared memory up front and keep compensator state per
+    # executor (:func:`process_version_slots`; module docstring "Executor processes")
+    executors: str = "threads"
 
     def __post_init__(self) -> None:
+        if self.executors not in EXECUTOR_KINDS:
+            raise ConfigError(f"executors must be one of {EXECUTOR_KINDS}, got {self.executors!r}")
+        if self.executors == "processes" and self.variant != "engine":
+            raise ConfigError("executors='processes' counts what the engine allocates: use variant='engine'")
         if self.variant not in MEMORY_VARIANTS:
             raise ConfigError(f"memory model must be one of {MEMORY_VARIANTS}, got {self.variant!r}")
         if self.in_flight not in IN_FLIGHT_MODES:
@@ -135,6 +156,22 @@ class MemorySettings:
             else "items in flight from a replay of the virtual clock's schedule (exact there)"
         )
         return f"engine: what the engine holds, {where}"
+
+
+SHARED_VERSION_SLOTS = 3  # the master, the slot a prediction pins, the slot being written
+
+
+def worker_version_slots(num_stages: int, stage: int) -> int:
+    """Slots one live worker adds at ``stage`` on executor processes: its replica and the stashes of the
+    P − j items it may have in flight there."""
+    return 1 + (num_stages - stage)
+
+
+def process_version_slots(live_workers: int, num_stages: int, stage: int) -> int:
+    """K_j, the version slots executor processes allocate for ``stage`` in shared memory for
+    ``live_workers`` live workers: the master, a replica per worker, the stashes of the P − j items a worker
+    may have in flight there, one slot a prediction pins and one being written."""
+    return SHARED_VERSION_SLOTS + live_workers * worker_version_slots(num_stages, stage)
 
 
 def admission_queue_bytes(profile: ModelProfile, slots: int, live_workers: int, dtype: str = "float32") -> int:
@@ -182,6 +219,10 @@ class MemoryModel:
             profile.input_elements * batch, geometry.outputs, geometry.graph_internal, label * batch
         )
         self._fixed = self._fixed_extras(profile) if settings.extras else {}
+        self._processes = self._engine and settings.executors == "processes"
+        # on executor processes each (worker, stage) executor keeps its own compensator state: per worker
+        kept = [k for k in PER_EXECUTOR_EXTRAS if self._processes and k in self._fixed]
+        self._executor_state = {k: self._fixed.pop(k) for k in kept}
         # ``cap`` (the wall clock): every live worker's stages run their B and update concurrently, so each
         # worker can hold one gradient per stage, Σ_j |w_j|, waiting for its update at once (measured: a 2 × 2
         # MNISTNet plan held 9.45 MB of gradients, 2 × ΣW; one shared Σ_j |w_j| under-counted it by ΣW).
@@ -240,6 +281,16 @@ class MemoryModel:
                 g, worker.recompute, worker.accumulation, worker.omission
             )  # M_F, eq. ferret-svre
             parts = {"workers": paper, "accumulation_buffers": buffers if self.settings.extras else 0}
+        elif self._processes:  # the worker's version slots and its executors' own state
+            slots = sum(worker_version_slots(g.num_stages, j) * g.weights[j] for j in range(g.num_stages))
+            parts = {
+                "version_slots": slots,
+                "activations": self.residency(worker).peak,
+                "accumulation_buffers": buffers,
+            }
+            parts.update(self._executor_state)
+            if self._per_worker_gradients:
+                parts["pending_gradients"] = g.total_weights
         else:
             versions = sum(self.stage_versions(worker, j) * g.weights[j] for j in range(g.num_stages))
             parts = {"versions": versions, "activations": self.residency(worker).peak, "accumulation_buffers": buffers}
@@ -268,6 +319,8 @@ class MemoryModel:
         extras: dict[str, int] = {}
         if not self._engine:
             extras["master_copy"] = total_w
+        if self._engine and s.executors == "processes":  # K_j's shared slots: master, prediction, write
+            extras["shared_version_slots"] = SHARED_VERSION_SLOTS * total_w
         extras["optimizer_state"] = OPTIMIZER_SLOTS[s.optimizer] * total_w
         tuned = s.compensator in (*COMPENSATORS_WITH_RING, "iter-fisher-lean") and s.lambda_tuning
         if tuned or s.compensator == "iter-fisher-cf":

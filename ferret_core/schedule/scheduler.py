@@ -152,6 +152,10 @@ class Scheduler:
     def lowest(self, item: int) -> int:
         return self._lowest[item]
 
+    def in_flight_items(self) -> int:
+        """Admitted items that have not finished their last action."""
+        return len(self._lowest)
+
     # ------------------------------------------------------------------------------------ execution
     def next_action(self, worker: int, stage: int) -> Action | None:
         """The action executor (worker, stage) should start now, or ``None`` (busy or nothing ready)."""

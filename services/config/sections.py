@@ -55,6 +55,11 @@ SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 # "executors", a thread per live (worker, stage); "auto": "loop" for a plan with one live executor on CPU, else
 # "executors".
 TrainingThread = Literal["auto", "loop", "executors"]
+# Which executors train: "processes", an OS process per live (worker, stage) over a master in shared memory;
+# "threads", the wall clock's executor threads (and training_thread); "auto": processes where more than one
+# executor pays (CPU, >= 2 cores, >= 1 ms per item by the profile, a method that runs there), else threads
+# (services/trainer/executors.py, docs/service.md "Executors").
+ExecutorKindSetting = Literal["auto", "threads", "processes"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
 
 # librdkafka properties that have a named setting (or that Ferret's semantics fix): not in kafka.properties.
@@ -331,6 +336,7 @@ class TrainerSettings(Section):
     # executor thread, docs/service.md "Which thread trains"); a prediction waits for at most the one training
     # action running when its record arrives.
     training_thread: TrainingThread = "auto"
+    executors: ExecutorKindSetting = "auto"
     max_workers: int | None = field(default=None, metadata=meta(check=between(1, None, "an integer")))
     max_stages: int | None = field(default=None, metadata=meta(check=between(1, None, "an integer")))
     profile: Path | None = field(default=None, metadata=meta(check=check_file))
@@ -348,6 +354,12 @@ class TrainerSettings(Section):
     max_record_failures: int = field(default=3, metadata=meta(check=between(1, 1000, "an integer")))
 
     def _cross_check(self) -> None:
+        if self.executors == "processes" and self.device != "cpu":
+            raise self._fail(
+                "executors",
+                f"'auto' or 'threads' with trainer.device {self.device!r} (process executors run CPU stages only)",
+                "set trainer.executors: auto (or threads), or trainer.device: cpu",
+            )
         if self.training_thread == "loop" and self.device != "cpu":
             raise self._fail(
                 "training_thread",

@@ -18,7 +18,6 @@ restarts empty).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -35,8 +34,15 @@ from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
 from services.config import Settings
 from services.failpoints import failpoint, is_enabled
-from services.trainer.learner import ArrivalOutcome, LearnerFailed, LearnerStats, ModelDivergedError
+from services.trainer.learner import ArrivalOutcome, LearnerFailed, LearnerStats
 from services.trainer.live_methods import live_setup, not_planned, plans_for_budget
+from services.trainer.unit_weights import (
+    arrival_outcome,
+    copy_into_units,
+    largest_weight,
+    load_snapshot_tensors,
+    snapshot_tensors,
+)
 
 PREDICTION_TIMEOUT_S = 60.0
 
@@ -141,15 +147,8 @@ class EngineLearner:
                 arrival = self.clock.outcome(future, PREDICTION_TIMEOUT_S)
             except Exception as exc:
                 raise self._failed(item, exc) from exc
-            if not all(math.isfinite(p) for p in (arrival.confidence, *(p for _, p in arrival.top_k))):
-                raise ModelDivergedError(item, self._largest_weight(), self.engine_settings.lr)
-            return ArrivalOutcome(
-                predicted_class=arrival.prediction,
-                confidence=arrival.confidence,
-                model_version=self._updates_before + arrival.version,  # of the weights that predicted
-                skipped=arrival.skipped,
-                worker=arrival.worker,
-                top_k=arrival.top_k[: self.top_k],
+            return arrival_outcome(
+                arrival, self._updates_before, self.top_k, self._largest_weight, self.engine_settings.lr
             )
 
         return outcome
@@ -166,6 +165,10 @@ class EngineLearner:
         except Exception:  # kept by the clock (the clock is stopped); reported with the next record
             return False
 
+    def measured_service_times(self) -> list[float | None]:
+        """Per worker, the measured service time (s per item) of the wall clock, None until measured."""
+        return list(self.clock.measured_service_times())
+
     def trace_view(self) -> dict[str, float | int | None]:
         """Worker 0's admission view for the record path's trace (``path_trace.py``; a diagnosis aid)."""
         return self.clock.admission_view(0)
@@ -176,9 +179,8 @@ class EngineLearner:
         return LearnerFailed(item if failed is None else failed, exc)
 
     def _largest_weight(self) -> float:
-        """The largest |value| of the master's parameters (held versions are not written: safe while training)."""
-        masters = self.engine.masters()
-        return max((float(t.detach().abs().max()) for v in masters for t in v.params if t.numel()), default=0.0)
+        """The largest |value| of the master's tensors (held versions are not written: safe while training)."""
+        return largest_weight(self.engine.unit_state())
 
     def drain(self, timeout: float | None = None) -> None:
         self.clock.drain(timeout)
@@ -195,7 +197,7 @@ class EngineLearner:
             self.engine.retarget(plan)
             return
         self.clock.drain()
-        self._copy_master_into_units()
+        copy_into_units(self.model, self.engine.unit_state())
         compensators = self.engine.compensator_state()
         same_partition = plan.partition == self.plan.partition
         stats = self.engine.stats()
@@ -229,29 +231,12 @@ class EngineLearner:
         return admission == self.admission
 
     # -- state -----------------------------------------------------------------------------------------
-    def _copy_master_into_units(self) -> None:
-        for (unit, name), value in self.engine.unit_state().items():
-            with torch.no_grad():
-                self._unit_tensor(unit, name).copy_(value)
-
-    def _unit_tensor(self, unit: int, name: str) -> torch.Tensor:
-        module = self.model.units[unit]
-        return module.get_parameter(name) if name in dict(module.named_parameters()) else module.get_buffer(name)
-
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        out = {f"model.{unit}.{name}": value for (unit, name), value in self.engine.unit_state().items()}
-        out["engine.updates"] = torch.tensor(self._model_version())
-        return out
+        return snapshot_tensors(self.engine.unit_state(), self._model_version())
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self.clock.drain()
-        for key, value in tensors.items():
-            if not key.startswith("model."):
-                continue
-            _, unit, name = key.split(".", 2)
-            with torch.no_grad():
-                self._unit_tensor(int(unit), name).copy_(value)
-        self._updates_before = int(tensors.get("engine.updates", torch.tensor(0)))
+        self._updates_before = load_snapshot_tensors(self.model, tensors)
         self._backprops_before += self.engine.stats().trained_any_stage
         self._non_finite_before += self.engine.stats().skipped.get(SkipReason.NON_FINITE.value, 0)
         plan = self.engine.plan

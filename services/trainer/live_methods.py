@@ -132,11 +132,14 @@ def live_setup(
     profile: ModelProfile | None = None,
     compensator: str = "none",
     delivery_s: float = DELIVERY_SPREAD_S,
+    executors: str = "threads",
 ) -> tuple[PolicySetup, AdmissionSettings | None]:
     """The setup the wall clock runs for ``method`` given the planner's ``plan`` (module docstring), and
     how it admits arrivals by event time; with the model's ``profile`` the schedules and the sequential
-    methods report their planned bytes (counting the state of ``compensator``)."""
-    options = MethodOptions(memory=MemorySettings(variant="engine", compensator=compensator))
+    methods report their planned bytes (counting the state of ``compensator``, on ``executors``: threads or
+    processes, :class:`~ferret_core.planning.memory_model.MemorySettings`)."""
+    memory = MemorySettings(variant="engine", compensator=compensator, executors=executors)
+    options = MethodOptions(memory=memory)
     setup = make_policy(method, plan, profile=profile, options=options).setup(model, num_units, plan.arrival_interval)
     admission = live_admission(setup, plan, delivery_s)
     setup = count_admission_queue(setup, admission, profile)

@@ -10,7 +10,6 @@ metrics around them, and only the drift re-planner is handed the control plane's
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 from collections.abc import Callable
@@ -20,10 +19,10 @@ import torch
 
 from ferret_core.data import dataset_spec
 from ferret_core.errors import ConfigError
+from ferret_core.plan import Plan
 from ferret_core.planning.admission_queue import AdmissionQueue
 from ferret_core.planning.memory_model import MemorySettings
 from ferret_core.planning.planner import Planner, PlannerSettings
-from ferret_core.planning.profiler import resolve_device
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
 from services.config import Settings
@@ -39,7 +38,14 @@ from services.snapshots import Reconnect, SnapshotStore, redis_client
 from services.trainer.arrivals import DriftReplanner, SwitchablePlanner, measured_time_scale
 from services.trainer.checkpoints import Checkpoints, no_guard
 from services.trainer.counters import StreamCounters
-from services.trainer.engine_learner import EngineLearner
+from services.trainer.executors import (
+    ExecutorChoice,
+    choose_executors,
+    executor_caps,
+    make_learner,
+    process_refusal,
+    refused,
+)
 from services.trainer.failure_log import RedisFailureLog
 from services.trainer.failures import ErrorPolicy
 from services.trainer.labels import LateLabelJoin
@@ -224,13 +230,15 @@ def startup_interval(settings: Settings, profile: ModelProfile) -> float:
     return profile.sequential_time
 
 
-def make_planner(settings: Settings, profile: ModelProfile) -> Planner:
-    """The start-up planner, for :func:`startup_interval`."""
+def make_planner(settings: Settings, profile: ModelProfile, choice: ExecutorChoice | None = None) -> Planner:
+    """The start-up planner, capped by the executors that will run its plans (``choice``; default: the
+    rule of :func:`~services.trainer.executors.choose_executors`)."""
     t = settings.trainer
-    max_workers, max_stages = executor_caps(settings)
+    choice = choice or choose_executors(settings, profile)
+    max_workers, max_stages = executor_caps(settings, choice)
     # the wall clock's admission queue is part of the plan's bytes (K inputs per live worker, docs/service.md)
     queue = AdmissionQueue(DELIVERY_SPREAD_S, DELIVERY_ITEMS)
-    memory = MemorySettings(compensator=t.compensator, admission_queue=queue)
+    memory = MemorySettings(compensator=t.compensator, admission_queue=queue, executors=choice.kind)
     planner_settings = PlannerSettings(
         arrival_interval=startup_interval(settings, profile),
         decay=t.decay,
@@ -241,21 +249,24 @@ def make_planner(settings: Settings, profile: ModelProfile) -> Planner:
     return Planner(profile, planner_settings)
 
 
-def executor_caps(settings: Settings) -> tuple[int, int | None]:
-    """(max workers N, max stages P) of the live planner. ``trainer.max_workers``/``max_stages`` when either
-    is set (N defaults to the CPU count, P to no cap); with neither, planning for the stream's own rate
-    (``arrival_interval: measured``, the default) on CPU, one worker and one stage: the executors are
-    threads of this process sharing 2 cores and the GIL with the record path, and more of them trained
-    fewer items per second (MNISTNet: 1 × 2 0.31×, 2 × 1 0.80×, 2 × 2 0.33× of 1 × 1 at 294/s;
-    ``benchmarks/engine/results/plan_throughput.md``, docs/planner.md reading 11). A configured interval
-    (``auto``, the paper's rate, ``Kx``, seconds) plans as the paper does: N up to the CPU count, any P; so
-    does a GPU device."""
-    t = settings.trainer
-    cpus = max(1, os.cpu_count() or 1)
-    live = t.arrival_interval == "measured"
-    if t.max_workers is None and t.max_stages is None and live and resolve_device(t.device).type == "cpu":
-        return 1, 1
-    return (t.max_workers if t.max_workers is not None else cpus), t.max_stages
+def plan_executors(
+    settings: Settings, model: ZooModel, profile: ModelProfile
+) -> tuple[ExecutorChoice, SwitchablePlanner, Plan]:
+    """The executors, the planner capped for them and the start-up plan. Where the method or compensator
+    does not run on process executors, ``auto`` falls back to threads (re-planned with their caps) and a
+    configured ``processes`` is a :class:`ConfigError`."""
+    choice = choose_executors(settings, profile)
+    planner = SwitchablePlanner(make_planner(settings, profile, choice))
+    planner.current.warm()  # before any gRPC thread can reach the planner
+    plan = planner.plan(settings.trainer.budget_bytes)
+    if choice.kind == "processes":
+        refusal = process_refusal(settings, model, profile, plan)
+        if refusal is not None:
+            choice = refused(choice, refusal)
+            planner = SwitchablePlanner(make_planner(settings, profile, choice))
+            planner.current.warm()
+            plan = planner.plan(settings.trainer.budget_bytes)
+    return choice, planner, plan
 
 
 def start_trainer(settings: Settings) -> TrainerProcess:
@@ -273,11 +284,9 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     # 1. the model, its profile, the planner and the start-up plan
     model = build_zoo_model(settings)
     profile = load_profile(settings, model)
-    planner = SwitchablePlanner(make_planner(settings, profile))
-    planner.current.warm()  # before any gRPC thread can reach the planner
-    plan = planner.plan(t.budget_bytes)
+    choice, planner, plan = plan_executors(settings, model, profile)
     # 2. the learner, the topics, the snapshot store
-    learner = EngineLearner(model, plan, settings, profile)
+    learner = make_learner(choice, model, plan, settings, profile)
     kafka = settings.kafka
     ensure_topics(kafka.bootstrap_servers, kafka.topic_prefix, sample_partitions=kafka.sample_partitions)
     r = settings.redis
@@ -292,7 +301,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
             planner,
             lambda: learner.plan.budget_bytes,
             ratio=t.arrival_drift_ratio,
-            time_scale=lambda: measured_time_scale(profile, learner.plan, learner.clock.measured_service_times()),
+            time_scale=lambda: measured_time_scale(profile, learner.plan, learner.measured_service_times()),
             plan_in_force=lambda: learner.plan,
         )
     metrics = TrainerMetrics()  # served below when metrics.port is set

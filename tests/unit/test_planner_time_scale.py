@@ -101,18 +101,24 @@ def test_drift_replans_when_the_measured_time_scale_leaves_the_ratio() -> None:
 
 
 def test_the_live_planner_keeps_the_measured_best_shape_on_cpu() -> None:
-    """On CPU, with neither cap set, the live planner plans 1 stage × 1 worker (more executors trained fewer
-    items per second there, benchmarks/engine/results/plan_throughput.md); setting either cap lifts it."""
+    """On CPU executor threads, with neither cap set, the live planner plans 1 stage × 1 worker (more executor
+    threads trained fewer items per second there, benchmarks/engine/results/plan_throughput.md); setting
+    either cap lifts it."""
     from services.config import load_settings
-    from services.trainer.runner import executor_caps, make_planner
+    from services.trainer.executors import thread_caps
+    from services.trainer.runner import make_planner
 
-    assert executor_caps(load_settings(None, env={})) == (1, 1)
+    assert thread_caps(load_settings(None, env={})) == (1, 1)
     # the paper's rate (a configured interval) plans as the paper does
-    assert executor_caps(load_settings(None, env={"FERRET_TRAINER_ARRIVAL_INTERVAL": "auto"}))[1] is None
-    assert executor_caps(load_settings(None, env={"FERRET_TRAINER_MAX_WORKERS": "3"})) == (3, None)
-    assert executor_caps(load_settings(None, env={"FERRET_TRAINER_MAX_STAGES": "2"}))[1] == 2
+    assert thread_caps(load_settings(None, env={"FERRET_TRAINER_ARRIVAL_INTERVAL": "auto"}))[1] is None
+    assert thread_caps(load_settings(None, env={"FERRET_TRAINER_MAX_WORKERS": "3"})) == (3, None)
+    assert thread_caps(load_settings(None, env={"FERRET_TRAINER_MAX_STAGES": "2"}))[1] == 2
     profile = str(ROOT / "benchmarks/profiles/mnistnet.json")
-    env = {"FERRET_TRAINER_STREAM_RATE": "294", "FERRET_TRAINER_PROFILE": profile}
+    env = {
+        "FERRET_TRAINER_STREAM_RATE": "294",
+        "FERRET_TRAINER_PROFILE": profile,
+        "FERRET_TRAINER_EXECUTORS": "threads",
+    }
     capped = make_planner(load_settings(None, env=env), MNISTNET)
     plan = Planner(capped.base_profile, replace(capped.settings, time_scale=4.0)).plan(None)
     assert (plan.num_stages, plan.num_workers) == (1, 1)  # not stream-bound, and still the measured best

@@ -59,9 +59,10 @@ from ferret_core.engine.processes.dispatch import Dispatch, Executor
 from ferret_core.engine.processes.executor import ExecutorSpec, executor_main
 from ferret_core.engine.processes.settings import ProcessSettings, ProcessUsage, check_supported
 from ferret_core.engine.processes.slots import SharedStageVersions, stage_versions
-from ferret_core.engine.stage_exec import build_stages, predict_logits
+from ferret_core.engine.result import EngineStats
+from ferret_core.engine.stage_exec import build_stages, predict_logits, unit_state
 from ferret_core.engine.state import Counters
-from ferret_core.engine.trace import validate_trace
+from ferret_core.engine.trace import plan_bounds, validate_trace
 from ferret_core.engine.versions import StageVersion
 from ferret_core.engine.wall_clock import Arrival, ClockStopped
 from ferret_core.errors import ConfigError, NotImplementedFeatureError, ScheduleError
@@ -88,7 +89,7 @@ class ProcessClock:
         self.settings = s = settings or ProcessSettings()
         plan = setup.plan
         check_supported(setup, s)
-        self.dispatch = Dispatch(plan, setup.rules, keep_trace=s.keep_trace)
+        self.dispatch = Dispatch(plan, setup.rules, keep_trace=s.keep_trace, queue_slots=s.queue_slots)
         recomputes = any(w.recompute for w in plan.workers)
         programs, initial = build_stages(units, plan.partition, allow_stochastic=not recomputes)
         self._programs = programs
@@ -107,6 +108,7 @@ class ProcessClock:
         self._conns: dict[Executor, mpc.Connection] = {}
         self._processes: dict[Executor, Any] = {}
         self._store: str | None = None  # the executors' gloo rendezvous file (several stages)
+        self._slot_workers = 0  # live workers the version slots are sized for (start())
         self._ctx: Any = None
         self._retiring: set[Executor] = set()  # executors a re-plan removed, exiting on purpose
         self._dead_conns: list[mpc.Connection] = []  # retired executors' pipes, closed by the router
@@ -145,8 +147,10 @@ class ProcessClock:
         ctx: Any = tmp.get_context(START_METHOD)
         ctx.set_forkserver_preload(PRELOAD)
         self._ctx = ctx
-        # slots for every worker slot of the plan, live or not: a re-plan may bring a removed worker back
-        self.stages = stage_versions(self._initial, self.plan.num_workers, ctx.Lock)
+        # slots for the live workers (what the byte model counts): a re-plan may keep or remove workers on
+        # these processes, one that brings more back needs a new clock
+        self._slot_workers = len(self._live)
+        self.stages = stage_versions(self._initial, self._slot_workers, ctx.Lock)
         for stage in self.stages:
             stage.watch(lambda: self._error is not None)
         if self.plan.num_stages > 1:
@@ -214,6 +218,11 @@ class ProcessClock:
                 "close this clock and start one for the new plan"
             )
         live = [w.index for w in plan.workers if w.live]
+        if len(live) > self._slot_workers:
+            raise ConfigError(
+                f"this clock's version slots hold {self._slot_workers} live worker(s), the plan has {len(live)}; "
+                "close this clock and start one for the new plan"
+            )
         if plan.num_stages > 1 and live != self._live:
             raise NotImplementedFeatureError(
                 f"re-planning live workers {self._live} → {live} over {plan.num_stages} stages would re-form the "
@@ -354,6 +363,39 @@ class ProcessClock:
             out.append(dict(zip(program.param_names + program.buffer_names, tensors, strict=True)))
         return out
 
+    def unit_state(self) -> dict[tuple[int, str], Tensor]:
+        """:meth:`master_state` keyed by (unit index in the model, tensor name inside the unit), as
+        :meth:`StreamEngine.unit_state`: what the model's units hold once the master is copied into them."""
+        return unit_state(self.plan.partition, self.master_state())
+
+    def updates(self) -> int:
+        """Optimizer updates applied so far, over stages and workers."""
+        with self._lock:
+            return sum(sum(row) for row in self.counters.updates)
+
+    def stats(self) -> EngineStats:
+        """Counters so far, read under the clock's lock (as :meth:`StreamEngine.stats`). ``peak_bytes`` is
+        the shared version slots' bytes (:meth:`shared_bytes`); what executors hold inside their processes
+        is reported by :meth:`usage` (resident bytes), not here."""
+        with self._lock:
+            c = self.counters
+            updates = c.updates_per_stage()
+            return EngineStats(
+                items=c.items,
+                trained=c.trained,
+                trained_any_stage=c.trained_any_stage,
+                skipped=dict(c.skipped),
+                updates=sum(updates),
+                updates_per_stage=updates,
+                in_flight=self.scheduler.in_flight_items(),
+                peak_bytes=self.shared_bytes(),
+                mean_staleness=tuple(
+                    s / k if k else 0.0 for s, k in zip(c.staleness_sum, c.staleness_count, strict=True)
+                ),
+                max_staleness=tuple(c.staleness_max),
+                staleness_bound=plan_bounds(self.plan),
+            )
+
     def shared_bytes(self) -> int:
         """Bytes of the shared version slots (each counted once, however many processes map it)."""
         return sum(stage.nbytes() for stage in self.stages)
@@ -472,10 +514,12 @@ class ProcessClock:
                     conn = self._conns[e]
                     while conn.poll():  # its last words first (an error it sent before exiting)
                         self._handle(e, conn.recv())
-                    self._fail(ScheduleError(
-                        f"executor process of worker {e[0]}, stage {e[1]} (pid {self._processes[e].pid}) exited "
-                        f"with code {self._processes[e].exitcode} while the clock ran"
-                    ))
+                    self._fail(
+                        ScheduleError(
+                            f"executor process of worker {e[0]}, stage {e[1]} (pid {self._processes[e].pid}) exited "
+                            f"with code {self._processes[e].exitcode} while the clock ran"
+                        )
+                    )
                     return
                 e = by_conn[ready]
                 conn = ready
@@ -514,9 +558,9 @@ class ProcessClock:
                 _, item, text, tb = message
                 if self.failed_item is None:
                     self.failed_item = item
-                self._fail_locked(ScheduleError(
-                    f"executor of worker {n}, stage {j} failed on item {item}: {text}\n{tb}"
-                ))
+                self._fail_locked(
+                    ScheduleError(f"executor of worker {n}, stage {j} failed on item {item}: {text}\n{tb}")
+                )
             else:
                 self._fail_locked(ScheduleError(f"executor of worker {n}, stage {j} sent an unknown message {kind!r}"))
 

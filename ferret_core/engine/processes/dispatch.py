@@ -32,8 +32,9 @@ Message = tuple[Any, ...]
 class Dispatch:
     """Scheduler, admission, counters and trace of one process clock (see the module docstring)."""
 
-    def __init__(self, plan: Plan, rules: ScheduleRules, *, keep_trace: bool) -> None:
+    def __init__(self, plan: Plan, rules: ScheduleRules, *, keep_trace: bool, queue_slots: int | None = None) -> None:
         self.plan = plan
+        self.queue_slots = queue_slots  # waiting items per worker (None: the rules' wait_slots)
         self.rules = rules
         self.scheduler = Scheduler(rules)
         self.counters = Counters(plan.num_workers, plan.num_stages)
@@ -77,7 +78,7 @@ class Dispatch:
         if lowest is None:
             self.counters.admitted[n] += 1
             return SkipReason.OMITTED, None
-        if not self.scheduler.can_admit(n):
+        if not self.scheduler.can_admit(n, self.queue_slots):
             return SkipReason.BUSY, None
         self.counters.admitted[n] += 1
         self.inputs[index] = x

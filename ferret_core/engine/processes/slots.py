@@ -40,6 +40,7 @@ from torch import Tensor
 
 from ferret_core.engine.versions import StageVersion
 from ferret_core.errors import ScheduleError
+from ferret_core.planning.memory_model import process_version_slots
 
 _CURRENT = 0  # meta[0]: the current slot; meta[1 + k]: version of slot k; meta[1 + K + k]: readers of slot k
 
@@ -84,8 +85,9 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def slots_needed(live_workers: int, num_stages: int, stage: int) -> int:
-    """K for ``stage``: master, replicas, stashes (P − j per worker), one prediction, one being written."""
-    return 1 + live_workers + live_workers * (num_stages - stage) + 1 + 1
+    """K for ``stage``: master, replicas, stashes (P − j per worker), one prediction, one being written
+    (the byte model's :func:`~ferret_core.planning.memory_model.process_version_slots`)."""
+    return process_version_slots(live_workers, num_stages, stage)
 
 
 class FlatTensors:

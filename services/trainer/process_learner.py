@@ -1,0 +1,260 @@
+"""The trainer's learner on executor processes: ferret_core's :class:`ProcessClock` runs the planner's
+N workers × P stages as OS processes over a master in shared memory, so training runs on the other cores
+while the record path (consume, decode, predict, publish, commit) keeps this process's interpreter.
+
+Arrivals queued by :meth:`ProcessLearner.submit` are predicted together, in one forward pass on the
+current master (pinned in shared memory: a prediction never waits for training), when the first of
+them is asked for its outcome, then dispatched one by one in submission order with the process clock's
+admission rule: item i goes to worker i mod N, skipped ``busy`` when ``queue_slots`` items already wait
+for that worker (the wall clock's K, :func:`services.trainer.live_methods.live_setup`). A re-plan that
+keeps the partition, the worker slots and the live workers keeps the processes (drain, reconfigure
+T1–T3: milliseconds); any other drains, copies the master into the model's units and starts a clock for
+the new plan, whose version slots fit its live workers (docs/processes.md "Re-plans").
+
+What differs from the thread learner (:mod:`services.trainer.engine_learner`), said where it shows:
+
+* each executor keeps its own compensator state (λ, moments); snapshots carry none, and a snapshot's
+  compensator state (from the thread learner) is not loaded: λ restarts (logged);
+* ``measured_bytes`` is the shared version slots' bytes (the weights the plan's versions occupy, counted
+  once however many processes map them); activations inside executors are not measured here;
+* the admission rule has no event-time wait W (the wall clock's); the queue's K bounds the wait.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ferret_core.engine import SkipReason
+from ferret_core.engine.policies import PolicySetup
+from ferret_core.engine.processes import ProcessClock, ProcessSettings
+from ferret_core.engine.wall_clock import Arrival
+from ferret_core.errors import ConfigError
+from ferret_core.plan import Plan
+from ferret_core.profile import ModelProfile
+from ferret_core.zoo import ZooModel
+from services.config import Settings
+from services.trainer.learner import ArrivalOutcome, LearnerFailed, LearnerStats
+from services.trainer.live_methods import live_setup, not_planned, plans_for_budget
+from services.trainer.unit_weights import (
+    arrival_outcome,
+    copy_into_units,
+    largest_weight,
+    load_snapshot_tensors,
+    snapshot_tensors,
+)
+
+log = logging.getLogger("ferret.trainer")
+
+
+class ProcessLearner:
+    """Implements :class:`services.trainer.learner.Learner` over a :class:`ProcessClock`."""
+
+    def __init__(self, model: ZooModel, plan: Plan, settings: Settings, profile: ModelProfile | None = None) -> None:
+        t = settings.trainer
+        self.model = model
+        self.profile = profile
+        self.method = t.method
+        self.plans_for_budget = plans_for_budget(self.method)
+        self.compensator = t.compensator
+        self.lr = t.lr
+        self.top_k = t.prediction_top_k
+        self.process_settings = ProcessSettings(
+            lr=t.lr,
+            compensator=t.compensator,
+            threads=1,
+            flush_denormal=True,  # as the trainer's own process (torch.set_flush_denormal)
+            keep_trace=False,
+            top_k=max(1, t.prediction_top_k),
+        )
+        self._queued: list[tuple[int, torch.Tensor, int | None]] = []
+        self._outcomes: dict[int, Arrival | Exception] = {}
+        self._peak_before = 0
+        self._updates_before = 0
+        self._backprops_before = 0
+        self._non_finite_before = 0
+        self.replans_kept = 0  # re-plans that kept the executor processes
+        self.replans_rebuilt = 0  # re-plans that started a new clock
+        self.clock = self._start(plan)
+
+    def _setup(self, plan: Plan) -> PolicySetup:
+        setup, admission = live_setup(
+            self.method,
+            plan,
+            self.model.name,
+            self.model.num_units,
+            profile=self.profile,
+            compensator=self.compensator,
+            executors="processes",
+        )
+        self._queue_slots = None if admission is None else admission.queue_slots
+        return setup
+
+    def _start(self, plan: Plan) -> ProcessClock:
+        setup = self._setup(plan)
+        settings = dataclasses.replace(self.process_settings, queue_slots=self._queue_slots)
+        self.setup = setup
+        return ProcessClock(self.model.units, setup, settings).start()
+
+    @property
+    def plan(self) -> Plan:
+        return self.setup.plan
+
+    # -- the record path's call ------------------------------------------------------------------------
+    def arrive(self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None) -> ArrivalOutcome:
+        return self.submit(item, x, y, event_time_ms)()
+
+    def submit(
+        self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None
+    ) -> Callable[[], ArrivalOutcome]:
+        """Queue the item; the returned call predicts everything queued (one forward pass) and returns this
+        item's prediction and dispatch. ``event_time_ms`` is not read (module docstring)."""
+        self._queued.append((item, x, y))
+
+        def outcome() -> ArrivalOutcome:
+            if item not in self._outcomes:
+                self._flush()
+            arrival = self._outcomes.pop(item)
+            if isinstance(arrival, Exception):
+                raise arrival
+            return arrival_outcome(arrival, self._updates_before, self.top_k, self._largest_weight, self.lr)
+
+        return outcome
+
+    def _flush(self) -> None:
+        queued, self._queued = self._queued, []
+        if not queued:
+            return
+        items = [i for i, _, _ in queued]
+        try:
+            arrivals = self.clock.submit_many([x for _, x, _ in queued], [y for _, _, y in queued], items)
+        except Exception as exc:
+            failed = self.clock.failed_item
+            for i in items:
+                error = LearnerFailed(i if failed is None else failed, exc)
+                error.__cause__ = exc
+                self._outcomes[i] = error
+            return
+        for arrival in arrivals:
+            self._outcomes[arrival.index] = arrival
+
+    def pending_training(self) -> bool:
+        return False  # training runs in the executor processes
+
+    def train_step(self) -> bool:
+        return False
+
+    def trace_view(self) -> dict[str, float | int | None]:
+        return {}
+
+    def measured_service_times(self) -> list[float | None]:
+        """Not measured on executor processes (the drift re-planner then scales by the profile)."""
+        return [None] * self.plan.num_workers
+
+    def _largest_weight(self) -> float:
+        return largest_weight(self.clock.unit_state())
+
+    def drain(self, timeout: float | None = None) -> None:
+        self._flush()
+        self.clock.drain(timeout)
+
+    # -- re-plans ---------------------------------------------------------------------------------------
+    def apply_plan(self, plan: Plan) -> None:
+        """Run ``plan`` from here on: on the same processes where it keeps the partition, the worker slots
+        and the live workers, else on a new clock started from the drained master."""
+        if not self.plans_for_budget:
+            raise not_planned(self.method)
+        if plan.partition.num_units != self.model.num_units:
+            raise ConfigError(
+                f"plan for {plan.partition.num_units} units cannot drive {self.model.name!r} "
+                f"({self.model.num_units} units)"
+            )
+        self.drain()
+        if self._keeps_processes(plan):
+            setup = self._setup(plan)
+            self.clock.dispatch.queue_slots = self._queue_slots
+            self.clock.replan(setup)
+            self.setup = setup
+            self.replans_kept += 1
+            return
+        old_plan = self.plan
+        self._rebuild(plan, old_plan)
+        self.replans_rebuilt += 1
+
+    def _keeps_processes(self, plan: Plan) -> bool:
+        """Whether ``plan`` runs on the processes in force: the same partition, worker slots and live
+        workers (T1–T3 change; a T4 change starts a new clock, whose version slots fit its live workers)."""
+        old = self.plan
+        if plan.partition != old.partition or plan.num_workers != old.num_workers:
+            return False
+        return [w.live for w in plan.workers] == [w.live for w in old.workers]
+
+    def _rebuild(self, plan: Plan, fallback: Plan) -> None:
+        """Close the clock (drained) and start one for ``plan`` from the master's weights; if that fails,
+        ``fallback`` runs on (its weights are in the units) and the error is raised."""
+        copy_into_units(self.model, self.clock.unit_state())
+        self._retire_counts()
+        self.clock.close()
+        try:
+            self.clock = self._start(plan)
+        except BaseException:
+            self.clock = self._start(fallback)
+            raise
+
+    def _retire_counts(self) -> None:
+        """Fold the closing clock's counters into the totals kept across clocks."""
+        stats = self.clock.stats()
+        self._peak_before = max(self._peak_before, stats.peak_bytes or 0)
+        self._updates_before += stats.updates
+        self._backprops_before += stats.trained_any_stage
+        self._non_finite_before += stats.skipped.get(SkipReason.NON_FINITE.value, 0)
+
+    # -- state -----------------------------------------------------------------------------------------
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return snapshot_tensors(self.clock.unit_state(), self._updates_before + self.clock.updates())
+
+    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.drain()
+        version = load_snapshot_tensors(self.model, tensors)
+        self._retire_counts()
+        plan = self.plan
+        self.clock.close()
+        self.clock = self._start(plan)
+        self._updates_before = version
+
+    def compensator_state(self) -> list[dict[str, Any]]:
+        """None to save: each executor process keeps its own compensator state (module docstring)."""
+        return []
+
+    def load_compensator_state(self, states: Sequence[Mapping[str, Any]]) -> None:
+        if any(states):
+            log.warning(
+                "the snapshot's compensator state is not loaded: executor processes keep their own (λ restarts)"
+            )
+
+    def stats(self) -> LearnerStats:
+        stats = self.clock.stats()
+        measured = stats.peak_bytes or 0
+        counted = [m for m, n in zip(stats.mean_staleness, stats.updates_per_stage, strict=True) if n]
+        planned = self.setup.planned
+        return LearnerStats(
+            backward_passes=self._backprops_before + stats.trained_any_stage,
+            model_version=self._updates_before + stats.updates,
+            measured_bytes=measured,
+            peak_bytes=max(self._peak_before, measured),
+            mean_staleness=sum(counted) / len(counted) if counted else None,
+            planned_bytes=None if planned is None else planned.planned_bytes,
+            max_staleness=stats.max_staleness,
+            staleness_bound=stats.staleness_bound,
+            non_finite=self._non_finite_before + stats.skipped.get(SkipReason.NON_FINITE.value, 0),
+        )
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        finally:
+            self.clock.close()

@@ -1,0 +1,137 @@
+"""The trainer's learner on executor processes (services/trainer/process_learner.py) through the
+:class:`~services.trainer.learner.Learner` contract: predictions and dispatch of a queued batch, the
+counts, re-plans on the same processes (T1–T3) and on a new clock (T4: slots sized for the live workers,
+measured ≤ planned), snapshot tensors that restore the same predictions, and an executor's death
+reported as the learner's failure."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+
+from ferret_core.engine import SkipReason
+from ferret_core.plan import Plan
+from ferret_core.planning.planner import Planner
+from services.config import Settings, load_settings
+from services.trainer.executors import ExecutorChoice
+from services.trainer.learner import LearnerFailed
+from services.trainer.process_learner import ProcessLearner
+from services.trainer.runner import build_zoo_model, load_profile, make_planner
+
+pytestmark = pytest.mark.integration
+
+SHAPE = (1, 8, 8)  # digits
+
+
+def _settings() -> Settings:
+    env = {
+        "FERRET_TRAINER_DATASET": "digits",
+        "FERRET_TRAINER_MODEL": "mlp",
+        "FERRET_TRAINER_EXECUTORS": "processes",
+        "FERRET_TRAINER_STREAM_RATE": "20000",  # faster than one worker: the planner wants two
+        "FERRET_TRAINER_LR": "0.05",
+    }
+    return load_settings(None, env=env)
+
+
+def _learner() -> tuple[ProcessLearner, Plan, Planner]:
+    settings = _settings()
+    model = build_zoo_model(settings)
+    profile = load_profile(settings, model)
+    planner = make_planner(settings, profile, ExecutorChoice("processes", "test", configured=True))
+    plan = planner.plan(None)
+    return ProcessLearner(model, plan, settings, profile), plan, planner
+
+
+def _items(n: int, seed: int = 0) -> list[tuple[torch.Tensor, int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.rand(SHAPE, generator=gen), int(torch.randint(0, 10, (), generator=gen))) for _ in range(n)]
+
+
+def test_a_queued_batch_is_predicted_together_and_every_item_gets_one_outcome() -> None:
+    learner, plan, _ = _learner()
+    try:
+        assert plan.live_workers == 2
+        items = _items(40)
+        waits = [learner.submit(i, x, y) for i, (x, y) in enumerate(items)]
+        outcomes = [wait() for wait in waits]
+        learner.drain(30)
+        assert all(o.dispatched != (o.skipped is not None) for o in outcomes)
+        assert all(o.worker == i % 2 for i, o in enumerate(outcomes) if o.dispatched)
+        assert len({o.model_version for o in outcomes}) == 1  # one forward pass, one master version
+        unlabelled = learner.submit(40, items[0][0], None)()
+        assert unlabelled.skipped is SkipReason.NO_LABEL
+        stats = learner.stats()
+        assert stats.backward_passes == sum(o.dispatched for o in outcomes)
+        assert stats.model_version == stats.backward_passes
+        assert 0 < stats.measured_bytes <= stats.planned_bytes
+    finally:
+        learner.close()
+
+
+def test_replans_keep_the_processes_for_t1_to_t3_and_start_a_clock_for_t4() -> None:
+    learner, plan, planner = _learner()
+    try:
+        for i, (x, y) in enumerate(_items(20)):
+            learner.submit(i, x, y)()
+        learner.drain(30)
+        before = learner.stats().model_version
+        pids = sorted(p.pid for p in learner.clock._processes.values())
+        learner.apply_plan(replace(plan, workers=tuple(replace(w, recompute=True) for w in plan.workers)))
+        assert learner.replans_kept == 1 and sorted(p.pid for p in learner.clock._processes.values()) == pids
+        smaller = planner.plan(plan.min_feasible_bytes)
+        assert smaller.live_workers < plan.live_workers
+        learner.apply_plan(smaller)
+        assert learner.replans_rebuilt == 1 and learner.plan == smaller
+        for i, (x, y) in enumerate(_items(20, seed=1), start=20):
+            learner.submit(i, x, y)()
+        learner.drain(30)
+        stats = learner.stats()
+        assert stats.model_version > before  # the count carries across clocks
+        assert stats.measured_bytes <= smaller.planned_bytes
+        assert stats.peak_bytes >= stats.measured_bytes
+    finally:
+        learner.close()
+
+
+def test_snapshot_tensors_restore_the_same_predictions_on_a_new_learner() -> None:
+    first, _, _ = _learner()
+    items = _items(30)
+    try:
+        for i, (x, y) in enumerate(items):
+            first.submit(i, x, y)()
+        first.drain(30)
+        tensors = first.state_tensors()
+        probe = [first.submit(100 + k, x, None)() for k, (x, _) in enumerate(items[:5])]
+    finally:
+        first.close()
+    second, _, _ = _learner()
+    try:
+        second.load_state_tensors(tensors)
+        again = [second.submit(100 + k, x, None)() for k, (x, _) in enumerate(items[:5])]
+        assert [o.predicted_class for o in again] == [o.predicted_class for o in probe]
+        assert [o.confidence for o in again] == pytest.approx([o.confidence for o in probe])
+        assert second.stats().model_version == int(tensors["engine.updates"])
+        assert second.compensator_state() == []
+    finally:
+        second.close()
+
+
+def test_a_killed_executor_is_the_learners_failure() -> None:
+    learner, _, _ = _learner()
+    try:
+        learner.submit(0, *_items(1)[0])()
+        os.kill(next(iter(learner.clock._processes.values())).pid, signal.SIGKILL)
+        deadline = time.perf_counter() + 5.0
+        with pytest.raises(LearnerFailed):
+            for i, (x, y) in enumerate(_items(10_000), start=1):
+                learner.submit(i, x, y)()
+                assert time.perf_counter() < deadline, "the death was not reported within 5 s"
+                time.sleep(0.005)
+    finally:
+        learner.clock.close(reraise=False)

@@ -1,0 +1,80 @@
+"""The byte model of executor processes (``MemorySettings.executors="processes"``, memory_model.py
+"Executor processes"): the shared version slots the process clock allocates, counted exactly; compensator
+state per executor; planned bytes of the search equal to the model's total; a removed worker frees its
+slots and state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ferret_core.engine.processes.slots import slots_needed
+from ferret_core.errors import ConfigError
+from ferret_core.plan import Plan
+from ferret_core.planning.cost_model import StageGeometry
+from ferret_core.planning.memory_model import MemoryModel, MemorySettings, process_version_slots
+from ferret_core.planning.planner import Planner, PlannerSettings
+from ferret_core.profile import ModelProfile
+from tests.unit.test_engine_support import make_plan
+
+PROFILES = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles"
+MNISTNET = ModelProfile.load(PROFILES / "mnistnet.json")
+
+
+def _model(plan: Plan, compensator: str = "iter-fisher-lean", executors: str = "processes") -> MemoryModel:
+    settings = MemorySettings(compensator=compensator, executors=executors)
+    return MemoryModel(StageGeometry.from_profile(MNISTNET, plan.partition), MNISTNET, settings)
+
+
+@given(st.integers(1, 4), st.integers(1, 4), st.integers(0, 3))
+def test_the_model_counts_the_slots_the_clock_allocates(workers: int, stages: int, stage: int) -> None:
+    stage = min(stage, stages - 1)
+    assert process_version_slots(workers, stages, stage) == slots_needed(workers, stages, stage)
+    assert slots_needed(workers, stages, stage) == 1 + workers + workers * (stages - stage) + 1 + 1
+
+
+@pytest.mark.parametrize(("stages", "workers"), [(1, 1), (1, 2), (2, 2), (3, 1)])
+def test_slot_bytes_are_k_copies_of_each_stage_for_the_live_workers(stages: int, workers: int) -> None:
+    plan = make_plan(stages, workers, num_units=MNISTNET.num_units)
+    model = _model(plan, compensator="none")
+    parts = model.breakdown(plan.workers)
+    weights = StageGeometry.from_profile(MNISTNET, plan.partition).weights
+    slots = sum(process_version_slots(workers, stages, j) * w for j, w in enumerate(weights)) * 4
+    assert parts["version_slots"] + parts["shared_version_slots"] == slots
+    assert "versions" not in parts
+    assert sum(parts.values()) == model.total(plan.workers)
+
+
+def test_compensator_state_is_counted_per_executor_and_freed_by_removal() -> None:
+    two = make_plan(1, 2, num_units=MNISTNET.num_units)
+    one = make_plan(1, 2, num_units=MNISTNET.num_units, live=[True, False])
+    threads = _model(two, executors="threads").breakdown(two.workers)
+    processes = _model(two).breakdown(two.workers)
+    assert processes["compensator_moments"] == 2 * threads["compensator_moments"]  # one per worker
+    removed = _model(one)
+    total_w = sum(StageGeometry.from_profile(MNISTNET, two.partition).weights) * 4
+    # removing a worker frees its replica and stash slots (2 copies at one stage) and its moments (2 copies)
+    assert _model(two).total(two.workers) - removed.total(one.workers) >= 4 * total_w
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(0.2, 4.0))
+def test_the_planners_bytes_are_the_models_total(multiple: float) -> None:
+    memory = MemorySettings(compensator="iter-fisher-lean", executors="processes")
+    planner = Planner(MNISTNET, PlannerSettings(arrival_interval=multiple * MNISTNET.sequential_time, memory=memory))
+    plan = planner.plan(None)
+    model = MemoryModel.for_plan(plan, MNISTNET, memory)
+    assert plan.planned_bytes == model.total(plan.workers)
+    assert plan.memory_breakdown == model.breakdown(plan.workers)
+    floor = planner.plan(plan.min_feasible_bytes)
+    assert floor.planned_bytes <= plan.min_feasible_bytes
+
+
+def test_processes_are_an_engine_variant() -> None:
+    with pytest.raises(ConfigError, match="variant='engine'"):
+        MemorySettings(variant="paper", executors="processes")
+    with pytest.raises(ConfigError, match="executors must be one of"):
+        MemorySettings(executors="gpus")
