@@ -19,6 +19,20 @@ def budget_type(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+UNCONSTRAINED_WORDS = ("none", "unconstrained")
+
+
+def budget_or_unconstrained_type(text: str) -> int | None:
+    """A budget as :func:`budget_type` reads it, or None (no budget: unconstrained, the paper's M+) for
+    one of :data:`UNCONSTRAINED_WORDS`, in any case."""
+    if text.strip().lower() in UNCONSTRAINED_WORDS:
+        return None
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; or {' / '.join(UNCONSTRAINED_WORDS)} for no budget") from None
+
+
 def arrival_interval_type(text: str) -> ArrivalInterval:
     try:
         return ArrivalInterval.parse(text)
@@ -62,4 +76,3 @@ def existing_file(text: str) -> Path:
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"file {text!r} does not exist")
     return path
-

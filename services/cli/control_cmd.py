@@ -1,7 +1,7 @@
 """``ferret control``: talk to a running trainer's control plane over gRPC.
 
 ``ferret control [--target HOST:PORT] [--token T] [--tls-ca FILE] ACTION`` with ACTION one of
-``budget BYTES``, ``plan``, ``status``, ``watch``, ``snapshot``, ``restore VERSION``, ``snapshots``.
+``budget BYTES|none``, ``plan``, ``status``, ``watch``, ``snapshot``, ``restore VERSION``, ``snapshots``.
 Exit statuses (DESIGN §4): 0 ok; 3 infeasible budget (FAILED_PRECONDITION; the message names the
 minimum); 2 usage errors and INVALID_ARGUMENT; 1 any other failure, printed as "CODE: details".
 """
@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from services import strict_json
-from services.cli.args import budget_type, existing_file, positive_float
+from services.cli.args import budget_or_unconstrained_type, existing_file, positive_float
 from services.units import format_bytes
 
 if TYPE_CHECKING:
@@ -55,8 +55,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
 
-    budget = actions.add_parser("budget", help="re-plan for a new memory budget and apply it live")
-    budget.add_argument("budget", type=budget_type, metavar="BYTES", help="bytes, or with a suffix: 512MiB, 2GB")
+    budget = actions.add_parser(
+        "budget",
+        help="re-plan for a new memory budget (or none) and apply it live",
+        description="Re-plan for a new memory budget and apply it live; `none` (or `unconstrained`) drops the "
+        "budget and plans unconstrained (the paper's M+).",
+    )
+    budget.add_argument(
+        "budget",
+        type=budget_or_unconstrained_type,
+        metavar="BYTES|none",
+        help="bytes, or with a suffix: 512MiB, 2GB; or none / unconstrained for no budget",
+    )
     budget.add_argument("--json", action="store_true", help="print the applied plan as JSON")
     budget.set_defaults(action_handler=_run_budget)
 

@@ -64,7 +64,11 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
         "--budget", type=budget_type, default=None, help="memory budget: bytes, or 512MiB, 2GB (default unconstrained)"
     )
     parser.add_argument(
-        "--profile", type=existing_file, default=None, help="profile JSON of `ferret profile` (default: profile now)"
+        "--profile",
+        type=existing_file,
+        default=None,
+        help="profile JSON of `ferret profile` (default: profile now, as `ferret profile` does with its defaults: "
+        "one torch thread, the same timer)",
     )
     parser.add_argument(
         "--input-shape",
@@ -138,7 +142,9 @@ def load_or_profile(
 ) -> ModelProfile:
     """The profile of ``--profile`` (its model must be ``--model`` when both are given; checked against the
     model's ``input_shape`` when given), else the model ``--model`` names profiled now (your own model needs
-    ``--input-shape``), with step times for the mini-batch ``batch_sizes`` too."""
+    ``--input-shape``), with step times for the mini-batch ``batch_sizes`` too, by ``ferret profile``'s
+    own helper and defaults (:func:`services.cli.profiling.profile_now`: one torch thread, the same timer),
+    so the plan is the one ``--profile`` of that command's file gives."""
     if args.profile is not None:
         profile = ModelProfile.load(args.profile)
         if args.model is not None and profile.model != args.model:
@@ -151,8 +157,8 @@ def load_or_profile(
         return profile
     if args.model is None:
         raise ConfigError("give --model (a zoo name or package.module:factory) or --profile FILE")
-    from ferret_core.planning.profiler import profile_model
     from ferret_core.zoo import build_model
+    from services.cli.profiling import profile_now
 
     if is_factory(args.model) or args.input_shape is not None:
         if args.input_shape is None:
@@ -160,7 +166,7 @@ def load_or_profile(
         model = build_model_for(args.model, input_shape=args.input_shape, num_classes=args.num_classes)
     else:
         model = build_model(args.model, num_classes=args.num_classes, input_size=args.input_size)
-    return profile_model(model, device=args.device, dtype=args.dtype, batch_sizes=batch_sizes)
+    return profile_now(model, device=args.device, dtype=args.dtype, batch_sizes=batch_sizes)
 
 
 def model_from_profile(args: argparse.Namespace) -> None:

@@ -15,13 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ferret_core.errors import ConfigError
-from ferret_core.planning.profiler import CLOCKS, profile_model, resolve_device
+from ferret_core.planning.profiler import CLOCKS, resolve_device
 from ferret_core.profile import DTYPE_BYTES, LayerProfile, ModelProfile
 from ferret_core.zoo import NORMS, ZooModel, build_model
 from services import strict_json
+from services.cli import profiling
 from services.cli.args import non_negative_int, positive_int
 from services.models import (
     MODEL_HELP,
@@ -82,8 +81,18 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="float32", help="default float32")
-    parser.add_argument("--warmup", type=non_negative_int, default=3, help="untimed runs per unit (default 3)")
-    parser.add_argument("--repeats", type=positive_int, default=10, help="timed runs per unit (default 10)")
+    parser.add_argument(
+        "--warmup",
+        type=non_negative_int,
+        default=profiling.WARMUP,
+        help=f"untimed runs per unit (default {profiling.WARMUP})",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=profiling.REPEATS,
+        help=f"timed runs per unit (default {profiling.REPEATS})",
+    )
     parser.add_argument("--batch-size", type=positive_int, default=1, help="items per step (default 1)")
     parser.add_argument(
         "--batch-sizes",
@@ -95,25 +104,29 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--clock",
         choices=CLOCKS,
-        default="auto",
+        default=profiling.CLOCK,
         help="timer: auto (one CPU thread: thread CPU time, immune to other processes; several threads: "
-        "wall time; CUDA: events), wall, or cpu (default auto)",
+        f"wall time; CUDA: events), wall, or cpu (default {profiling.CLOCK})",
     )
-    parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=profiling.THREADS,
+        help=f"torch CPU threads while profiling (default {profiling.THREADS}, as the trainer runs)",
+    )
     parser.add_argument("--json", action="store_true", help="print the profile JSON instead of the table")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)  # denormals slowed MNISTNet 3 ms → 28 ms per step (DESIGN §5)
     resolve_device(args.device)  # a clear ConfigError before building anything
     model = _build(args)
     progress = _Progress(enabled=not args.json and sys.stderr.isatty())
-    profile = profile_model(
+    profile = profiling.profile_now(
         model,
         device=args.device,
         dtype=args.dtype,
+        threads=args.threads,
         warmup=args.warmup,
         repeats=args.repeats,
         batch_size=args.batch_size,

@@ -273,13 +273,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace, model: ZooModel, batch_sizes: Sequence[int] = ()) -> ModelProfile:
-    """``--profile`` (refused when taken at another input shape), else a profile of the model run here,
+    """``--profile`` (refused when taken at another input shape), else a profile of the model run here
+    on ``--threads`` threads, as ``ferret profile`` takes it (:func:`services.cli.profiling.profile_now`),
     with step times for the mini-batch ``batch_sizes`` too (:func:`step_batch_sizes`)."""
     if args.profile is not None:
         return load_or_profile(args, model.input_shape)
-    from ferret_core.planning.profiler import profile_model
+    from services.cli.profiling import profile_now
 
-    return profile_model(model, device=args.device, dtype=args.dtype, batch_sizes=batch_sizes)
+    return profile_now(model, device=args.device, dtype=args.dtype, threads=args.threads, batch_sizes=batch_sizes)
 
 
 def _plan(args: argparse.Namespace, model: ZooModel, profile: ModelProfile, algorithm: Algorithm) -> Plan | None:

@@ -98,9 +98,14 @@ class ControlClient:
         except grpc.RpcError as exc:
             raise _error(method, exc) from None
 
-    def set_memory_budget(self, budget_bytes: int) -> pb.PlanReply:
-        """Re-plan for ``budget_bytes`` and return the applied plan."""
-        reply: pb.PlanReply = self._call("SetMemoryBudget", pb.SetMemoryBudgetRequest(budget_bytes=budget_bytes))
+    def set_memory_budget(self, budget_bytes: int | None) -> pb.PlanReply:
+        """Re-plan for ``budget_bytes`` (None: no budget, unconstrained) and return the applied plan."""
+        request = (
+            pb.SetMemoryBudgetRequest(unconstrained=True)
+            if budget_bytes is None
+            else pb.SetMemoryBudgetRequest(budget_bytes=budget_bytes)
+        )
+        reply: pb.PlanReply = self._call("SetMemoryBudget", request)
         return reply
 
     def get_plan(self) -> pb.PlanReply:

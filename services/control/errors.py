@@ -45,12 +45,13 @@ class InvalidRequest(ControlError, ConfigError):
 class Superseded(ControlError, RuntimeError):
     """A re-plan lost the race with a newer request and was not applied (gRPC ABORTED)."""
 
-    def __init__(self, budget_bytes: int, generation: int, latest_generation: int) -> None:
-        self.budget_bytes = budget_bytes
+    def __init__(self, budget_bytes: int | None, generation: int, latest_generation: int) -> None:
+        self.budget_bytes = budget_bytes  # None: the re-plan was for no budget (unconstrained)
         self.generation = generation
         self.latest_generation = latest_generation
+        wanted = "no budget (unconstrained)" if budget_bytes is None else f"{budget_bytes} bytes"
         super().__init__(
-            f"re-plan #{generation} for {budget_bytes} bytes was superseded by the newer request "
+            f"re-plan #{generation} for {wanted} was superseded by the newer request "
             f"#{latest_generation} and not applied; the newest budget wins"
         )
 

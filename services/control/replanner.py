@@ -1,16 +1,21 @@
 """Re-planning under a new memory budget, off the request thread, newest request wins.
 
 ``Replanner.request(budget)`` validates the budget, hands the work to one dedicated worker thread and
-waits for it. The worker runs ``planner.plan(budget)`` (the Planner built once at start-up from the
-start-up profile: it caches its search paths, so re-planning never re-times layers) and then
-``trainer.apply_plan``. Every request takes the next *generation*; a request whose generation is no
-longer the newest when it reaches the worker, or when its planning ends, raises :class:`Superseded`
-(gRPC ABORTED) and is not applied, so a burst of budget changes applies only the last one. An
-infeasible budget raises the planner's ``InfeasibleBudgetError`` (FAILED_PRECONDITION) and leaves the
-plan in force unchanged. Readiness is NOT_SERVING while the worker plans and applies; liveness is
-guarded by a deadline (a re-plan running longer than ``stuck_after_s`` means the process is wedged).
-A caller that gives up waiting (a client deadline) does not cancel its re-plan: it still applies unless
-superseded, and GetPlan shows the outcome.
+waits for it. ``None`` is a budget too: "unconstrained" (the paper's M+), planned as ``planner.plan(None)``,
+so the plan's ``budget_bytes`` stays None and status and metrics show no budget. Re-plans that keep the
+budget in force (the trainer's arrival-rate re-plans) pass it through as it is, None included: an
+unconstrained trainer stays unconstrained.
+
+The worker runs ``planner.plan(budget)`` (the Planner built once at start-up from the start-up profile:
+it caches its search paths, so re-planning never re-times layers) and then ``trainer.apply_plan``. Every
+request takes the next *generation*; a request whose generation is no longer the newest when it reaches
+the worker, or when its planning ends, raises :class:`Superseded` (gRPC ABORTED) and is not applied, so
+a burst of budget changes applies only the last one. An infeasible budget raises the planner's
+``InfeasibleBudgetError`` (FAILED_PRECONDITION) and leaves the plan in force unchanged. Readiness is
+NOT_SERVING while the worker plans and applies; liveness is guarded by a deadline (a re-plan running
+longer than ``stuck_after_s`` means the process is wedged). A caller that gives up waiting (a client
+deadline) does not cancel its re-plan: it still applies unless superseded, and GetPlan shows the
+outcome.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ class ReplanOutcome:
     plan: Plan
     version: int
     generation: int
-    budget_bytes: int
+    budget_bytes: int | None  # None: unconstrained
     planning_seconds: float  # planner.plan() alone
     stall_seconds: float  # the pause the trainer reported for the swap
     applied_time_ms: int
@@ -109,13 +114,14 @@ class Replanner:
         with self._lock:
             return self._last
 
-    def request(self, budget_bytes: int) -> ReplanOutcome:
-        """Plan for ``budget_bytes`` and apply the plan; blocks the caller (not the worker) until done.
+    def request(self, budget_bytes: int | None) -> ReplanOutcome:
+        """Plan for ``budget_bytes`` (None: unconstrained) and apply the plan; blocks the caller (not the
+        worker) until done.
 
         Raises :class:`InvalidRequest`, ``InfeasibleBudgetError``, :class:`Superseded`,
         :class:`ServiceUnavailable` (closed), or whatever ``apply_plan`` raised.
         """
-        budget = validate_budget(budget_bytes)
+        budget = None if budget_bytes is None else validate_budget(budget_bytes)
         with self._lock:
             if self._closed:
                 raise ServiceUnavailable("the control plane is shutting down; the budget was not changed")
@@ -141,12 +147,12 @@ class Replanner:
             self._closed = True
         self._executor.shutdown(wait=wait, cancel_futures=True)
 
-    def _check_newest(self, budget: int, generation: int) -> None:
+    def _check_newest(self, budget: int | None, generation: int) -> None:
         with self._lock:
             if generation != self._generation:
                 raise Superseded(budget, generation, self._generation)
 
-    def _run(self, budget: int, generation: int) -> ReplanOutcome:
+    def _run(self, budget: int | None, generation: int) -> ReplanOutcome:
         self._check_newest(budget, generation)
         with self._lock:
             self._running = True
@@ -181,10 +187,10 @@ class Replanner:
             except Exception:  # a listener (metrics) never turns an applied plan into a failed call
                 log.exception("re-plan #%d was applied; its listener failed", generation)
         log.info(
-            "re-plan #%d: budget %d B -> plan v%d (%d stages, %d/%d workers, %d B predicted); "
+            "re-plan #%d: budget %s -> plan v%d (%d stages, %d/%d workers, %d B predicted); "
             "planning %.3f s, stall %.3f s",
             generation,
-            budget,
+            "unconstrained" if budget is None else f"{budget} B",
             applied.version,
             plan.num_stages,
             plan.live_workers,

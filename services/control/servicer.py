@@ -66,6 +66,21 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"unexpected {type(exc).__name__}: {reason}"
 
 
+def requested_budget(request: pb.SetMemoryBudgetRequest) -> int | None:
+    """The budget a SetMemoryBudget request asks for: its ``budget_bytes``, or None (unconstrained) when
+    ``unconstrained`` is set and ``budget_bytes`` is not. Both set contradict each other
+    (:class:`InvalidRequest`); ``budget_bytes`` alone is checked by the re-planner, as before the
+    ``unconstrained`` field existed (so 0, what an empty request carries, stays INVALID_ARGUMENT)."""
+    if not request.unconstrained:
+        return int(request.budget_bytes)
+    if request.budget_bytes != 0:
+        raise InvalidRequest(
+            f"set either budget_bytes or unconstrained, not both: got budget_bytes={request.budget_bytes} with "
+            "unconstrained=true; send unconstrained=true alone to drop the budget"
+        )
+    return None
+
+
 def infeasible_status(exc: InfeasibleBudgetError, details: str) -> grpc.Status:
     """FAILED_PRECONDITION with the minimum feasible budget as rich error details (``google.rpc``
     ``PreconditionFailure`` and ``ErrorInfo``, in ``grpc-status-details-bin``) and, for older clients,
@@ -149,7 +164,7 @@ class ControlServicer(control_pb2_grpc.ControlServicer):
     # -- plans --------------------------------------------------------------------------------------
     @_unary
     def SetMemoryBudget(self, request: pb.SetMemoryBudgetRequest, context: grpc.ServicerContext) -> pb.PlanReply:
-        outcome = self._replanner.request(request.budget_bytes)
+        outcome = self._replanner.request(requested_budget(request))
         return plan_reply(
             outcome.plan,
             outcome.version,

@@ -114,7 +114,9 @@ class DriftReplanner:
     """Re-plans when the measured interval leaves [t^d / ratio, t^d · ratio] of the plan's t^d.
 
     Built before the record path (which feeds :meth:`observe` and :meth:`assign`); :meth:`start` takes
-    the control plane's re-plan request once the control plane exists."""
+    the control plane's re-plan request once the control plane exists. ``budget()`` is the budget in
+    force, passed to the request as it is: None (unconstrained) stays None, so a rate re-plan never turns
+    an unconstrained trainer into a budgeted one."""
 
     def __init__(
         self,
@@ -145,7 +147,8 @@ class DriftReplanner:
         self._thread = threading.Thread(target=self._loop, name="ferret-arrivals", daemon=True)
 
     def start(self, request: Callable[[int | None], object]) -> DriftReplanner:
-        """Re-plan through ``request(budget)`` (the control plane's re-planner) from now on."""
+        """Re-plan through ``request(budget)`` (the control plane's re-planner, which takes None as
+        unconstrained) from now on."""
         self.request = request
         self._thread.start()
         return self
@@ -201,7 +204,7 @@ class DriftReplanner:
 
     def replan(self, estimate: float, *, time_scale: float | None = None) -> None:
         """Rebuild the planner for ``estimate`` seconds between arrivals (and, when given, the measured
-        ``time_scale``; else the planner's) and re-plan (same budget)."""
+        ``time_scale``; else the planner's) and re-plan (same budget; None stays unconstrained)."""
         old = self.planners.current
         settings = replace(old.settings, arrival_interval=estimate)
         if time_scale is not None:
@@ -221,7 +224,6 @@ class DriftReplanner:
         log.info("measured arrival interval %.4g s (plan made for %.4g s): re-planning", estimate, old.arrival_interval)
         self.request(self.budget())
         self.replans += 1
-
 
     def _same_shape(self) -> bool:
         """Whether the current planner's plan for the budget has the plan in force's partition and workers

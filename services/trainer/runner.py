@@ -336,8 +336,8 @@ def start_trainer(settings: Settings) -> TrainerProcess:
         on_replan=metrics.observe_replan,
     ).start()
     if drift is not None:
-        # the re-planner takes a byte budget: "unconstrained" is the unconstrained plan's own bytes
-        drift.start(lambda b: control.replanner.request(b if b is not None else planner.plan(None).planned_bytes))
+        # rate re-plans keep the budget in force, None (unconstrained) included
+        drift.start(control.replanner.request)
     metrics_port = None if settings.metrics.port is None else serve_metrics(metrics.registry, settings.metrics).port
     log.info(
         "trainer %s: control plane on %s, metrics on %s", kafka.resolved_instance_id(), control.target, metrics_port

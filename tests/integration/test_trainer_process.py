@@ -176,11 +176,15 @@ def test_measured_arrival_interval_replans_when_the_stream_rate_drifts(
         produce_digits(bootstrap, TopicNames(prefix).samples, 300, spacing_ms=5)  # a 200 items/s stream
         wait_status(client, "plan_version", 2)
         after = json.loads(client.get_plan().plan_json)
+        status = client.get_status()
     finally:
         client.close()
         assert trainer.stop() == 0
     assert before["arrival_interval"] < 0.001  # the paper's rate, max_i t̂_i^f, until measured
     assert after["arrival_interval"] == pytest.approx(0.005, rel=0.05)
+    # no budget was set: the rate re-plan stays unconstrained (it once passed the plan's own bytes as one)
+    assert before["budget_bytes"] is None and after["budget_bytes"] is None
+    assert not status.HasField("budget_bytes")
 
 
 def test_a_declared_slow_stream_gets_one_worker_that_trains_every_item(

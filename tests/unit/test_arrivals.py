@@ -9,8 +9,10 @@ import pytest
 from ferret_core.errors import ConfigError
 from ferret_core.planning.memory_model import MemorySettings
 from ferret_core.planning.planner import Planner, PlannerSettings
+from services.control.replanner import Replanner, ReplanOutcome
 from services.trainer.arrivals import ArrivalRate, DriftReplanner, SwitchablePlanner
 
+from .control_fakes import FakeTrainer
 from .planner_fixtures import golden_a
 
 
@@ -62,6 +64,35 @@ def test_drift_replans_with_the_measured_interval_and_keeps_the_budget() -> None
     assert requested == [2429288] and drift.replans == 1
     assert switch.current.arrival_interval == 12.0
     assert switch.plan(None).num_workers == 1  # ⌈(3 + 6)/12⌉
+
+
+def test_a_rate_replan_of_an_unconstrained_trainer_stays_unconstrained() -> None:
+    """No budget in force (None) reaches the control plane's re-planner as None: the applied plan has no
+    budget, and a stream three times faster gets three times the live workers. (Passing the old plan's own
+    bytes as the budget, as the trainer once did, kept 3 of 9 workers live and showed a budget nobody set.)"""
+    switch = SwitchablePlanner(Planner(golden_a(), PlannerSettings(arrival_interval=3.0)))
+    trainer = FakeTrainer(switch.plan(None))
+    outcomes: list[ReplanOutcome] = []
+    applied = threading.Event()
+
+    def on_applied(outcome: ReplanOutcome) -> None:
+        outcomes.append(outcome)
+        applied.set()
+
+    replanner = Replanner(switch, trainer, on_applied=on_applied)
+    drift = DriftReplanner(switch, lambda: trainer.current_plan()[0].budget_bytes, ratio=1.5, cooldown_s=0)
+    drift.start(replanner.request)
+    try:
+        drift.offer(1.0)  # three times the rate the plan was made for
+        assert applied.wait(10)
+    finally:
+        drift.close()
+        replanner.close()
+    [(plan, version)] = trainer.applied
+    assert version == 2 and plan.arrival_interval == 1.0
+    assert plan.budget_bytes is None and outcomes[0].budget_bytes is None
+    assert trainer.status().budget_bytes is None
+    assert (plan.num_workers, plan.live_workers) == (9, 9)  # 3 live before: workers added, none removed
 
 
 def test_invalid_settings() -> None:

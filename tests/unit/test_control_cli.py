@@ -90,6 +90,23 @@ def test_plan_and_budget_output(control: ControlServer, capsys: pytest.CaptureFi
     assert json.loads(out)["budget_bytes"] == MID_BYTES
 
 
+def test_budget_none_goes_back_to_unconstrained(control: ControlServer, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = ferret(control, capsys, "budget", str(MID_BYTES))
+    assert status == EXIT_OK and "Applied v2" in out and "unconstrained" not in out
+    status, out, _ = ferret(control, capsys, "budget", "none")
+    assert status == EXIT_OK and "Applied v3" in out and "budget unconstrained (M+)" in out
+    status, out, _ = ferret(control, capsys, "budget", "Unconstrained", "--json")
+    data = json.loads(out)
+    assert status == EXIT_OK and data["plan_version"] == 4 and data["budget_bytes"] is None
+    assert Plan.from_dict(data) == PLANNER.plan(None)
+    status, out, _ = ferret(control, capsys, "status")
+    assert "memory       budget unconstrained," in out
+    with pytest.raises(SystemExit) as exit_info:  # neither bytes nor a word for no budget
+        main(["control", "--target", control.target, "budget", "nothing"])
+    assert exit_info.value.code == EXIT_USAGE
+    assert "none / unconstrained" in capsys.readouterr().err
+
+
 def test_status_watch_and_snapshots_output(control: ControlServer, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = ferret(control, capsys, "status")
     assert status == EXIT_OK and "state running" in out and "online accuracy 50.00 %" in out

@@ -89,6 +89,49 @@ def test_malformed_budget_is_invalid_argument(client: ControlClient, budget: int
     assert "budget_bytes" in err.value.details
 
 
+def test_unconstrained_drops_a_budget_set_before(client: ControlClient, trainer: FakeTrainer) -> None:
+    budgeted = client.set_memory_budget(MID_BYTES)
+    assert budgeted.budget_bytes == MID_BYTES and client.get_status().budget_bytes == MID_BYTES
+    reply = client.set_memory_budget(None)  # SetMemoryBudgetRequest(unconstrained=true)
+    plan = plan_from_reply(reply)
+    assert plan == PLANNER.plan(None) and plan.budget_bytes is None and not reply.HasField("budget_bytes")
+    assert reply.plan_version == 3 and trainer.applied[-1] == (plan, 3)
+    assert plan_from_reply(client.get_plan()).budget_bytes is None
+    assert not client.get_status().HasField("budget_bytes")
+
+
+def test_budget_requests_old_and_new_on_the_wire(control: ControlServer) -> None:
+    """A request with ``budget_bytes`` alone (all a client older than ``unconstrained`` can send) means what
+    it meant; ``unconstrained`` with a budget, or an empty request, is INVALID_ARGUMENT and plans nothing."""
+    old_client_bytes = pb.SetMemoryBudgetRequest(budget_bytes=MID_BYTES).SerializeToString()
+    assert old_client_bytes == b"\x08" + _varint(MID_BYTES)  # field 1 only, as before the new field
+    with grpc.insecure_channel(control.target) as channel:
+        set_budget = channel.unary_unary(
+            "/ferret.v1.Control/SetMemoryBudget",
+            request_serializer=lambda raw: raw,
+            response_deserializer=pb.PlanReply.FromString,
+        )
+        assert set_budget(old_client_bytes, timeout=10).budget_bytes == MID_BYTES
+        for request in (
+            pb.SetMemoryBudgetRequest(budget_bytes=MID_BYTES, unconstrained=True),
+            pb.SetMemoryBudgetRequest(),
+        ):
+            with pytest.raises(grpc.RpcError) as err:
+                set_budget(request.SerializeToString(), timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, request
+            assert "budget_bytes" in (err.value.details() or "")
+    assert control.replanner.generation == 1  # the invalid ones never took a generation
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
 def test_a_newer_request_supersedes_a_slow_one(
     control: ControlServer, client: ControlClient, planner: GatedPlanner, trainer: FakeTrainer
 ) -> None:

@@ -147,3 +147,39 @@ def test_a_plan_document_from_before_the_rename_still_reads(
     old = {("predicted_bytes" if key == "planned_bytes" else key): value for key, value in out.items()}
     assert "planned_bytes" not in old
     assert Plan.from_dict(old) == Plan.from_dict(out)
+
+
+def test_plan_model_profiles_as_ferret_profile_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ferret plan --model`` (no --profile) and ``ferret profile`` time the units with the same settings:
+    one torch thread whatever the process had (2 here), the same clock, warm-up, repeats and batch. Before,
+    plan profiled on torch's default threads on the wall clock: MNISTNet's t^d came out 90× the profile's.
+    The settings are read where the core's profiler is called, and from the profiles it returns."""
+    import torch
+
+    from ferret_core.planning import profiler
+
+    calls: list[dict[str, object]] = []
+    real = profiler.profile_model
+
+    def spy(model: object, **kwargs: object) -> ModelProfile:
+        profile = real(model, **kwargs)  # type: ignore[arg-type]
+        kwargs.pop("progress", None)  # ferret profile's progress line is its own
+        meta = (profile.meta["threads"], profile.meta["clock"], profile.meta["warmup"], profile.meta["repeats"])
+        calls.append({"threads_at_call": torch.get_num_threads(), "meta": meta, **kwargs})
+        return profile
+
+    monkeypatch.setattr(profiler, "profile_model", spy)
+    torch.set_num_threads(2)  # torch's default on a 2-core machine, which plan used to profile with
+    try:
+        assert main(["profile", "--model", "mlp", "--out", str(tmp_path / "mlp.json")]) == 0
+        assert torch.get_num_threads() == 2  # pinned while profiling only
+        assert main(["plan", "--model", "mlp", "--json"]) == 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)  # tests/conftest.py's
+    capsys.readouterr()
+    from_profile, from_plan = calls
+    assert from_plan == from_profile
+    assert from_plan["threads_at_call"] == 1 and from_plan["meta"] == (1, "cpu", 3, 10)

@@ -25,10 +25,12 @@ SERVICE_STATE_RESTORING: ServiceState
 SERVICE_STATE_STOPPING: ServiceState
 
 class SetMemoryBudgetRequest(_message.Message):
-    __slots__ = ("budget_bytes",)
+    __slots__ = ("budget_bytes", "unconstrained")
     BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    UNCONSTRAINED_FIELD_NUMBER: _ClassVar[int]
     budget_bytes: int
-    def __init__(self, budget_bytes: _Optional[int] = ...) -> None: ...
+    unconstrained: bool
+    def __init__(self, budget_bytes: _Optional[int] = ..., unconstrained: _Optional[bool] = ...) -> None: ...
 
 class GetPlanRequest(_message.Message):
     __slots__ = ()

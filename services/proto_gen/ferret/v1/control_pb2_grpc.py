@@ -75,7 +75,8 @@ class ControlServicer:
     """Missing associated documentation comment in .proto file."""
 
     def SetMemoryBudget(self, request, context):
-        """Re-plans for a new memory budget and applies the plan live; replies with the applied plan.
+        """Re-plans for a new memory budget, or for none (`unconstrained`), and applies the plan live; replies
+        with the applied plan.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
