@@ -33,8 +33,8 @@ from services.config.data_root import default_data_root
 from services.demo.options import (
     DEFAULT_CHANGE_AT,
     DEFAULT_ITEMS,
-    DEFAULT_RATE,
     DEFAULT_SNAPSHOT_INTERVAL_S,
+    RATE_OVER_PLAIN,
     DemoOptions,
     committed_profile,
     default_out_dir,
@@ -80,9 +80,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--rate",
         type=positive_float,
-        default=DEFAULT_RATE,
+        default=None,
         metavar="ITEMS_PER_S",
-        help=f"producer rate in items/s ({DEFAULT_RATE:g}: about a minute for the default items)",
+        help=f"producer rate in items/s (default: {RATE_OVER_PLAIN:g}x what a plain loop trains per second on this "
+        "machine, measured at start: a stream one sequential loop cannot keep up with)",
     )
     parser.add_argument(
         "--budget",
@@ -127,6 +128,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run)
 
 
+def default_rate(dataset: str, model: str) -> float:
+    """The demo's stream rate without ``--rate``: :data:`RATE_OVER_PLAIN` × the plain loop's measured rate."""
+    from services.demo.baseline import plain_loop_rate  # torch: only when the demo runs
+
+    plain = plain_loop_rate(dataset, model)
+    rate = round(RATE_OVER_PLAIN * plain)
+    log.info("stream rate %d items/s: %g x the %.0f items/s a plain loop trains here", rate, RATE_OVER_PLAIN, plain)
+    return float(rate)
+
+
 def options_from_args(args: argparse.Namespace, stamp: str | None = None) -> DemoOptions:
     """Resolve the defaults (dataset, model, profile, out dir, topic prefix) for the given flags."""
     stamp = stamp or run_stamp()
@@ -141,7 +152,7 @@ def options_from_args(args: argparse.Namespace, stamp: str | None = None) -> Dem
         data_root=data_root,
         profile=committed_profile(model, dataset),
         items=args.items,
-        rate=args.rate,
+        rate=args.rate if args.rate is not None else default_rate(dataset, model),
         budget=args.budget,
         new_budget=args.new_budget,
         change_at=args.change_at,

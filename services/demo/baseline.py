@@ -157,3 +157,36 @@ def demo_baseline(
         return replay_plain_loop(items, zoo, settings.trainer.lr if lr is None else lr)
     finally:
         torch.set_num_threads(threads)
+
+
+def plain_loop_rate(dataset: str, model: str, *, items: int = 80, warmup: int = 20) -> float:
+    """Items per second the plain loop predicts *and* trains on this machine (with the trainer's model,
+    torch threads and lr, on random inputs of the dataset's shape): the stream rate above which one
+    sequential loop cannot keep up. The demo streams at :data:`services.demo.options.RATE_OVER_PLAIN` times
+    this by default (``ferret demo`` without ``--rate``)."""
+    from ferret_core.data import dataset_spec
+    from services.config import load_settings
+    from services.trainer.runner import build_zoo_model
+
+    settings = load_settings(None, env={"FERRET_TRAINER_DATASET": dataset, "FERRET_TRAINER_MODEL": model})
+    shape, classes = dataset_spec(dataset)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(settings.trainer.threads)
+    try:
+        net = build_zoo_model(settings).as_sequential()
+        optimizer = torch.optim.SGD(net.parameters(), lr=settings.trainer.lr)
+        gen = torch.Generator().manual_seed(0)
+        xs = torch.rand((warmup + items, 1, *shape), generator=gen)
+        ys = torch.randint(0, classes, (warmup + items, 1), generator=gen)
+        began = 0.0
+        for k in range(warmup + items):
+            if k == warmup:
+                began = time.perf_counter()
+            with torch.no_grad():
+                net(xs[k]).argmax(1)
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(net(xs[k]), ys[k]).backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+        return items / (time.perf_counter() - began)
+    finally:
+        torch.set_num_threads(threads)

@@ -97,11 +97,16 @@ def test_out_dir_and_topic_prefix_are_fresh_per_run() -> None:
 
 def test_cli_defaults(tmp_path: Path) -> None:
     from services.cli.demo_cmd import options_from_args
+    from services.demo.baseline import plain_loop_rate
+    from services.demo.options import RATE_OVER_PLAIN
 
     args = build_parser().parse_args(["demo", "--data-root", str(_mnist_root(tmp_path))])
-    assert (args.items, args.rate, args.change_at, args.budget, args.new_budget) == (3000, 50.0, 0.4, None, None)
+    assert (args.items, args.rate, args.change_at, args.budget, args.new_budget) == (6000, None, 0.4, None, None)
     assert not args.no_live and args.bootstrap_servers is None and args.redis_url is None
     options = options_from_args(args, stamp="20260101-120000")
+    # no --rate: 1.5x what a plain loop trains per second here (measured), a stream it cannot keep up with
+    plain = plain_loop_rate("mnist", "mnistnet")
+    assert RATE_OVER_PLAIN == 1.5 and 1.0 * plain < options.rate < 2.5 * plain
     assert (options.dataset, options.model) == ("mnist", "mnistnet")
     assert options.profile == PROFILES_DIR / "mnistnet.json"
     assert options.out_dir == Path("out/demo-20260101-120000")
