@@ -152,8 +152,9 @@ class ProcessLearner:
         return {}
 
     def measured_service_times(self) -> list[float | None]:
-        """Not measured on executor processes (the drift re-planner then scales by the profile)."""
-        return [None] * self.plan.num_workers
+        """Per worker, its executors' busy seconds per item at the slowest stage (None until measured): the
+        drift re-planner scales the profile by it (docs/planner.md reading 11)."""
+        return list(self.clock.measured_service_times())
 
     def _largest_weight(self) -> float:
         return largest_weight(self.clock.unit_state())

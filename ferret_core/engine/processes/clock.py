@@ -396,6 +396,12 @@ class ProcessClock:
                 staleness_bound=plan_bounds(self.plan),
             )
 
+    def measured_service_times(self) -> tuple[float | None, ...]:
+        """Per worker, its executors' measured busy seconds per item at its slowest stage (None until a
+        window of items was measured), as :meth:`WallClock.measured_service_times`."""
+        with self._lock:
+            return self.dispatch.measured_service_times()
+
     def shared_bytes(self) -> int:
         """Bytes of the shared version slots (each counted once, however many processes map it)."""
         return sum(stage.nbytes() for stage in self.stages)

@@ -18,6 +18,7 @@ from typing import Any
 
 from torch import Tensor
 
+from ferret_core.engine.admission import ServiceTimes
 from ferret_core.engine.state import Counters
 from ferret_core.errors import ScheduleError
 from ferret_core.metrics import OnlineAccuracy
@@ -45,6 +46,9 @@ class Dispatch:
         self.targets: dict[int, int] = {}  # the label, until the last stage's F is sent
         self.shapes: list[tuple[int, ...]] = []  # per stage, its input for one item (batch 1); then the output
         self._non_finite: set[int] = set()  # in-flight items with a dropped gradient (counted once)
+        # per worker, busy seconds per item at its slowest stage, from the executors' own action times (the
+        # messages between actions are not in them): what the live planner compares with the profile
+        self.service_times = ServiceTimes(plan.num_workers, plan.num_stages, 0.0)
 
     def replan(self, plan: Plan, rules: ScheduleRules) -> None:
         """A drained pipeline takes ``plan``: a fresh scheduler; counters (T3's item counts) carry over."""
@@ -53,6 +57,11 @@ class Dispatch:
         self.plan = plan
         self.rules = rules
         self.scheduler = Scheduler(rules)
+        self.service_times = ServiceTimes(plan.num_workers, plan.num_stages, 0.0)
+
+    def measured_service_times(self) -> tuple[float | None, ...]:
+        """Per worker, its measured busy seconds per item at its slowest stage (None until measured)."""
+        return tuple(self.service_times.measured(n) for n in range(self.plan.num_workers))
 
     # ------------------------------------------------------------------------------------ arrivals
     def admit(self, index: int, x: Tensor, y: int | None, prediction: int) -> tuple[SkipReason | None, int | None]:
@@ -112,6 +121,7 @@ class Dispatch:
         whose next action may have changed."""
         _, item, read, t0, t1 = report
         self.counters.forwards[n][j] += 1
+        self.service_times.record(n, j, t1 - t0, forward=True)
         self._record(Kind.F, n, j, item, read, None, t0, t1)
         changed = [e for e in self.scheduler.finish(Action(Kind.F, n, j, item)) if e != (n, j) or not then_backward]
         if then_backward:
@@ -134,13 +144,16 @@ class Dispatch:
             b_start = t_recompute
         c.backwards[n][j] += 1
         self._record(Kind.B, n, j, item, read, None, b_start, t1)
+        busy = t1 - t0
         if update is not None:
             master_read, written, tu0, tu1, stalenesses = update
+            busy += tu1 - tu0
             c.updates[n][j] += 1
             c.staleness_sum[j] += sum(stalenesses)
             c.staleness_count[j] += len(stalenesses)
             c.staleness_max[j] = max(c.staleness_max[j], *stalenesses)
             self._record(Kind.U, n, j, item, master_read, written, tu0, tu1)
+        self.service_times.record(n, j, busy, forward=False)
         if non_finite and item not in self._non_finite:
             self._non_finite.add(item)
             c.skipped[SkipReason.NON_FINITE.value] += 1
