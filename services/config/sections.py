@@ -297,6 +297,9 @@ class RedisSettings(Section):
     hmac_key: str | None = field(default=None, metadata=meta(secret=True, check=_check_key), repr=False)
     # Every Redis command fails after this many seconds (a frozen Redis cannot stall a snapshot longer).
     timeout_s: float = field(default=5.0, metadata=meta(check=between(0.1, 3600, "seconds")))
+    # Snapshots are optional: a Redis that refuses the credentials at start-up degrades them (logged) instead
+    # of failing the start. An unreachable Redis degrades them either way (retried with backoff).
+    optional: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from services.snapshots.codec import SnapshotManifest, SnapshotPayload
 from services.snapshots.compat import ModelFingerprint, TensorSpec
 from services.snapshots.connect import Backoff, Reconnect, redacted_url, redis_client
 from services.snapshots.errors import (
+    SnapshotAuthError,
     SnapshotCorruptError,
     SnapshotError,
     SnapshotNotFoundError,
@@ -24,6 +25,7 @@ __all__ = [
     "Reconnect",
     "RestoreChoice",
     "SkippedSnapshot",
+    "SnapshotAuthError",
     "SnapshotCorruptError",
     "SnapshotError",
     "SnapshotManifest",

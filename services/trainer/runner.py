@@ -304,7 +304,8 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     # 4. the trainer's parts, and the metrics' view of their status
     shape, classes = sample_spec(settings)
     decoder = SampleDecoder(shape, classes, input_range=t.input_range, normaliser=t.input_normaliser)
-    link = Reconnect(store.ping, on_change=health.set_snapshots_ok)  # Redis down: degraded, retried with backoff
+    # Redis down: degraded, retried with backoff; credentials refused at start: SnapshotAuthError, unless optional
+    link = Reconnect(store.ping, on_change=health.set_snapshots_ok, optional=r.optional)
     policy = ErrorPolicy(
         failures=RedisFailureLog(client, r.namespace, kafka.group_id), max_failures=t.max_record_failures
     )

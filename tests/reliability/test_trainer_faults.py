@@ -7,6 +7,8 @@ counters. docs/reliability.md lists each fault, the promise and what these tests
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -27,7 +29,9 @@ from services.localstack.redis_server import RedisServer
 from services.snapshots import SnapshotStore
 from services.trainer import publisher as publisher_module
 from tests.integration.trainer_support import produce_digits
+from tests.reliability.conftest import PasswordValkey
 from tests.reliability.support import (
+    FERRET,
     TrainerCommand,
     read_outcomes,
     trainer_env,
@@ -223,3 +227,32 @@ def test_the_trainer_carries_on_after_a_broker_restart(
             assert trainer.error is None
     finally:
         broker.stop()
+
+
+def test_a_wrong_redis_password_fails_the_start_unless_snapshots_are_optional(
+    bootstrap_servers: str, topic_prefix: str, password_valkey: PasswordValkey, tmp_path: Path
+) -> None:
+    """``ferret run`` against a Redis that refuses its password exits 1 with one line naming redis.url and
+    both fixes (never the password), instead of running for good without snapshots; with
+    ``redis.optional`` it starts degraded (``ferret.snapshots`` NOT_SERVING) and predicts."""
+    ensure_topics(bootstrap_servers, topic_prefix, sample_partitions=2)
+    env = trainer_env(bootstrap_servers, password_valkey.url_with("wrong-password-0815"), topic_prefix)
+    done = subprocess.run(
+        [*FERRET, "run", "--log-level", "ERROR"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = [line for line in done.stderr.strip().splitlines() if line.startswith("ferret: error:")]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "Redis refused the credentials" in lines[0] and "redis.optional" in lines[0]
+    assert "wrong-password-0815" not in done.stderr
+    optional = {**env, "FERRET_REDIS_OPTIONAL": "true"}
+    with trainer_in_process(optional) as trainer:
+        assert health(optional["FERRET_CONTROL_LISTEN"], SNAPSHOTS) == health_pb2.HealthCheckResponse.NOT_SERVING
+        produce_digits(bootstrap_servers, TopicNames(topic_prefix).samples, 5)
+        assert len(read_outcomes(bootstrap_servers, topic_prefix, expected=5).by_record()) == 5
+        assert trainer.error is None
