@@ -1,6 +1,7 @@
 """Snapshots of a trainer replica in Redis: versioned, chunked, checksummed, optionally signed (DESIGN §4).
 
-The trainer's start-up API: ``redis_client`` (timeouts), ``SnapshotStore(..., hmac_key=...)``,
+The trainer's start-up API: ``redis_client`` (timeouts), ``signing_key`` (the key, or unsigned as an
+explicit choice), ``SnapshotStore(..., hmac_key=...)``,
 ``Reconnect`` (degraded mode with backoff while Redis is down), ``ModelFingerprint`` +
 ``SnapshotStore.newest_compatible`` (the newest valid snapshot of the configured model, and what was
 skipped), ``SnapshotStore.prune`` (keeps the newest K valid ones).
@@ -17,6 +18,7 @@ from services.snapshots.errors import (
     SnapshotUnavailableError,
     SnapshotWriteError,
 )
+from services.snapshots.signing import signing_key
 from services.snapshots.store import RestoreChoice, SkippedSnapshot, SnapshotStatus, SnapshotStore
 
 __all__ = [
@@ -38,4 +40,5 @@ __all__ = [
     "TensorSpec",
     "redacted_url",
     "redis_client",
+    "signing_key",
 ]

@@ -256,3 +256,27 @@ def test_a_wrong_redis_password_fails_the_start_unless_snapshots_are_optional(
         produce_digits(bootstrap_servers, TopicNames(topic_prefix).samples, 5)
         assert len(read_outcomes(bootstrap_servers, topic_prefix, expected=5).by_record()) == 5
         assert trainer.error is None
+
+
+def test_snapshots_written_unsigned_are_not_restored_by_a_trainer_with_a_key(
+    bootstrap_servers: str, redis_url: str, topic_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trainer that opted in to unsigned snapshots (``redis.allow_unsigned``, a warning at start) writes
+    them unsigned; a trainer of the same replica started with a key refuses them (anyone could have written
+    their offsets) and starts fresh, saying why; its own snapshots are signed and restored."""
+    ensure_topics(bootstrap_servers, topic_prefix, sample_partitions=2)
+    env = trainer_env(bootstrap_servers, redis_url, topic_prefix)
+    unsigned = {k: v for k, v in env.items() if k != "FERRET_REDIS_HMAC_KEY"} | {"FERRET_REDIS_ALLOW_UNSIGNED": "true"}
+    produce_digits(bootstrap_servers, TopicNames(topic_prefix).samples, 10)
+    with caplog.at_level("WARNING"), trainer_in_process(unsigned) as first:
+        read_outcomes(bootstrap_servers, topic_prefix, expected=10)
+        assert first.process.parts.port.save_snapshot({}).version == 1
+    assert "snapshots are unsigned (redis.allow_unsigned: true)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"), trainer_in_process(env) as keyed:
+        assert keyed.status().last_snapshot_version == 0  # type: ignore[attr-defined]
+        assert keyed.process.parts.port.save_snapshot({}).version == 3  # v2: the first one's shutdown snapshot
+    skipped = "skipped v2 (corrupt: snapshot v2 of replica-0: snapshot manifest is unsigned, but a signing key"
+    assert skipped in caplog.text
+    with trainer_in_process(env) as again:
+        assert again.status().last_snapshot_version == 4  # type: ignore[attr-defined]  # the keyed shutdown's
