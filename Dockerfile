@@ -43,9 +43,12 @@ RUN pip install ".${FERRET_EXTRAS:+[${FERRET_EXTRAS}]}" \
 
 FROM ${PYTHON_IMAGE} AS runtime
 # 10001: the numeric user the Kubernetes manifests name in runAsUser (runAsNonRoot needs a numeric USER).
+# /var/lib/ferret: the user's own state folder; a volume mounted there starts owned by it (the compose
+# stack keeps its generated snapshot signing key there).
 RUN groupadd --system --gid 10001 ferret \
     && useradd --system --uid 10001 --gid ferret --home-dir /home/ferret --create-home \
-       --shell /usr/sbin/nologin ferret
+       --shell /usr/sbin/nologin ferret \
+    && install -d -m 0700 -o ferret -g ferret /var/lib/ferret
 COPY --from=build /opt/venv /opt/venv
 COPY config/ferret.example.yaml /etc/ferret/ferret.example.yaml
 # Caches go to /tmp: the root filesystem is read-only under Kubernetes (an emptyDir is mounted on /tmp).

@@ -36,7 +36,7 @@ KEPT_IN_SECTIONS = {
     "consumer_config",
     "redacted",
 }
-KEPT_IN_LOADER = {"_read_yaml", "_check_known", "_did_you_mean", "CLIENT_VARIABLES"}
+KEPT_IN_LOADER = {"_read_yaml", "_check_known", "_did_you_mean", "_unknown_variable", "OTHER_VARIABLES"}
 
 
 def span(node: ast.AST) -> int:

@@ -339,6 +339,7 @@ class Service:
             "FERRET_REDIS_URL": self.stack.redis_url,
             "FERRET_REDIS_NAMESPACE": prefix,
             "FERRET_REDIS_SNAPSHOT_INTERVAL_S": "0",
+            "FERRET_REDIS_HMAC_KEY": self.stack.snapshot_key,
             "FERRET_TRAINER_DATASET": "mnist",
             "FERRET_TRAINER_MODEL": self.model,
             "FERRET_TRAINER_PROFILE": str(ROOT / "benchmarks" / "profiles" / f"{self.model}.json"),

@@ -9,7 +9,8 @@ Precedence, lowest first: the defaults of :mod:`services.config.sections`, the Y
 documents every key), then the environment (``FERRET_KAFKA_BOOTSTRAP_SERVERS``). Strings are coerced to
 each key's type (``null``/``none``/empty → null for optional keys; ``true``/``false``/``yes``/``no``/
 ``on``/``off``/``1``/``0``; YAML or JSON mappings). Unknown sections and keys, in the file or as
-``FERRET_<known section>_*`` variables, are rejected with the closest known name. Every invalid value
+``FERRET_*`` variables, are rejected with the closest known name; the variables read besides the
+settings (``FERRET_CONFIG``, ``FERRET_FAILPOINT``, …) are the loader's ``OTHER_VARIABLES``. Every invalid value
 raises :class:`SettingsError` (a ``ConfigError``, exit status 1 in the CLI) naming the key, its source,
 expected vs got, and the fix; secrets (passwords, the control token) never appear in messages or reprs.
 Sections validate in ``__post_init__``, so ``dataclasses.replace(settings.kafka, ...)`` with a CLI

@@ -21,6 +21,7 @@ from services.config.values import (
     coerce,
     default_fix,
     describe,
+    env_name,
     is_optional,
     shown,
 )
@@ -29,8 +30,19 @@ CONFIG_ENV = "FERRET_CONFIG"  # the YAML file's path when load_settings is given
 EXAMPLE = "config/ferret.example.yaml"
 
 
-# Read by clients (``ferret control``), not by services: they may share an environment with ``ferret run``.
-CLIENT_VARIABLES = frozenset({"FERRET_CONTROL_TARGET"})
+# ``FERRET_*`` variables that name no setting but are read elsewhere, and by what. Every other one that
+# names no setting is an error at load (a typo such as FERRET_REDSI_URL would otherwise be ignored).
+OTHER_VARIABLES: dict[str, str] = {
+    CONFIG_ENV: "the YAML file's path (load_settings)",
+    "FERRET_CONTROL_TARGET": "ferret control's address (a client; it may share an environment with ferret run)",
+    "FERRET_FAILPOINT": "test-only fault injection (services/failpoints.py)",
+    "FERRET_TRACE_RECORD_PATH": "the record path's trace, a measurement aid (services/trainer/path_trace.py)",
+    "FERRET_HYPOTHESIS_EXAMPLES": "examples per property test (tests/unit/test_schedules.py)",
+    "FERRET_REGENERATE_FIXTURES": "rewrites the schedule tables' fixtures (tests/unit/test_schedule_tables.py)",
+    "FERRET_IMAGE": "the image docker compose builds and runs (docker-compose.yml)",
+    "FERRET_TORCH_INDEX": "the torch wheel index of the image build (docker-compose.yml)",
+    "FERRET_EXTRAS": "the extras the image installs (Dockerfile build argument)",
+}
 
 
 def load_settings(path: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> Settings:
@@ -49,11 +61,11 @@ def load_settings(path: str | Path | None = None, *, env: Mapping[str, str] | No
         for section, values in _read_yaml(source).items():
             raw[section].update({key: (value, f"in {source}") for key, value in values.items()})
     for name in sorted(env):
-        if not name.startswith(ENV_PREFIX) or name in CLIENT_VARIABLES:
+        if not name.startswith(ENV_PREFIX) or name in OTHER_VARIABLES:
             continue
         section, _, key = name[len(ENV_PREFIX) :].lower().partition("_")
         if section not in SECTIONS:
-            continue  # not a settings variable (e.g. FERRET_CONFIG)
+            raise _unknown_variable(name, section)
         _check_known(section, key, f"from {name}")
         raw[section][key] = (env[name], f"from {name}")
     sections = {name: build_section(cls, raw[name]) for name, cls in SECTIONS.items()}
@@ -136,6 +148,23 @@ def _check_known(section: str, key: str, source: str) -> None:
             _did_you_mean(key, names) or "remove it",
             source,
         )
+
+
+def _unknown_variable(name: str, section: str) -> SettingsError:
+    """A ``FERRET_*`` variable of no section that no part of Ferret reads: the closest known variable (the
+    parts after ``FERRET_`` compared, so the shared prefix does not make every name look close)."""
+    known = [env_name(f"{s}.{f.name}") for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    known += list(OTHER_VARIABLES)
+    close = difflib.get_close_matches(name[len(ENV_PREFIX) :], [k[len(ENV_PREFIX) :] for k in known], n=1)
+    hint = f"did you mean {ENV_PREFIX + close[0]!r}? Otherwise unset it" if close else f"unset it (see {EXAMPLE})"
+    return SettingsError(
+        name,
+        f"{ENV_PREFIX}<SECTION>_<KEY> with a section of {', '.join(SECTIONS)}, or a variable Ferret reads "
+        f"besides its settings ({', '.join(OTHER_VARIABLES)})",
+        section,
+        hint,
+        "an environment variable",
+    )
 
 
 def _did_you_mean(name: str, names: list[str]) -> str:

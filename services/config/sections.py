@@ -299,9 +299,15 @@ class RedisSettings(Section):
     snapshot_interval_s: float = field(default=60.0, metadata=meta(check=between(0, None, "seconds (0 = off)")))
     keep: int = field(default=3, metadata=meta(check=between(1, None, "an integer")))
     # Sign snapshot manifests (HMAC-SHA256) and accept only signed ones; >= 16 bytes. Prefer the env var.
+    # A trainer needs it unless allow_unsigned is true (services/snapshots/signing.py).
     hmac_key: str | None = field(default=None, metadata=meta(secret=True, check=_check_key), repr=False)
+    # Start a trainer without hmac_key, its snapshots unsigned (a warning at start). Ignored with a key.
+    allow_unsigned: bool = False
     # Every Redis command fails after this many seconds (a frozen Redis cannot stall a snapshot longer).
     timeout_s: float = field(default=5.0, metadata=meta(check=between(0.1, 3600, "seconds")))
+    # Snapshots are optional: a Redis that refuses the credentials at start-up degrades them (logged) instead
+    # of failing the start. An unreachable Redis degrades them either way (retried with backoff).
+    optional: bool = False
 
 
 @dataclass(frozen=True)

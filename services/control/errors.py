@@ -10,6 +10,9 @@ error                                  gRPC status          raised by
 :class:`SnapshotNotFound`              NOT_FOUND            the trainer (any ``FerretError`` that
                                                             is also a ``LookupError`` counts)
 :class:`ServiceUnavailable`            UNAVAILABLE          shutting down
+:class:`DeadlineExpired`               DEADLINE_EXCEEDED    the re-planner, the trainer loop (the
+                                                            caller's deadline passed before the
+                                                            request could act: not applied)
 :class:`TooManyWatchers`               RESOURCE_EXHAUSTED   WatchStatus beyond the watcher cap
 ``ScheduleError`` (core)               INTERNAL             the engine (a broken invariant or a
                                                             misused life cycle: not the caller's
@@ -80,6 +83,11 @@ class BudgetNotPlanned(ControlError, RuntimeError):
 
 class ServiceUnavailable(ControlError, RuntimeError):
     """The service is shutting down or cannot serve the call now (gRPC UNAVAILABLE)."""
+
+
+class DeadlineExpired(ControlError, TimeoutError):
+    """The caller's deadline passed before the request could act, so it was not applied: no budget
+    changed, no snapshot written or restored (gRPC DEADLINE_EXCEEDED; :mod:`services.control.deadline`)."""
 
 
 class TooManyWatchers(ControlError, RuntimeError):

@@ -13,9 +13,11 @@ the worker, or when its planning ends, raises :class:`Superseded` (gRPC ABORTED)
 a burst of budget changes applies only the last one. An infeasible budget raises the planner's
 ``InfeasibleBudgetError`` (FAILED_PRECONDITION) and leaves the plan in force unchanged. Readiness is
 NOT_SERVING while the worker plans and applies; liveness is guarded by a deadline (a re-plan running
-longer than ``stuck_after_s`` means the process is wedged). A caller that gives up waiting (a client
-deadline) does not cancel its re-plan: it still applies unless superseded, and GetPlan shows the
-outcome.
+longer than ``stuck_after_s`` means the process is wedged). A request with the caller's ``deadline``
+(:class:`~services.control.deadline.CallDeadline`) whose deadline has passed when the worker picks it
+up, when its planning ends, or when the trainer loop's turn comes is not applied (``DeadlineExpired``,
+gRPC DEADLINE_EXCEEDED: the client already gave up); one whose deadline passes while the swap runs
+completes, and GetPlan shows it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ferret_core.plan import Plan
+from services.control.deadline import CallDeadline
 from services.control.errors import InvalidRequest, ServiceUnavailable, Superseded
 from services.control.health import ControlHealth
 from services.control.trainer_port import TrainerPort
@@ -114,12 +117,13 @@ class Replanner:
         with self._lock:
             return self._last
 
-    def request(self, budget_bytes: int | None) -> ReplanOutcome:
+    def request(self, budget_bytes: int | None, *, deadline: CallDeadline | None = None) -> ReplanOutcome:
         """Plan for ``budget_bytes`` (None: unconstrained) and apply the plan; blocks the caller (not the
-        worker) until done.
+        worker) until done. ``deadline``: the caller's; once passed, the re-plan is not applied (module
+        docstring).
 
         Raises :class:`InvalidRequest`, ``InfeasibleBudgetError``, :class:`Superseded`,
-        :class:`ServiceUnavailable` (closed), or whatever ``apply_plan`` raised.
+        :class:`ServiceUnavailable` (closed), ``DeadlineExpired``, or whatever ``apply_plan`` raised.
         """
         budget = None if budget_bytes is None else validate_budget(budget_bytes)
         with self._lock:
@@ -127,7 +131,7 @@ class Replanner:
                 raise ServiceUnavailable("the control plane is shutting down; the budget was not changed")
             self._generation += 1
             generation = self._generation
-            future = self._executor.submit(self._run, budget, generation)
+            future = self._executor.submit(self._run, budget, generation, deadline)
         try:
             return future.result()
         except CancelledError:
@@ -152,8 +156,11 @@ class Replanner:
             if generation != self._generation:
                 raise Superseded(budget, generation, self._generation)
 
-    def _run(self, budget: int | None, generation: int) -> ReplanOutcome:
+    def _run(self, budget: int | None, generation: int, deadline: CallDeadline | None) -> ReplanOutcome:
+        what = f"re-plan #{generation} for {'no budget' if budget is None else f'{budget} bytes'}"
         self._check_newest(budget, generation)
+        if deadline is not None:
+            deadline.check(what)  # it waited for the worker
         with self._lock:
             self._running = True
         try:
@@ -162,9 +169,11 @@ class Replanner:
                 plan = self._planner.plan(budget)
                 planning_seconds = time.perf_counter() - started
                 self._check_newest(budget, generation)
+                if deadline is not None:
+                    deadline.check(what)  # planning outlasted it
                 failpoint("control.mid-replan")
                 _, current_version = self._trainer.current_plan()
-                applied = self._trainer.apply_plan(plan, current_version + 1)
+                applied = self._trainer.apply_plan(plan, current_version + 1, deadline)  # checked at the loop's turn
                 seconds = time.perf_counter() - started
         finally:
             with self._lock:

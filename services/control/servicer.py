@@ -21,11 +21,13 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from ferret_core.errors import ConfigError, FerretError, InfeasibleBudgetError
+from services.control.deadline import CallDeadline
 from services.control.errors import (
     BUDGET_BELOW_MINIMUM,
     ERROR_DOMAIN,
     MIN_FEASIBLE_METADATA,
     BudgetNotPlanned,
+    DeadlineExpired,
     InvalidRequest,
     ServiceUnavailable,
     Superseded,
@@ -61,6 +63,8 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.UNAVAILABLE, reason
     if isinstance(exc, TooManyWatchers):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, reason
+    if isinstance(exc, DeadlineExpired):
+        return grpc.StatusCode.DEADLINE_EXCEEDED, reason
     if isinstance(exc, FerretError):
         return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {reason}"
     return grpc.StatusCode.INTERNAL, f"unexpected {type(exc).__name__}: {reason}"
@@ -112,6 +116,8 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> NoReturn:
     code, details = status_for(exc)
     if code == grpc.StatusCode.INTERNAL:
         log.error("control call failed: %s", details, exc_info=exc)
+    elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        log.warning("control call: %s", details)
     if isinstance(exc, InfeasibleBudgetError):
         context.abort_with_status(infeasible_status(exc, details))
     context.abort(code, details)
@@ -164,7 +170,7 @@ class ControlServicer(control_pb2_grpc.ControlServicer):
     # -- plans --------------------------------------------------------------------------------------
     @_unary
     def SetMemoryBudget(self, request: pb.SetMemoryBudgetRequest, context: grpc.ServicerContext) -> pb.PlanReply:
-        outcome = self._replanner.request(requested_budget(request))
+        outcome = self._replanner.request(requested_budget(request), deadline=CallDeadline.of(context))
         return plan_reply(
             outcome.plan,
             outcome.version,
@@ -246,7 +252,7 @@ class ControlServicer(control_pb2_grpc.ControlServicer):
     @_unary
     def SaveSnapshot(self, request: pb.SaveSnapshotRequest, context: grpc.ServicerContext) -> pb.SnapshotInfo:
         started = time.perf_counter()
-        info = self._trainer.save_snapshot(dict(request.metadata))
+        info = self._trainer.save_snapshot(dict(request.metadata), deadline=CallDeadline.of(context))
         if info.seconds == 0:
             info = dataclasses.replace(info, seconds=time.perf_counter() - started)
         return snapshot_message(info)
@@ -259,7 +265,7 @@ class ControlServicer(control_pb2_grpc.ControlServicer):
         if version is not None and version < 1:
             raise InvalidRequest(f"snapshot version must be >= 1 (or absent for the newest), got {version}")
         started = time.perf_counter()
-        info = self._trainer.restore_snapshot(version)
+        info = self._trainer.restore_snapshot(version, deadline=CallDeadline.of(context))
         # The restored plan replaces whatever a queued or running re-plan was about to apply.
         self._replanner.supersede()
         seconds = time.perf_counter() - started

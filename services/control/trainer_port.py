@@ -13,6 +13,10 @@ loop, so the trainer guards its state itself. Contract per method:
 - ``save_snapshot(metadata)`` / ``restore_snapshot(version)`` / ``list_snapshots(verify)`` →
   :class:`SnapshotInfo`. ``restore_snapshot(None)`` restores the newest valid snapshot; a missing one
   raises :class:`services.control.errors.SnapshotNotFound` (or the store's ``SnapshotNotFoundError``).
+- ``deadline`` (``apply_plan``, ``save_snapshot``, ``restore_snapshot``): the caller's
+  :class:`~services.control.deadline.CallDeadline`, or None. Check it right before acting, after any
+  wait for the trainer's own thread, and raise its ``DeadlineExpired`` with nothing changed once it has
+  passed (the client was already answered DEADLINE_EXCEEDED).
 
 Errors: raise ``FerretError`` subclasses with a one-line reason; the servicer maps them to status codes
 (``services/control/errors.py``).
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from ferret_core.plan import Plan
+from services.control.deadline import CallDeadline
 
 
 class TrainerState(enum.Enum):
@@ -124,12 +129,12 @@ class TrainerPort(Protocol):
 
     def current_plan(self) -> tuple[Plan, int]: ...
 
-    def apply_plan(self, plan: Plan, version: int) -> AppliedPlan: ...
+    def apply_plan(self, plan: Plan, version: int, deadline: CallDeadline | None = None) -> AppliedPlan: ...
 
     def status(self) -> TrainerStatus: ...
 
-    def save_snapshot(self, metadata: Mapping[str, str]) -> SnapshotInfo: ...
+    def save_snapshot(self, metadata: Mapping[str, str], deadline: CallDeadline | None = None) -> SnapshotInfo: ...
 
-    def restore_snapshot(self, version: int | None) -> SnapshotInfo: ...
+    def restore_snapshot(self, version: int | None, deadline: CallDeadline | None = None) -> SnapshotInfo: ...
 
     def list_snapshots(self, verify: bool) -> list[SnapshotInfo]: ...

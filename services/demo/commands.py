@@ -4,7 +4,9 @@ readiness probe and what their logs say.
 Both are separate processes that talk to the broker, Redis and each other over loopback only. The
 trainer gets its addresses as flags and the rest as ``FERRET_<SECTION>_<KEY>`` variables (DESIGN §4
 "Config"); the caller's own ``FERRET_*`` variables pass through, so e.g. ``FERRET_TRAINER_COMPENSATOR``
-still tunes the demo's trainer, but the ones set here win.
+still tunes the demo's trainer, but the ones set here win. The trainer signs its snapshots with the local
+stack's random key, unless the caller names its own ``FERRET_REDIS_HMAC_KEY`` (kept: an external Redis's
+snapshots stay verifiable from one run to the next).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from services.demo.options import DemoOptions
 from services.localstack.process import log_tail
 
 SNAPSHOT_NAMESPACE = "ferret"  # redis.namespace of the demo's trainer (its snapshots are read back)
+SNAPSHOT_KEY_ENV = "FERRET_REDIS_HMAC_KEY"
 _DELIVERED = re.compile(r"delivered (\d+), failed (\d+)")
 # Reconnect quickly while the trainer's port is not open yet (gRPC's default back-off grows to 120 s).
 _FAST_RECONNECT = [
@@ -75,9 +78,13 @@ def trainer_command(options: DemoOptions, endpoints: Endpoints) -> list[str]:
     return argv
 
 
-def trainer_env(options: DemoOptions, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def trainer_env(options: DemoOptions, snapshot_key: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The trainer's environment: ``base`` (default ``os.environ``) with the demo's settings, and
+    ``snapshot_key`` as the snapshots' signing key unless ``base`` names one."""
     group_id, instance_id = trainer_identity(options)
     env = dict(os.environ if base is None else base)
+    if not env.get(SNAPSHOT_KEY_ENV):
+        env[SNAPSHOT_KEY_ENV] = snapshot_key
     env.update(
         {
             "PYTHONUNBUFFERED": "1",

@@ -41,6 +41,7 @@ from services import strict_json
 from services.control.client import ControlCallError, ControlClient
 from services.demo.collect import Outcome, read_outcome
 from services.demo.commands import (
+    SNAPSHOT_KEY_ENV,
     SNAPSHOT_NAMESPACE,
     Endpoints,
     delivered_count,
@@ -99,6 +100,7 @@ class DemoRun:
         self._phase = "starting"
         self._children: list[ChildProcess] = []
         self._stack_pids: dict[str, int] = {}
+        self._snapshot_key = ""  # what the trainer signs its snapshots with (the read-back verifies them)
         self._status_failing_since: float | None = None
         self._wake = threading.Event()  # set by the budget-change worker when its call returns
         self.kept: KeptStack | None = None  # set when keep_stack left the stack running
@@ -174,7 +176,9 @@ class DemoRun:
         record.control_target, record.metrics_port = endpoints.control_target, endpoints.metrics_port
 
         self._set_phase("starting the trainer")
-        trainer = self._spawn("trainer", trainer_command(o, endpoints), TRAINER_LOG, trainer_env(o))
+        env = trainer_env(o, stack.snapshot_key)
+        self._snapshot_key = env[SNAPSHOT_KEY_ENV]
+        trainer = self._spawn("trainer", trainer_command(o, endpoints), TRAINER_LOG, env)
         record.trainer_ready_s = self._wait_serving(trainer, endpoints.control_target)
         with ControlClient(endpoints.control_target, timeout_s=max(60.0, o.stop_timeout_s)) as client:
             record.plan_before = PlanView.from_reply(client.get_plan())
@@ -417,11 +421,12 @@ class DemoRun:
             self.record.budget_changes.append(outcome)
 
     def _read_stored_snapshots(self) -> None:
-        """The trainer's snapshots as Redis holds them after its exit (checksums verified)."""
+        """The trainer's snapshots as Redis holds them after its exit (checksums and signatures verified)."""
         _, instance_id = trainer_identity(self.options)
         client = redis.Redis.from_url(self.record.redis_url)
         try:
-            store = SnapshotStore(client, SNAPSHOT_NAMESPACE, instance_id)
+            key = self._snapshot_key.encode() if self._snapshot_key else None
+            store = SnapshotStore(client, SNAPSHOT_NAMESPACE, instance_id, hmac_key=key)
             self.record.snapshots_stored = [
                 {
                     "version": s.version,

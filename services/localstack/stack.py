@@ -7,11 +7,13 @@ checked to answer).
     with LocalStack() as stack:
         stack.bootstrap_servers  # "127.0.0.1:40123"
         stack.redis_url          # "redis://127.0.0.1:40124/0"
+        stack.snapshot_key       # a random key for the trainers' snapshots (FERRET_REDIS_HMAC_KEY)
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -62,6 +64,8 @@ class LocalStack:
     ``run_dir`` holds the embedded servers' logs; without one a temporary folder is made and removed on
     :meth:`stop` unless ``keep_run_dir``. The embedded servers die with this process, even when it is
     SIGKILLed, unless ``die_with_parent`` is false (then :meth:`release` can leave them running).
+    ``snapshot_key``: a random signing key per stack for the trainers run on it (snapshots are signed by
+    default, services/snapshots/signing.py); never logged nor written by the stack.
     """
 
     def __init__(
@@ -99,6 +103,7 @@ class LocalStack:
         self.broker: TansuBroker | None = None
         self.redis_server: RedisServer | None = None
         self._started = False
+        self.snapshot_key = secrets.token_hex(32)
 
     # -- addresses -------------------------------------------------------------------------------------
     @property

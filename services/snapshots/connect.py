@@ -14,6 +14,12 @@ A trainer must start and stream while Redis is down, and a frozen Redis must not
 Retries back off exponentially (``initial_s`` doubling up to ``max_s``, with jitter) so a long outage
 costs one PING per ``max_s``. A save that was due while Redis was down is simply the next one after it
 answers again (the trainer keeps its interval).
+
+Unreachable is not misconfigured: a Redis that answers but refuses the credentials (a wrong password in
+``redis.url``) at the first check raises :class:`SnapshotAuthError` from :meth:`Reconnect.check`, so the
+trainer fails at start with the fix rather than running for good without snapshots; ``optional=True``
+(``redis.optional``) degrades instead, with the error logged. After the first check a refusal degrades
+like an outage (a password rotated under a running trainer must not stop its predictions).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ferret_core.errors import ConfigError
-from services.snapshots.errors import SnapshotError, SnapshotUnavailableError
+from services.snapshots.errors import SnapshotAuthError, SnapshotError, SnapshotUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +105,7 @@ class Reconnect:
 
     ``ping`` raises (any :class:`SnapshotError`, or a Redis error) when Redis does not answer;
     ``on_change(available)`` is called on every change (e.g. ``ControlHealth.set_snapshots_ok``).
+    ``optional``: credentials refused at the first check degrade instead of raising (module docstring).
     Thread-safe; ``clock`` is monotonic seconds.
     """
 
@@ -110,8 +117,10 @@ class Reconnect:
         on_change: Callable[[bool], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        optional: bool = False,
     ) -> None:
         self._ping = ping
+        self._optional = optional
         self._backoff = backoff or Backoff()
         self._on_change = on_change or (lambda available: None)
         self._clock = clock
@@ -134,16 +143,20 @@ class Reconnect:
             return 0.0 if self._available else max(0.0, self._retry_at - self._clock())
 
     def check(self) -> bool:
-        """True when Redis is known up; while down, ping if a retry is due (else just False)."""
+        """True when Redis is known up; while down, ping if a retry is due (else just False). Raises
+        :class:`SnapshotAuthError` when the first check finds the credentials refused, unless optional."""
         with self._lock:
             if self._available:
                 return True
             if self._available is not None and self._clock() < self._retry_at:
                 return False
             self.attempts += 1
+            first = self._available is None
         try:
             self._ping()
         except (SnapshotError, redis.RedisError, OSError) as exc:
+            if first and not self._optional:
+                _raise_if_refused(exc)
             self.failed(exc)
             return False
         self._set(True, "")
@@ -170,6 +183,17 @@ class Reconnect:
         else:
             log.error("snapshot store degraded (snapshots off), retrying in %.1f s: %s", retry_in, error)
         self._on_change(available)
+
+
+def _raise_if_refused(exc: BaseException) -> None:
+    """Re-raise ``exc`` as :class:`SnapshotAuthError` when Redis refused the credentials."""
+    if isinstance(exc, SnapshotAuthError):
+        raise exc
+    if isinstance(exc, redis.AuthenticationError):
+        raise SnapshotAuthError(
+            f"Redis refused the credentials ({exc}); expected the password (and user) the server is "
+            "configured with in redis.url, or set redis.optional: true to start without snapshots"
+        ) from exc
 
 
 __all__ = ["Backoff", "Reconnect", "SnapshotUnavailableError", "redacted_url", "redis_client"]

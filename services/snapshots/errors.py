@@ -24,3 +24,10 @@ class SnapshotWriteError(SnapshotError):
 class SnapshotUnavailableError(SnapshotError, ConnectionError):
     """Redis cannot be reached or did not answer in time (connection refused, socket timeout): the store
     is degraded, not corrupt; retry later (:class:`services.snapshots.connect.Reconnect`)."""
+
+
+class SnapshotAuthError(SnapshotUnavailableError):
+    """Redis answered but refused the credentials (wrong or missing password, unknown or disabled ACL user):
+    a misconfiguration, not an outage. At start-up :class:`services.snapshots.connect.Reconnect` raises it
+    (the trainer does not start) unless snapshots are optional; after start-up (e.g. a rotated password)
+    it degrades the store like an outage, so a running trainer keeps predicting."""

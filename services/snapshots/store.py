@@ -19,7 +19,8 @@ and ignored; :meth:`SnapshotStore.newest_compatible` walks the versions newest f
 first that verifies and matches the configured model (:class:`ModelFingerprint`), with every skipped
 one and why. :meth:`SnapshotStore.prune` keeps the newest K *valid* versions. With ``hmac_key`` the
 manifests are signed and an unsigned or forged one is invalid. Redis errors that mean "unreachable or
-too slow" raise :class:`SnapshotUnavailableError` (degraded, retry: ``connect.Reconnect``).
+too slow" raise :class:`SnapshotUnavailableError` (degraded, retry: ``connect.Reconnect``); credentials
+Redis refuses raise its subclass :class:`SnapshotAuthError` (fatal at start-up, see ``connect.Reconnect``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from services.snapshots.codec import (
 )
 from services.snapshots.compat import ModelFingerprint, TensorSpec, check_plan
 from services.snapshots.errors import (
+    SnapshotAuthError,
     SnapshotCorruptError,
     SnapshotError,
     SnapshotNotFoundError,
@@ -176,6 +178,12 @@ class SnapshotStore:
     def _fail(self, what: str, exc: redis.RedisError) -> NoReturn:
         """Raise the store's error for a Redis failure: unreachable / timed out, or anything else."""
         who = f"snapshots of {self.instance_id}"
+        if isinstance(exc, redis.AuthenticationError):  # a ConnectionError to redis-py, a misconfiguration here
+            raise SnapshotAuthError(
+                f"{who}: Redis refused the credentials while {what} ({exc}); expected the password (and user) "
+                "the server is configured with in redis.url (redis://[USER]:PASSWORD@host:6379/0, or "
+                "FERRET_REDIS_URL from a secret), or set redis.optional: true to start without snapshots"
+            ) from exc
         if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
             raise SnapshotUnavailableError(f"{who}: Redis unavailable while {what}: {exc}") from exc
         raise SnapshotError(f"{who}: Redis failed while {what}: {exc}") from exc

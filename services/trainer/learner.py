@@ -122,6 +122,11 @@ class Learner(Protocol):
         its own (a no-op)."""
         ...
 
+    def measured_service_times(self) -> list[float | None]:
+        """Per worker, its measured busy seconds per item at its slowest stage (None: not measured yet);
+        the live planner compares them with the profile (docs/planner.md reading 11)."""
+        ...
+
     def drain(self, timeout: float | None = None) -> None:
         """Block until every dispatched item's work is reflected in the weights (``TimeoutError`` after
         ``timeout`` seconds)."""

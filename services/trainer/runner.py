@@ -34,7 +34,7 @@ from services.failpoints import configure as configure_failpoints
 from services.kafka.admin import ensure_topics
 from services.kafka.record_codec import SampleDecoder
 from services.models import build_model_for
-from services.snapshots import Reconnect, SnapshotStore, redis_client
+from services.snapshots import Reconnect, SnapshotStore, redis_client, signing_key
 from services.trainer.arrivals import DriftReplanner, SwitchablePlanner, measured_time_scale
 from services.trainer.checkpoints import Checkpoints, no_guard
 from services.trainer.counters import StreamCounters
@@ -279,6 +279,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
             f"trainer.budget_bytes is {t.budget_bytes} but method {t.method!r} does not plan for a memory budget "
             f"(its plan is fixed); unset trainer.budget_bytes / --budget, or use one of {', '.join(budget_methods())}"
         )
+    snapshot_key = signing_key(settings.redis)  # no key and no allow_unsigned: refused before the slow parts
     torch.set_num_threads(t.threads)
     torch.set_flush_denormal(True)
     # 1. the model, its profile, the planner and the start-up plan
@@ -291,8 +292,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     ensure_topics(kafka.bootstrap_servers, kafka.topic_prefix, sample_partitions=kafka.sample_partitions)
     r = settings.redis
     client = redis_client(r.url, socket_timeout_s=r.timeout_s)
-    key = r.hmac_key.encode() if r.hmac_key is not None else None
-    store = SnapshotStore(client, r.namespace, kafka.resolved_instance_id(), hmac_key=key)
+    store = SnapshotStore(client, r.namespace, kafka.resolved_instance_id(), hmac_key=snapshot_key)
     # 3. what the record path reports to: readiness, the measured arrival rate, the latency histogram
     health = ControlHealth(ready=False)  # not ready until the consumer has its partitions
     drift = None
@@ -313,7 +313,8 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     # 4. the trainer's parts, and the metrics' view of their status
     shape, classes = sample_spec(settings)
     decoder = SampleDecoder(shape, classes, input_range=t.input_range, normaliser=t.input_normaliser)
-    link = Reconnect(store.ping, on_change=health.set_snapshots_ok)  # Redis down: degraded, retried with backoff
+    # Redis down: degraded, retried with backoff; credentials refused at start: SnapshotAuthError, unless optional
+    link = Reconnect(store.ping, on_change=health.set_snapshots_ok, optional=r.optional)
     policy = ErrorPolicy(
         failures=RedisFailureLog(client, r.namespace, kafka.group_id), max_failures=t.max_record_failures
     )

@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 
 from ferret_core.plan import Plan
+from services.control.deadline import CallDeadline
 from services.control.trainer_port import AppliedPlan, SnapshotInfo, TrainerState, TrainerStatus
 from services.kafka.record_codec import now_ms
 from services.trainer.checkpoints import Checkpoints
@@ -51,7 +52,7 @@ class Trainer:
     def current_plan(self) -> tuple[Plan, int]:
         return self._plan.get()
 
-    def apply_plan(self, plan: Plan, version: int) -> AppliedPlan:
+    def apply_plan(self, plan: Plan, version: int, deadline: CallDeadline | None = None) -> AppliedPlan:
         def swap() -> AppliedPlan:
             start = time.monotonic()
             with self._lifecycle.during(TrainerState.REPLANNING):
@@ -61,21 +62,25 @@ class Trainer:
                 self._counters.add("replans")
             return AppliedPlan(version, time.monotonic() - start, now_ms())
 
-        return self._calls.call(swap)
+        return self._calls.call(swap, deadline=deadline, what=f"plan v{version}")
 
     def status(self) -> TrainerStatus:
         return self._status.status()
 
-    def save_snapshot(self, metadata: Mapping[str, str]) -> SnapshotInfo:
-        return self._calls.call(lambda: self._checkpoints.save(metadata, self._stream))
+    def save_snapshot(self, metadata: Mapping[str, str], deadline: CallDeadline | None = None) -> SnapshotInfo:
+        def save() -> SnapshotInfo:
+            return self._checkpoints.save(metadata, self._stream)
 
-    def restore_snapshot(self, version: int | None) -> SnapshotInfo:
+        return self._calls.call(save, deadline=deadline, what="the snapshot")
+
+    def restore_snapshot(self, version: int | None, deadline: CallDeadline | None = None) -> SnapshotInfo:
         def restore() -> SnapshotInfo:
             restored = self._checkpoints.restore(version)
             self._stream.resume_from(restored.offsets)
             return restored.info
 
-        return self._calls.call(restore)
+        what = "the restore of the newest snapshot" if version is None else f"the restore of snapshot v{version}"
+        return self._calls.call(restore, deadline=deadline, what=what)
 
     def list_snapshots(self, verify: bool) -> list[SnapshotInfo]:
         return self._checkpoints.list(verify)

@@ -20,7 +20,7 @@ from services.kafka.admin import TopicNames, ensure_topics
 from services.localstack.ports import free_port
 
 from .test_trainer_process import TrainerProcess, wait_status
-from .trainer_support import read_predictions
+from .trainer_support import SNAPSHOT_KEY, read_predictions
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 FERRET = [sys.executable, "-m", "services.cli.main"]
@@ -69,6 +69,7 @@ def test_your_own_model_profile_plan_simulate_run(
         "FERRET_REDIS_URL": redis_url,
         "FERRET_REDIS_NAMESPACE": topic_prefix,
         "FERRET_REDIS_SNAPSHOT_INTERVAL_S": "0",
+        "FERRET_REDIS_HMAC_KEY": SNAPSHOT_KEY,
         "FERRET_TRAINER_DATASET": "digits",
         "FERRET_TRAINER_MODEL": SPEC,
         "FERRET_TRAINER_PROFILE": str(profile),

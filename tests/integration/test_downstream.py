@@ -27,7 +27,7 @@ from services.localstack.ports import free_port
 from services.predictions import CONTENT_TYPE, iter_predictions, to_dataframe
 
 from .test_trainer_process import FERRET, ROOT, TrainerProcess, control, wait_status
-from .trainer_support import produce_digits
+from .trainer_support import SNAPSHOT_KEY, produce_digits
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LABELLED, UNLABELLED = 120, 30
@@ -59,6 +59,7 @@ def live(bootstrap_servers: str, redis_url: str, tmp_path_factory: pytest.TempPa
         "FERRET_REDIS_URL": redis_url,
         "FERRET_REDIS_NAMESPACE": prefix,
         "FERRET_REDIS_SNAPSHOT_INTERVAL_S": "0",
+        "FERRET_REDIS_HMAC_KEY": SNAPSHOT_KEY,
         "FERRET_TRAINER_DATASET": "digits",
         "FERRET_TRAINER_MODEL": "mlp",
         "FERRET_TRAINER_MAX_WORKERS": "2",

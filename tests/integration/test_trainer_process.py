@@ -20,7 +20,7 @@ from services.control.client import ControlClient
 from services.kafka.admin import TopicNames, ensure_topics
 from services.localstack.ports import free_port
 
-from .trainer_support import produce_digits, read_predictions, wait_serving
+from .trainer_support import SNAPSHOT_KEY, produce_digits, read_predictions, wait_serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 FERRET = [sys.executable, "-m", "services.cli.main"]
@@ -94,6 +94,7 @@ def trainer_env(bootstrap_servers: str, redis_url: str, topic_prefix: str, tmp_p
         "FERRET_REDIS_URL": redis_url,
         "FERRET_REDIS_NAMESPACE": topic_prefix,
         "FERRET_REDIS_SNAPSHOT_INTERVAL_S": "0",
+        "FERRET_REDIS_HMAC_KEY": SNAPSHOT_KEY,
         "FERRET_TRAINER_DATASET": "digits",
         "FERRET_TRAINER_MODEL": "mlp",
         "FERRET_TRAINER_MAX_WORKERS": "3",

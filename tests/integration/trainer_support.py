@@ -122,6 +122,10 @@ def one_stage_plan() -> Plan:
     )
 
 
+# The tests' trainers sign their snapshots as a deployment's do (services/snapshots/signing.py).
+SNAPSHOT_KEY = "ferret-tests-snapshot-signing-key"
+
+
 def settings_for(bootstrap: str, redis_url: str, prefix: str, **extra: str) -> Settings:
     env = {
         "FERRET_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
@@ -133,6 +137,7 @@ def settings_for(bootstrap: str, redis_url: str, prefix: str, **extra: str) -> S
         "FERRET_REDIS_URL": redis_url,
         "FERRET_REDIS_NAMESPACE": f"test-{uuid.uuid4().hex[:8]}",
         "FERRET_REDIS_SNAPSHOT_INTERVAL_S": "0",
+        "FERRET_REDIS_HMAC_KEY": SNAPSHOT_KEY,
         "FERRET_TRAINER_DATASET": "digits",
         **extra,
     }

@@ -26,7 +26,7 @@ from services.kafka.record_codec import dead_letter_info
 from services.localstack.ports import free_port
 from services.proto_gen.ferret.v1 import messages_pb2
 from services.trainer.runner import TrainerProcess, start_trainer
-from tests.integration.trainer_support import wait_serving
+from tests.integration.trainer_support import SNAPSHOT_KEY, wait_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 FERRET = [sys.executable, "-m", "services.cli.main"]
@@ -46,6 +46,7 @@ def trainer_env(bootstrap: str, redis_url: str, prefix: str, partitions: int = 2
         "FERRET_REDIS_URL": redis_url,
         "FERRET_REDIS_NAMESPACE": prefix,
         "FERRET_REDIS_SNAPSHOT_INTERVAL_S": "0",
+        "FERRET_REDIS_HMAC_KEY": SNAPSHOT_KEY,
         "FERRET_TRAINER_DATASET": "digits",
         "FERRET_TRAINER_MODEL": "mlp",
         "FERRET_TRAINER_MAX_WORKERS": "2",

@@ -119,6 +119,7 @@ def test_ferret_run_with_the_metrics_port_in_use_exits_with_one_line(
             "FERRET_KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers,
             "FERRET_KAFKA_TOPIC_PREFIX": topic_prefix,
             "FERRET_REDIS_URL": redis_url,
+            "FERRET_REDIS_HMAC_KEY": "ferret-tests-snapshot-signing-key",
             "FERRET_TRAINER_DATASET": "digits",
             "FERRET_TRAINER_MODEL": "mlp",
             "FERRET_CONTROL_LISTEN": "127.0.0.1:0",

@@ -27,6 +27,7 @@ from services.snapshots import (
     Backoff,
     ModelFingerprint,
     Reconnect,
+    SnapshotAuthError,
     SnapshotPayload,
     SnapshotStore,
     SnapshotUnavailableError,
@@ -34,6 +35,7 @@ from services.snapshots import (
     redis_client,
 )
 from tests.integration.test_snapshots import a_plan
+from tests.reliability.conftest import REDIS_PASSWORD, PasswordValkey
 
 pytestmark = pytest.mark.integration
 
@@ -214,6 +216,47 @@ def test_redis_down_at_start_degrades_then_recovers(own_valkey: RedisServer) -> 
     assert link.available and changes == [False, True] and link.attempts >= 2
     assert store.save(payload(1.0)) == 1
     assert store.newest_compatible(FINGERPRINT).payload is not None
+
+
+@pytest.mark.parametrize("password", ["wrong-password-0815", None], ids=["wrong", "none"])
+def test_credentials_redis_refuses_at_start_are_an_error_unless_snapshots_are_optional(
+    password_valkey: PasswordValkey, password: str | None
+) -> None:
+    """A Redis that answers but refuses the credentials is a misconfiguration, not an outage: the first
+    check raises (naming redis.url and both fixes, never the password) instead of degrading for good;
+    with ``optional`` it degrades like an outage."""
+    url = password_valkey.url_with(password)
+    store = SnapshotStore(redis_client(url, socket_timeout_s=1, connect_timeout_s=0.5), "ferret", "trainer-0")
+    with pytest.raises(SnapshotAuthError) as refused:
+        Reconnect(store.ping).check()
+    message = str(refused.value)
+    assert "Redis refused the credentials" in message and "redis.url" in message and "redis.optional" in message
+    assert "wrong-password-0815" not in message
+    changes: list[bool] = []
+    optional = Reconnect(store.ping, on_change=changes.append, optional=True)
+    assert optional.check() is False and changes == [False] and "refused the credentials" in optional.last_error
+    right = SnapshotStore(redis_client(password_valkey.url_with(REDIS_PASSWORD)), "ferret", "trainer-0")
+    assert Reconnect(right.ping).check() is True and right.save(payload(1.0)) == 1
+
+
+def test_credentials_refused_after_start_degrade_a_running_trainer(password_valkey: PasswordValkey) -> None:
+    """A password changed under a running trainer (after its first check) degrades snapshots, as an outage
+    does: the trainer keeps predicting, and the refusal is the logged error."""
+    client = redis_client(password_valkey.url_with(REDIS_PASSWORD), socket_timeout_s=1, connect_timeout_s=0.5)
+    store = SnapshotStore(client, "ferret", "trainer-0")
+    link = Reconnect(store.ping, backoff=Backoff(initial_s=0.01, max_s=0.01, jitter=0.0))
+    assert link.check() is True
+    admin = redis.Redis.from_url(password_valkey.url_with(REDIS_PASSWORD))
+    try:
+        admin.config_set("requirepass", "rotated-password-1234")
+        admin.client_kill_filter(_type="normal", skipme=True)  # the store's connection must log in again
+    finally:
+        admin.close()
+    with pytest.raises(SnapshotWriteError) as failed:
+        store.save(payload(1.0))
+    link.failed(failed.value)
+    time.sleep(0.05)
+    assert link.check() is False and "refused the credentials" in link.last_error
 
 
 def test_frozen_redis_bounds_the_write_and_readiness_reports_it(own_valkey: RedisServer) -> None:

@@ -7,6 +7,8 @@ counters. docs/reliability.md lists each fault, the promise and what these tests
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -27,7 +29,9 @@ from services.localstack.redis_server import RedisServer
 from services.snapshots import SnapshotStore
 from services.trainer import publisher as publisher_module
 from tests.integration.trainer_support import produce_digits
+from tests.reliability.conftest import PasswordValkey
 from tests.reliability.support import (
+    FERRET,
     TrainerCommand,
     read_outcomes,
     trainer_env,
@@ -223,3 +227,56 @@ def test_the_trainer_carries_on_after_a_broker_restart(
             assert trainer.error is None
     finally:
         broker.stop()
+
+
+def test_a_wrong_redis_password_fails_the_start_unless_snapshots_are_optional(
+    bootstrap_servers: str, topic_prefix: str, password_valkey: PasswordValkey, tmp_path: Path
+) -> None:
+    """``ferret run`` against a Redis that refuses its password exits 1 with one line naming redis.url and
+    both fixes (never the password), instead of running for good without snapshots; with
+    ``redis.optional`` it starts degraded (``ferret.snapshots`` NOT_SERVING) and predicts."""
+    ensure_topics(bootstrap_servers, topic_prefix, sample_partitions=2)
+    env = trainer_env(bootstrap_servers, password_valkey.url_with("wrong-password-0815"), topic_prefix)
+    done = subprocess.run(
+        [*FERRET, "run", "--log-level", "ERROR"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = [line for line in done.stderr.strip().splitlines() if line.startswith("ferret: error:")]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "Redis refused the credentials" in lines[0] and "redis.optional" in lines[0]
+    assert "wrong-password-0815" not in done.stderr
+    optional = {**env, "FERRET_REDIS_OPTIONAL": "true"}
+    with trainer_in_process(optional) as trainer:
+        assert health(optional["FERRET_CONTROL_LISTEN"], SNAPSHOTS) == health_pb2.HealthCheckResponse.NOT_SERVING
+        produce_digits(bootstrap_servers, TopicNames(topic_prefix).samples, 5)
+        assert len(read_outcomes(bootstrap_servers, topic_prefix, expected=5).by_record()) == 5
+        assert trainer.error is None
+
+
+def test_snapshots_written_unsigned_are_not_restored_by_a_trainer_with_a_key(
+    bootstrap_servers: str, redis_url: str, topic_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trainer that opted in to unsigned snapshots (``redis.allow_unsigned``, a warning at start) writes
+    them unsigned; a trainer of the same replica started with a key refuses them (anyone could have written
+    their offsets) and starts fresh, saying why; its own snapshots are signed and restored."""
+    ensure_topics(bootstrap_servers, topic_prefix, sample_partitions=2)
+    env = trainer_env(bootstrap_servers, redis_url, topic_prefix)
+    unsigned = {k: v for k, v in env.items() if k != "FERRET_REDIS_HMAC_KEY"} | {"FERRET_REDIS_ALLOW_UNSIGNED": "true"}
+    produce_digits(bootstrap_servers, TopicNames(topic_prefix).samples, 10)
+    with caplog.at_level("WARNING"), trainer_in_process(unsigned) as first:
+        read_outcomes(bootstrap_servers, topic_prefix, expected=10)
+        assert first.process.parts.port.save_snapshot({}).version == 1
+    assert "snapshots are unsigned (redis.allow_unsigned: true)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"), trainer_in_process(env) as keyed:
+        assert keyed.status().last_snapshot_version == 0  # type: ignore[attr-defined]
+        assert keyed.process.parts.port.save_snapshot({}).version == 3  # v2: the first one's shutdown snapshot
+    skipped = "skipped v2 (corrupt: snapshot v2 of replica-0: snapshot manifest is unsigned, but a signing key"
+    assert skipped in caplog.text
+    with trainer_in_process(env) as again:
+        assert again.status().last_snapshot_version == 4  # type: ignore[attr-defined]  # the keyed shutdown's

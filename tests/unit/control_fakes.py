@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from ferret_core.plan import Plan
 from ferret_core.planning.planner import Planner, PlannerSettings
+from services.control.deadline import CallDeadline
 from services.control.errors import SnapshotNotFound
 from services.control.trainer_port import AppliedPlan, SnapshotInfo, TrainerState, TrainerStatus
 
@@ -16,7 +17,8 @@ from .planner_fixtures import golden_a
 
 
 class FakeTrainer:
-    """A TrainerPort that keeps everything in memory; ``applied`` records every apply_plan call."""
+    """A TrainerPort that keeps everything in memory; ``applied`` records every apply_plan call. Like the
+    trainer, it checks a call's deadline right before acting."""
 
     def __init__(self, plan: Plan, stall_seconds: float = 0.001) -> None:
         self._lock = threading.Lock()
@@ -31,7 +33,9 @@ class FakeTrainer:
         with self._lock:
             return self._plan, self._version
 
-    def apply_plan(self, plan: Plan, version: int) -> AppliedPlan:
+    def apply_plan(self, plan: Plan, version: int, deadline: CallDeadline | None = None) -> AppliedPlan:
+        if deadline is not None:
+            deadline.check(f"plan v{version}")
         with self._lock:
             self._plan, self._version = plan, version
             self.applied.append((plan, version))
@@ -62,7 +66,9 @@ class FakeTrainer:
                 plan_version=self._version,
             )
 
-    def save_snapshot(self, metadata: Mapping[str, str]) -> SnapshotInfo:
+    def save_snapshot(self, metadata: Mapping[str, str], deadline: CallDeadline | None = None) -> SnapshotInfo:
+        if deadline is not None:
+            deadline.check("the snapshot")
         with self._lock:
             version = len(self._snapshots) + 1
             info = SnapshotInfo(
@@ -78,7 +84,9 @@ class FakeTrainer:
             self._snapshots[version] = (info, self._plan)
             return info
 
-    def restore_snapshot(self, version: int | None) -> SnapshotInfo:
+    def restore_snapshot(self, version: int | None, deadline: CallDeadline | None = None) -> SnapshotInfo:
+        if deadline is not None:
+            deadline.check("the restore")
         with self._lock:
             if version is None:
                 version = max(self._snapshots, default=None)

@@ -73,7 +73,7 @@ def test_file_then_environment_with_type_coercion(tmp_path: Path) -> None:
         "FERRET_PRODUCER_SHUFFLE": "0",
         "FERRET_PRODUCER_DATA_ROOT": "~/data",
         "FERRET_METRICS_PORT": "none",
-        "FERRET_CONFIG_UNRELATED": "ignored: not a section",
+        "FERRET_FAILPOINT": "",  # read by services/failpoints.py, not a setting: allowed
         "OTHER": "x",
     }
     settings = load_settings(path, env=env)
@@ -136,6 +136,40 @@ def test_unknown_or_malformed_file_content_is_rejected(tmp_path: Path, text: str
 def test_an_unknown_environment_key_of_a_known_section_is_rejected() -> None:
     with pytest.raises(SettingsError, match=r"FERRET_KAFKA_BOOTSTRAP_SERVER\).*did you mean 'bootstrap_servers'"):
         load_settings(env={"FERRET_KAFKA_BOOTSTRAP_SERVER": "a:1"})
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("FERRET_REDSI_URL", "did you mean 'FERRET_REDIS_URL'?"),
+        ("FERRET_KAFAK_GROUP_ID", "did you mean 'FERRET_KAFKA_GROUP_ID'?"),
+        ("FERRET_FAILPOINTS", "did you mean 'FERRET_FAILPOINT'?"),
+        ("FERRET_TRACE_RECORD", "did you mean 'FERRET_TRACE_RECORD_PATH'?"),
+        ("FERRET_WIDGETS", "unset it (see config/ferret.example.yaml)"),
+    ],
+)
+def test_an_unknown_ferret_variable_is_rejected_with_the_closest_known_name(name: str, hint: str) -> None:
+    """A FERRET_* variable of no section that nothing reads is a typo until shown otherwise: the error names
+    it, what was expected, and the closest variable Ferret knows; never its value (it may be a secret)."""
+    with pytest.raises(SettingsError) as info:
+        load_settings(None, env={name: "s3cret-value", "FERRET_KAFKA_GROUP_ID": "g"})
+    message = str(info.value)
+    assert message.startswith(f"{name} (an environment variable): expected FERRET_<SECTION>_<KEY>"), message
+    assert hint in message and "s3cret-value" not in message
+
+
+def test_variables_read_besides_the_settings_are_allowed() -> None:
+    """Every FERRET_* variable another part of Ferret reads is on the loader's list, so the settings load
+    in an environment that sets them all."""
+    from services import failpoints
+    from services.cli import control_cmd
+    from services.config.loader import OTHER_VARIABLES
+    from services.trainer import path_trace
+
+    read_elsewhere = {CONFIG_ENV, failpoints.ENV, path_trace.TRACE_ENV, control_cmd.TARGET_ENV}
+    assert read_elsewhere <= set(OTHER_VARIABLES)
+    env = {name: "" for name in OTHER_VARIABLES if name != CONFIG_ENV}
+    assert load_settings(None, env={**env, "FERRET_REDIS_NAMESPACE": "n"}).redis.namespace == "n"
 
 
 @pytest.mark.parametrize(

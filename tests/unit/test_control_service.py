@@ -13,6 +13,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from ferret_core.errors import ConfigError, FerretError
 from ferret_core.plan import Plan
 from services.control.client import ControlCallError, ControlClient
+from services.control.deadline import CallDeadline
 from services.control.health import LIVENESS, SNAPSHOTS, ControlHealth
 from services.control.messages import plan_from_reply
 from services.control.server import ControlServer, create_server
@@ -289,7 +290,7 @@ class _BrokenTrainer(FakeTrainer):
     def status(self) -> TrainerStatus:
         raise RuntimeError("counters lost\nsecond line")
 
-    def save_snapshot(self, metadata: Mapping[str, str]) -> SnapshotInfo:
+    def save_snapshot(self, metadata: Mapping[str, str], deadline: CallDeadline | None = None) -> SnapshotInfo:
         raise FerretError("store unreachable")
 
 

@@ -157,8 +157,12 @@ def test_trainer_command_and_environment(tmp_path: Path) -> None:
         "--budget": "1000",
         "--profile": "p.json",
     }
-    env = commands.trainer_env(options, base={"FERRET_TRAINER_LR": "0.01", "FERRET_KAFKA_INSTANCE_ID": "other"})
+    base = {"FERRET_TRAINER_LR": "0.01", "FERRET_KAFKA_INSTANCE_ID": "other"}
+    env = commands.trainer_env(options, "k" * 64, base=base)
     assert env["FERRET_TRAINER_LR"] == "0.01"  # the caller's settings pass through
+    assert env["FERRET_REDIS_HMAC_KEY"] == "k" * 64  # the stack's key signs the snapshots
+    own = commands.trainer_env(options, "k" * 64, base={"FERRET_REDIS_HMAC_KEY": "mine-of-16-bytes-or-more"})
+    assert own["FERRET_REDIS_HMAC_KEY"] == "mine-of-16-bytes-or-more"  # unless the caller names its own
     assert env["FERRET_KAFKA_INSTANCE_ID"] == "demo-x"  # fresh per run: no other run's snapshots
     assert env["FERRET_KAFKA_GROUP_ID"] == "demo-x-trainer"
     assert env["FERRET_KAFKA_SAMPLE_PARTITIONS"] == "2"

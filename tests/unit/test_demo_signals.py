@@ -19,6 +19,7 @@ import pytest
 from ferret_core.plan import Plan
 from services.cli.demo_cmd import interrupt_on_signals
 from services.control.client import ControlClient
+from services.control.deadline import CallDeadline
 from services.control.server import create_server
 from services.control.trainer_port import AppliedPlan
 from services.demo.options import DemoOptions
@@ -60,10 +61,10 @@ class _BlockingTrainer(FakeTrainer):
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def apply_plan(self, plan: Plan, version: int) -> AppliedPlan:
+    def apply_plan(self, plan: Plan, version: int, deadline: CallDeadline | None = None) -> AppliedPlan:
         self.entered.set()
         self.release.wait()
-        return super().apply_plan(plan, version)
+        return super().apply_plan(plan, version, deadline)
 
 
 class _RunningChild:

@@ -32,6 +32,7 @@ import yaml
 from services.cli import produce_cmd, run_cmd
 from services.config import Settings, SettingsError, load_settings
 from services.control.health import LIVENESS, READINESS, ControlHealth
+from services.snapshots import signing_key
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -255,6 +256,17 @@ def test_trainer_probes_ports_and_settings(name: str, tmp_path: Path) -> None:
     assert container["startupProbe"]["grpc"] == {"port": health_port, "service": LIVENESS}
     instance = next(e for e in container["env"] if e["name"] == "FERRET_KAFKA_INSTANCE_ID")
     assert instance["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # Snapshots are signed with the ferret-snapshots Secret's key; only dev may start without it (unsigned).
+    key = next(e for e in container["env"] if e["name"] == "FERRET_REDIS_HMAC_KEY")
+    assert key["valueFrom"]["secretKeyRef"] == {"name": "ferret-snapshots", "key": "hmac-key", "optional": True}
+    assert signing_key(settings.redis) == b"secret-from-the-cluster"
+    without_secret = dataclasses.replace(settings.redis, hmac_key=None)
+    if name == "dev":
+        assert settings.redis.allow_unsigned and signing_key(without_secret) is None
+    else:
+        assert not settings.redis.allow_unsigned
+        with pytest.raises(SettingsError, match=r"redis\.hmac_key.*redis\.allow_unsigned"):
+            signing_key(without_secret)  # the trainer refuses to start, naming both fixes
     assert settings.kafka.resolved_instance_id() == "ferret-trainer-0"
     assert cli_parser().parse_args(container["args"]).command == "run"
     limit = container["resources"]["limits"]["memory"]
@@ -443,6 +455,7 @@ def test_compose_structure_and_settings() -> None:
     assert services["trainer"]["image"] == services["producer"]["image"] and "build" in services["producer"]
     trainer = load_settings(env=service_env(services["trainer"]))
     producer = load_settings(env=service_env(services["producer"]))
+    assert "FERRET_REDIS_HMAC_KEY" in service_env(services["trainer"])  # the entrypoint fills it when empty
     for env in (service_env(services["trainer"]), service_env(services["producer"])):
         assert {n for n in env if n != "FERRET_CONFIG"} <= known_env_names()
     assert trainer.kafka.instance_id and trainer.trainer.dataset == "digits"
@@ -460,6 +473,41 @@ def test_compose_structure_and_settings() -> None:
     assert (args.command, args.dataset, args.rate, args.loop) == ("produce", "digits", 50.0, True)
     budget = compose({"FERRET_TRAINER_BUDGET_BYTES": "64MiB"})["services"]["trainer"]
     assert load_settings(env=service_env(budget)).trainer.budget_bytes == 64 * 2**20
+
+
+def test_compose_trainer_signs_its_snapshots_with_a_key_it_keeps(tmp_path: Path) -> None:
+    """The trainer's entrypoint, run by sh with a stand-in `ferret`: the shell's FERRET_REDIS_HMAC_KEY wins;
+    without one a random key is generated into the ferret-keys volume (mode 600) at the first start and the
+    same key is used at every later one, so `ferret run` always has a key its snapshots verify with."""
+    spec = compose()
+    trainer = spec["services"]["trainer"]
+    assert "ferret-keys:/var/lib/ferret" in trainer["volumes"] and "ferret-keys" in spec["volumes"]
+    sh, flag, script, argv0 = trainer["entrypoint"]
+    assert (sh, flag, argv0) == ("sh", "-c", "ferret") and "/var/lib/ferret" in script
+    volume, bin_dir = tmp_path / "volume", tmp_path / "bin"
+    volume.mkdir()
+    bin_dir.mkdir()
+    fake = bin_dir / "ferret"
+    fake.write_text('#!/bin/sh\nprintf "%s|%s" "$FERRET_REDIS_HMAC_KEY" "$*"\n', encoding="utf-8")
+    fake.chmod(0o755)
+    (bin_dir / "python").symlink_to(sys.executable)
+
+    def start(service: dict[str, Any]) -> tuple[str, str]:
+        env = {**service_env(service), "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+        argv = ["sh", "-c", script.replace("/var/lib/ferret", str(volume)), argv0, *service["command"]]
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        key, args = out.stdout.split("|")
+        return key, args
+
+    key, args = start(trainer)
+    assert re.fullmatch(r"[0-9a-f]{64}", key) and args == "run"
+    assert (volume / "snapshot-hmac-key").stat().st_mode & 0o777 == 0o600
+    assert start(trainer) == (key, "run")  # a restarted trainer signs and verifies with the same key
+    settings = load_settings(env={**service_env(trainer), "FERRET_REDIS_HMAC_KEY": key})
+    assert signing_key(settings.redis) == key.encode()
+    own = compose({"FERRET_REDIS_HMAC_KEY": "the-callers-own-key-0123"})["services"]["trainer"]
+    assert start(own) == ("the-callers-own-key-0123", "run")
 
 
 def test_compose_trainer_healthcheck_follows_readiness() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,8 @@ from confluent_kafka import KafkaError, TopicPartition
 from ferret_core.engine import SkipReason
 from ferret_core.engine.policies import sequential_plan
 from services.config import load_settings
-from services.control.errors import ServiceUnavailable
+from services.control.deadline import CallDeadline
+from services.control.errors import DeadlineExpired, ServiceUnavailable
 from services.kafka.record_codec import SampleDecoder, encode_sample
 from services.proto_gen.ferret.v1 import messages_pb2
 from services.trainer.checkpoints import Checkpoints, CheckpointTimeout
@@ -354,6 +356,24 @@ def test_loop_calls_run_on_the_loop_thread_and_fail_once_closed() -> None:
     assert results == [42] and ran_on == [thread]
     with pytest.raises(ServiceUnavailable):
         calls.call(lambda: 1)
+
+
+def test_the_trainer_port_changes_nothing_once_the_callers_deadline_passed() -> None:
+    """The control port hands each caller's deadline to the loop hand-over: a snapshot, a plan or a restore
+    whose deadline has passed raises DeadlineExpired there, before the store, the learner or the plan is
+    touched (tests/unit/test_control_deadlines.py holds the loop busy over real gRPC)."""
+    store = RecordingStore()
+    parts = assemble(SETTINGS, ScriptedLearner(), SampleDecoder((1, 8, 8), 10), store)  # type: ignore[arg-type]
+    passed = CallDeadline(time.monotonic() - 1.0)
+    plan, version = parts.port.current_plan()
+    with pytest.raises(DeadlineExpired, match=r"^the snapshot was not applied"):
+        parts.port.save_snapshot({}, deadline=passed)
+    with pytest.raises(DeadlineExpired, match=rf"^plan v{version + 1} was not applied"):
+        parts.port.apply_plan(sequential_plan("linear", 2, 1.0), version + 1, deadline=passed)
+    with pytest.raises(DeadlineExpired, match=r"^the restore of snapshot v1 was not applied"):
+        parts.port.restore_snapshot(1, deadline=passed)
+    assert store.saved == [] and parts.port.current_plan() == (plan, version)
+    assert parts.counters.to_snapshot().get("replans", 0) == 0
 
 
 def test_counters_restore_snapshots_written_under_the_old_names() -> None:
