@@ -97,12 +97,12 @@ class ProcessLearner:
     def _start(self, plan: Plan) -> ProcessClock:
         setup = self._setup(plan)
         settings = dataclasses.replace(self.process_settings, queue_slots=self._queue_slots)
-        self.setup = setup
+        self._policy = setup
         return ProcessClock(self.model.units, setup, settings).start()
 
     @property
     def plan(self) -> Plan:
-        return self.setup.plan
+        return self._policy.plan
 
     # -- the record path's call ------------------------------------------------------------------------
     def arrive(self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None) -> ArrivalOutcome:
@@ -177,9 +177,8 @@ class ProcessLearner:
         self.drain()
         if self._keeps_processes(plan):
             setup = self._setup(plan)
-            self.clock.dispatch.queue_slots = self._queue_slots
-            self.clock.replan(setup)
-            self.setup = setup
+            self.clock.replan(setup, queue_slots=self._queue_slots)
+            self._policy = setup
             self.replans_kept += 1
             return
         old_plan = self.plan
@@ -241,7 +240,7 @@ class ProcessLearner:
         stats = self.clock.stats()
         measured = stats.peak_bytes or 0
         counted = [m for m, n in zip(stats.mean_staleness, stats.updates_per_stage, strict=True) if n]
-        planned = self.setup.planned
+        planned = self._policy.planned
         return LearnerStats(
             backward_passes=self._backprops_before + stats.trained_any_stage,
             model_version=self._updates_before + stats.updates,

@@ -201,14 +201,15 @@ class ProcessClock:
         self._conns[executor] = parent
         self._processes[executor] = process
 
-    def replan(self, setup: PolicySetup, timeout: float = 60.0) -> float:
+    def replan(self, setup: PolicySetup, timeout: float = 60.0, *, queue_slots: int | None = None) -> float:
         """Run ``setup``'s plan from here on, keeping the executor processes: drain (every admitted item
         finishes; none is lost), retire the executors of workers the plan removes (T4), start those of
         workers it brings back, and send every kept executor its new T1/T2 settings; the versions, the
         counters and each worker's item count (T3's alignment) carry over. Returns the seconds from the
         drained pipeline to the new plan in force. The plan must keep the partition and the worker slots
-        (N, the dispatch modulus); with several stages it must also keep the live workers (their gloo
-        group stays as it is). Otherwise build a new clock."""
+        (N, the dispatch modulus), and no more live workers than the version slots were sized for; with
+        several stages it must also keep the live workers (their gloo group stays as it is). Otherwise
+        build a new clock. ``queue_slots``: the new plan's admission queue K (None: the settings')."""
         plan = setup.plan
         check_supported(setup, self.settings)
         if plan.partition != self.plan.partition or plan.num_workers != self.plan.num_workers:
@@ -237,6 +238,7 @@ class ProcessClock:
                 self._retiring.add(executor)
                 self._conns[executor].send(("retire",))
             self.dispatch.replan(plan, setup.rules)
+            self.dispatch.queue_slots = self.settings.queue_slots if queue_slots is None else queue_slots
             self._live = live
             self._executors = [(n, j) for n in live for j in range(plan.num_stages)]
             for executor in self._executors:
