@@ -7,6 +7,7 @@ counters. docs/reliability.md lists each fault, the promise and what these tests
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from services.kafka.record_codec import encode_sample
 from services.localstack.broker import TansuBroker
 from services.localstack.ports import free_port
 from services.localstack.redis_server import RedisServer
+from services.proto_gen.ferret.v1 import messages_pb2
 from services.snapshots import SnapshotStore
 from services.trainer import publisher as publisher_module
 from tests.integration.trainer_support import produce_digits
@@ -192,14 +194,44 @@ def test_kill_9_mid_record_recovers_with_every_re_emission_flagged(
         assert second.stop() == 0
 
 
+def _take_producer_ids(bootstrap: str, topic: str, count: int) -> None:
+    """``count`` idempotent producers, one after another, each writing one Label no sample matches (the
+    trainer counts it unmatched): a broker that lost its producer ids hands out 1..count again."""
+    for i in range(count):
+        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+        producer.produce(topic, messages_pb2.Label(sample_id=f"nobody/{i}", label=0).SerializeToString())
+        assert producer.flush(30) == 0
+
+
+@pytest.mark.parametrize(
+    ("taken_ids", "stall_s", "seen"),
+    [(0, 3.0, "no delivery reported"), (3, 120.0, "OUT_OF_ORDER_SEQUENCE_NUMBER")],
+    ids=["stalled-producer", "fatal-producer"],
+)
 def test_the_trainer_carries_on_after_a_broker_restart(
-    redis_url: str, topic_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    redis_url: str,
+    topic_prefix: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    taken_ids: int,
+    stall_s: float,
+    seen: str,
 ) -> None:
     """A memory-only broker restarted under a running trainer (every topic, offset and producer id lost):
-    the trainer's clients reconnect, its stalled producer is rebuilt (librdkafka's idempotent producer loops
-    on UNKNOWN_PRODUCER_ID without reporting anything: publisher.py), and every record produced after the
-    restart gets one outcome."""
-    monkeypatch.setattr(publisher_module, "STALL_S", 3.0)  # 15 s in production
+    the trainer's clients reconnect, its producer is rebuilt, and every record produced after the restart
+    gets an outcome, any second copy flagged; the trainer never stops. Two ways the producer goes:
+
+    - ``stalled-producer``: the restarted broker does not know the producer's id; librdkafka's idempotent
+      producer loops on UNKNOWN_PRODUCER_ID without reporting anything, and the publisher rebuilds it after
+      ``STALL_S`` (publisher.py).
+    - ``fatal-producer``: the restarted broker first hands the ids 1..3 to other clients, the trainer's among
+      them (the samples' producer took 1, the trainer's 2, before the restart): the trainer's next batch is
+      refused ``OUT_OF_ORDER_SEQUENCE_NUMBER``, ``poll()`` raises it as fatal and ``produce()`` raises
+      ``_FATAL`` (issue 26: the trainer exited 1). The stall time is set far beyond the test, so only the
+      fatal path can rebuild."""
+    monkeypatch.setattr(publisher_module, "STALL_S", stall_s)  # 15 s in production
+    caplog.set_level(logging.INFO, logger="ferret.trainer")
     broker = TansuBroker(tmp_path / "broker", port=free_port()).start()
     bootstrap = broker.bootstrap_servers
     try:
@@ -212,14 +244,24 @@ def test_the_trainer_carries_on_after_a_broker_restart(
             broker.stop()
             time.sleep(1.0)  # the clients see the broker gone
             broker.start()
+            restarted = time.monotonic()
             ensure_topics(bootstrap, topic_prefix, sample_partitions=2)
+            _take_producer_ids(bootstrap, topics.labels, taken_ids)
             produce_digits(bootstrap, topics.samples, 30, start=30)
             outcomes = read_outcomes(bootstrap, topic_prefix, expected=30, timeout_s=90)
             by_record = outcomes.by_record()
-            assert len(by_record) == 30 and outcomes.duplicates() == (0, 0), by_record
+            flagged, unflagged = outcomes.duplicates()
             publisher = trainer.process.parts.stream._publisher
-            assert publisher is not None and publisher.rebuilds >= 1
-            print(f"broker restart: 30 records after it, 30 outcomes; producer rebuilds {publisher.rebuilds}")
+            assert publisher is not None
+            print(f"broker restart ({seen}): 30 records after it, {sum(by_record.values())} outcomes, "
+                  f"{flagged} flagged, {unflagged} unflagged duplicates; producer rebuilds {publisher.rebuilds}, "
+                  f"resent {publisher.resent} ({publisher.resent_flagged} flagged); all outcomes read "
+                  f"{time.monotonic() - restarted:.1f} s after the restart")  # fmt: skip
+            assert len(by_record) == 30 and unflagged == 0, by_record
+            assert publisher.rebuilds >= 1 and seen in caplog.text
             assert trainer.error is None
+            produce_digits(bootstrap, topics.samples, 5, start=60)  # and it goes on
+            assert len(read_outcomes(bootstrap, topic_prefix, expected=35).by_record()) == 35
+            assert trainer.error is None and trainer.thread.is_alive()
     finally:
         broker.stop()
