@@ -16,11 +16,12 @@ from services.snapshots.errors import (
     SnapshotUnavailableError,
     SnapshotWriteError,
 )
-from services.snapshots.store import RestoreChoice, SkippedSnapshot, SnapshotStatus, SnapshotStore
+from services.snapshots.store import PreparedSnapshot, RestoreChoice, SkippedSnapshot, SnapshotStatus, SnapshotStore
 
 __all__ = [
     "Backoff",
     "ModelFingerprint",
+    "PreparedSnapshot",
     "Reconnect",
     "RestoreChoice",
     "SkippedSnapshot",
