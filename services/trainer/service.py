@@ -67,7 +67,8 @@ class Trainer:
         return self._status.status()
 
     def save_snapshot(self, metadata: Mapping[str, str]) -> SnapshotInfo:
-        return self._calls.call(lambda: self._checkpoints.save(metadata, self._stream))
+        # drained, flushed and encoded on the loop thread; the Redis write is waited for here, off the loop
+        return self._calls.call(lambda: self._checkpoints.start(metadata, self._stream)).result()
 
     def restore_snapshot(self, version: int | None) -> SnapshotInfo:
         def restore() -> SnapshotInfo:
