@@ -308,6 +308,23 @@ class RedisSettings(Section):
     # Snapshots are optional: a Redis that refuses the credentials at start-up degrades them (logged) instead
     # of failing the start. An unreachable Redis degrades them either way (retried with backoff).
     optional: bool = False
+    # How long a snapshot may hold the record path (drain, flush, encode: readiness NOT_SERVING beyond) and a
+    # Redis write may hang on its own thread (ferret.snapshots NOT_SERVING beyond) before health says so;
+    # below timeout_s, so health reports a stuck write before Redis times it out. null: min(1 s, timeout_s / 2).
+    stall_s: float | None = field(default=None, metadata=meta(check=between(0.01, 3600, "seconds")))
+
+    def _cross_check(self) -> None:
+        if self.stall_s is not None and self.stall_s >= self.timeout_s:
+            raise self._fail(
+                "stall_s",
+                f"seconds below redis.timeout_s ({self.timeout_s:g}): health must report a stuck write before "
+                "Redis times it out",
+                "lower redis.stall_s, raise redis.timeout_s, or leave stall_s unset (min(1 s, timeout_s / 2))",
+            )
+
+    def resolved_stall_s(self) -> float:
+        """``stall_s``, else min(1 s, ``timeout_s`` / 2)."""
+        return self.stall_s if self.stall_s is not None else min(1.0, self.timeout_s / 2)
 
 
 @dataclass(frozen=True)

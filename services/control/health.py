@@ -10,7 +10,8 @@ Control``)                    guarded blocking write (a snapshot) has stalled pa
                               a snapshot) has overrun its deadline. A re-plan never fails it, so a
                               re-plan never gets the pod killed; the liveness probe checks this name.
 ``ferret.snapshots``          the snapshot store works; the trainer sets it NOT_SERVING while snapshots
-                              fail (a degraded part: readiness stays SERVING).
+                              fail or a write has hung longer than ``redis.stall_s`` (a degraded part:
+                              readiness stays SERVING; writes run off the record path).
 ============================  ==========================================================================
 
 During shutdown readiness and the snapshot part go NOT_SERVING and stay so; liveness stays SERVING
@@ -146,6 +147,12 @@ class ControlHealth:
     def live(self) -> bool:
         with self._lock:
             return self._is_live()
+
+    @property
+    def snapshots_ok(self) -> bool:
+        """What ``ferret.snapshots`` says (SERVING: True)."""
+        with self._lock:
+            return self._snapshots_ok and not self._shutting_down
 
     def _overrun(self, what: str, seconds: float) -> None:
         log.error("%s has run for more than %.0f s: liveness is NOT_SERVING until it ends", what, seconds)

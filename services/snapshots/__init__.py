@@ -19,11 +19,12 @@ from services.snapshots.errors import (
     SnapshotWriteError,
 )
 from services.snapshots.signing import signing_key
-from services.snapshots.store import RestoreChoice, SkippedSnapshot, SnapshotStatus, SnapshotStore
+from services.snapshots.store import PreparedSnapshot, RestoreChoice, SkippedSnapshot, SnapshotStatus, SnapshotStore
 
 __all__ = [
     "Backoff",
     "ModelFingerprint",
+    "PreparedSnapshot",
     "Reconnect",
     "RestoreChoice",
     "SkippedSnapshot",

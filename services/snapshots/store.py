@@ -10,7 +10,10 @@ Keys of one replica (``{…}`` is a Redis Cluster hash tag, so one replica's key
 
 ``save`` writes every chunk, then one Lua script writes the manifest, adds the version to the set and
 moves ``latest`` forward: a failed or interrupted save never becomes visible, and its chunks are
-removed. ``load`` checks every chunk's size and sha256 and the total before ``torch.load(...,
+removed. ``save`` is ``write(prepare(payload))``: ``prepare`` serialises without Redis, so a caller can
+prepare on one thread and write on another (the trainer's record path never waits for Redis).
+
+``load`` checks every chunk's size and sha256 and the total before ``torch.load(...,
 weights_only=True)``, then that the plan parses, every tensor has the shape and dtype the manifest
 lists, and no tensor holds NaN or ±inf (non-finite tensors are never written either).
 
@@ -27,9 +30,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, NoReturn, cast
+from typing import Any, Literal, NoReturn, cast
 
 import redis
 
@@ -111,6 +114,19 @@ class RestoreChoice:
         if not self.skipped:
             return head
         return f"{head}; skipped " + "; ".join(f"v{s.version} ({s.kind}: {s.reason})" for s in self.skipped)
+
+
+@dataclass(frozen=True)
+class PreparedSnapshot:
+    """A payload serialised for :meth:`SnapshotStore.write` (:meth:`SnapshotStore.prepare`): its chunks and
+    checksums, and the payload's plain data for the manifest."""
+
+    payload: SnapshotPayload
+    chunks: tuple[memoryview, ...]
+    infos: tuple[ChunkInfo, ...]
+    total_bytes: int
+    sha256: str
+    tensors: Mapping[str, Mapping[str, Any]]  # name → {"shape": [...], "dtype": "float32"}
 
 
 class SnapshotStore:
@@ -202,6 +218,13 @@ class SnapshotStore:
         Raises :class:`SnapshotWriteError` (``latest`` unchanged) when anything fails, including
         non-finite tensors (never written) and Redis timeouts.
         """
+        return self.write(self.prepare(payload)).version
+
+    def prepare(self, payload: SnapshotPayload) -> PreparedSnapshot:
+        """The CPU half of :meth:`save`, no Redis: the tensors checked finite and serialised, cut into
+        chunks and checksummed. The result owns its bytes, so the tensors may change once it returns
+        (the trainer prepares on its loop thread and writes on another). Raises
+        :class:`SnapshotWriteError` for non-finite or unserialisable tensors."""
         bad = non_finite(payload.tensors)
         if bad:
             raise SnapshotWriteError(
@@ -212,8 +235,21 @@ class SnapshotStore:
             data = encode_tensors(payload.tensors)
         except (TypeError, ValueError, RuntimeError) as exc:
             raise SnapshotWriteError(f"snapshot of {self.instance_id}: cannot serialise the tensors: {exc}") from exc
-        chunks = list(split(data, self.chunk_bytes))
+        chunks = tuple(split(data, self.chunk_bytes))
         infos = tuple(ChunkInfo(index=i, size=len(c), sha256=sha256_hex(c)) for i, c in enumerate(chunks))
+        return PreparedSnapshot(
+            payload=payload,
+            chunks=chunks,
+            infos=infos,
+            total_bytes=len(data),
+            sha256=sha256_hex(data),
+            tensors=tensor_summary(payload.tensors),
+        )
+
+    def write(self, prepared: PreparedSnapshot) -> SnapshotManifest:
+        """The Redis half of :meth:`save`: a new version's chunks, then its manifest and ``latest`` in one
+        script; returns the committed manifest. Raises :class:`SnapshotWriteError` (``latest`` unchanged)."""
+        payload = prepared.payload
         try:
             version = int(self._redis.incr(self.seq_key))
         except redis.RedisError as exc:
@@ -222,10 +258,10 @@ class SnapshotStore:
             version=version,
             instance_id=self.instance_id,
             created_time_ms=now_ms(),
-            chunks=infos,
-            total_bytes=len(data),
-            sha256=sha256_hex(data),
-            tensors=tensor_summary(payload.tensors),
+            chunks=prepared.infos,
+            total_bytes=prepared.total_bytes,
+            sha256=prepared.sha256,
+            tensors=prepared.tensors,
             plan=payload.plan,
             offsets=payload.offsets,
             counters=payload.counters,
@@ -240,19 +276,20 @@ class SnapshotStore:
                 f"JSON data: {exc}"
             ) from exc
         try:
-            self._put_chunks(version, chunks)
+            self._put_chunks(version, prepared.chunks)
             failpoint("snapshot.mid-write")
             self._commit_version(version, document)
         except BaseException as exc:
-            self._discard_chunks(version, len(chunks))
+            self._discard_chunks(version, len(prepared.chunks))
             if isinstance(exc, Exception):
                 raise SnapshotWriteError(
                     f"snapshot v{version} of {self.instance_id} failed and was discarded (latest is unchanged): {exc}"
                 ) from exc
             raise
         self._verified.add(version)
-        log.info("snapshot v%d of %s: %d bytes in %d chunks", version, self.instance_id, len(data), len(chunks))
-        return version
+        log.info("snapshot v%d of %s: %d bytes in %d chunks", version, self.instance_id, prepared.total_bytes,
+                 len(prepared.chunks))  # fmt: skip
+        return manifest
 
     def _put_chunks(self, version: int, chunks: Sequence[memoryview]) -> None:
         for start, batch in self._batches(len(chunks)):

@@ -15,13 +15,20 @@ Every sequence here runs on the loop thread (the control port hands it over with
 1. **drain** the learner, so every dispatched item's backward passes are in the weights;
 2. **flush** the producer, so delivered predictions finish their offsets (what is still undelivered
    stays unfinished: the snapshot's offsets then read it again, never skip it);
-3. **save** the payload to Redis (chunked, checksummed, ``latest`` switched atomically) and prune;
+3. **encode** the payload (``SnapshotStore.prepare``: checked finite, serialised, chunked, checksummed;
+   no Redis), then **write** it to Redis (``latest`` switched atomically) and prune on the snapshot write
+   thread (:mod:`.snapshot_writes`): the loop goes back to the stream at once and **never waits for
+   Redis** (a periodic snapshot; the control plane's SaveSnapshot waits for the write on its own gRPC
+   thread, the shutdown for up to its budget);
 4. on shutdown only: **store** the finished offsets and **commit** them to the group.
 
 Steps 1–2 share one budget (:data:`SNAPSHOT_BUDGET_S`, :data:`SHUTDOWN_BUDGET_S`): a pipeline that cannot
-drain in time fails the snapshot (:class:`CheckpointTimeout`) instead of stalling the stream. Step 3 runs
-inside ``stall_guard("snapshot write", stall_s)`` (readiness goes NOT_SERVING while a write blocks longer,
-e.g. on a frozen Redis; every Redis command fails after ``redis.timeout_s``).
+drain in time fails the snapshot (:class:`CheckpointTimeout`) instead of stalling the stream. Steps 1–3's
+part on the loop runs inside ``stall_guard("snapshot", stall_s)``: readiness goes NOT_SERVING while it holds
+the record path longer than ``redis.stall_s``. A write hung longer than ``redis.stall_s`` (a frozen Redis;
+every command fails after ``redis.timeout_s``, above it) turns ``ferret.snapshots`` NOT_SERVING until it
+ends; no second periodic write starts while one runs, and the reconnect ping of a degraded store runs on
+the write thread too.
 
 **Start-up** (:meth:`Checkpoints.restore_latest`) never fails on bad snapshot state: orphan chunks of a
 writer killed mid-write are swept, then the newest snapshot that verifies *and* matches the configured
@@ -39,6 +46,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -52,6 +60,7 @@ from services.control.errors import BudgetNotPlanned, SnapshotNotFound
 from services.control.trainer_port import PartitionOffset, SnapshotInfo, TrainerState
 from services.snapshots import (
     ModelFingerprint,
+    PreparedSnapshot,
     Reconnect,
     SnapshotCorruptError,
     SnapshotManifest,
@@ -63,6 +72,7 @@ from services.snapshots import (
 from services.trainer.counters import StreamCounters
 from services.trainer.learner import Learner
 from services.trainer.ledger import OffsetLedger
+from services.trainer.snapshot_writes import WriteQueue, stuck_after
 from services.trainer.state import Lifecycle, PlanInForce
 
 log = logging.getLogger("ferret.trainer")
@@ -135,7 +145,7 @@ class Checkpoints:
         on_health: Callable[[bool], None] = lambda ok: None,
         link: Reconnect | None = None,
         stall_guard: StallGuard = no_guard,
-        stall_s: float = 5.0,
+        stall_s: float = 1.0,
     ) -> None:
         self.store = store
         self.learner = learner
@@ -151,9 +161,10 @@ class Checkpoints:
         self._on_health = on_health
         self.link = link  # Redis reachability with backoff; None: assume it answers
         self._stall_guard = stall_guard
-        self.stall_s = stall_s
-        self.last_version = 0
+        self.stall_s = stall_s  # redis.stall_s: the loop's part (readiness) and a hung write (ferret.snapshots)
+        self.last_version = 0  # set by the write thread
         self._last_time = time.monotonic()
+        self._writes = WriteQueue()
 
     # -- the payload, in and out ---------------------------------------------------------------------
     def payload(self, metadata: Mapping[str, str]) -> SnapshotPayload:
@@ -206,45 +217,73 @@ class Checkpoints:
 
     # -- sequences -----------------------------------------------------------------------------------
     def save(self, metadata: Mapping[str, str], ends: StreamEnds) -> SnapshotInfo:
-        """Drain, flush, save (module docstring, steps 1–3). Raises when the snapshot failed."""
+        """A snapshot, waited for (module docstring, steps 1–3). Raises when it failed."""
+        return self.start(metadata, ends).result()
+
+    def start(self, metadata: Mapping[str, str], ends: StreamEnds) -> Future[SnapshotInfo]:
+        """Drain, flush and encode on this (the loop) thread, then hand the Redis write to the write thread
+        and return its future at once. Raises when this thread's part failed (nothing is written)."""
         store = self.require_store()
-        start = time.monotonic()
+        began = time.monotonic()
         deadline = Deadline(SNAPSHOT_BUDGET_S)
+        self._last_time = began
         try:
-            with self.lifecycle.during(TrainerState.SNAPSHOTTING):
+            with (
+                self.lifecycle.during(TrainerState.SNAPSHOTTING),
+                self._stall_guard("snapshot (drain, flush, encode)", self.stall_s),
+            ):
                 self._drain(deadline)
                 self._flush(ends, deadline)
-                payload = self.payload(metadata)
-                with self._stall_guard("snapshot write", self.stall_s):
-                    version = store.save(payload)
-                    store.prune(self.keep)
+                prepared = store.prepare(self.payload(metadata))
+        except Exception:
+            self._on_health(False)
+            raise
+        return self._writes.submit(lambda: self._write(store, prepared, began))
+
+    def _write(self, store: SnapshotStore, prepared: PreparedSnapshot, began: float) -> SnapshotInfo:
+        """On the write thread: write, prune, report health (``ferret.snapshots`` NOT_SERVING as soon as the
+        write has hung ``stall_s``, whatever the outcome after)."""
+        try:
+            with stuck_after(self.stall_s, self._stuck):
+                manifest = store.write(prepared)
+                store.prune(self.keep)
         except Exception as exc:
             self._on_health(False)
             if self.link is not None and _unavailable(exc):
                 self.link.failed(exc)  # degraded: the next snapshot waits for a ping to answer
             raise
         self._on_health(True)
-        self.last_version = version
-        self._last_time = time.monotonic()
-        return self._manifest_info(store.manifest(version), seconds=time.monotonic() - start)
+        self.last_version = manifest.version
+        return self._manifest_info(manifest, seconds=time.monotonic() - began)
+
+    def _stuck(self) -> None:
+        log.warning("a snapshot write has hung for more than %.1f s (Redis frozen or overloaded?): "
+                    "ferret.snapshots is NOT_SERVING until it ends; the stream goes on", self.stall_s)  # fmt: skip
+        self._on_health(False)
 
     def due(self) -> bool:
-        """Whether a periodic snapshot is due (``redis.snapshot_interval_s``; 0 turns them off) and Redis
-        answers (while it is down, a ping is tried only when the backoff allows)."""
+        """Whether a periodic snapshot is due (``redis.snapshot_interval_s``; 0 turns them off), no write is
+        still running (a hung Redis gets one write at a time) and Redis answers. While the store is
+        degraded, the reconnect ping is sent from the write thread when the backoff allows: the loop never
+        waits for it; the first call after it answered is due."""
         if self.store is None or self.interval_s <= 0 or time.monotonic() - self._last_time < self.interval_s:
             return False
-        if self.link is not None and not self.link.check():
-            self._last_time = time.monotonic()  # due again one interval later (or at the next retry)
+        if self._writes.busy:
+            return False
+        if self.link is not None and not self.link.available:
+            if self.link.next_retry_in() <= 0:
+                self._writes.submit(self.link.check)
             return False
         return True
 
     def save_periodic(self, ends: StreamEnds) -> None:
-        """A periodic snapshot; a failure degrades the service (health), the stream goes on."""
+        """A periodic snapshot, not waited for; a failure degrades the service (health), the stream goes on."""
         try:
-            self.save({"reason": "periodic"}, ends)
+            written = self.start({"reason": "periodic"}, ends)
         except Exception as exc:
             log.error("periodic snapshot failed: %s", exc)
-            self._last_time = time.monotonic()
+            return
+        written.add_done_callback(_log_failure)
 
     def shutdown(self, ends: StreamEnds) -> None:
         """The SIGTERM sequence (steps 1–4): a failed final snapshot never loses the offsets commit."""
@@ -259,7 +298,10 @@ class Checkpoints:
         ends.store_offsets()
         if drained and self.store is not None and self.snapshot_on_stop and (self.link is None or self.link.check()):
             try:
-                self.save({"reason": "shutdown"}, ends)
+                self.start({"reason": "shutdown"}, ends).result(timeout=max(1.0, deadline.remaining()))
+            except TimeoutError:
+                log.error("final snapshot: Redis did not finish the write within the shutdown budget; not "
+                          "waited for (latest stays the previous one unless it commits before the exit)")  # fmt: skip
             except Exception as exc:
                 log.error("final snapshot failed: %s", exc)
         ends.commit()
@@ -398,7 +440,7 @@ def _split(value: Any, path: str, tensors: dict[str, Tensor]) -> dict[str, Any]:
 
 
 def _join(node: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> Any:
-    (tag, value), = node.items()
+    ((tag, value),) = node.items()
     if tag == "tensor":
         return tensors[value]
     if tag == "dict":
@@ -416,6 +458,12 @@ def _offsets(offsets: Mapping[str, Mapping[int, int]]) -> tuple[PartitionOffset,
     return tuple(
         PartitionOffset(topic, int(p), int(o)) for topic, parts in offsets.items() for p, o in sorted(parts.items())
     )
+
+
+def _log_failure(written: Future[SnapshotInfo]) -> None:
+    error = written.exception()
+    if error is not None:
+        log.error("periodic snapshot failed: %s", error)
 
 
 def _unavailable(exc: BaseException) -> bool:

@@ -131,8 +131,8 @@ def assemble(
     link: Reconnect | None = None,
 ) -> TrainerParts:
     """The trainer's parts around ``learner``, each built once with what it needs. ``link``: Redis's
-    reachability (degraded mode, :class:`~services.snapshots.Reconnect`); ``health`` also bounds a
-    stalled snapshot write (readiness)."""
+    reachability (degraded mode, :class:`~services.snapshots.Reconnect`); ``health`` also reports a
+    snapshot that holds the record path longer than ``redis.stall_s`` (readiness)."""
     instance_id = settings.kafka.resolved_instance_id()
     plan = PlanInForce(learner.plan)
     lifecycle = Lifecycle()
@@ -153,7 +153,7 @@ def assemble(
         on_health=health.set_snapshots_ok if health is not None else lambda ok: None,
         link=link,
         stall_guard=health.readiness_deadline if health is not None else no_guard,
-        stall_s=settings.redis.timeout_s,
+        stall_s=settings.redis.resolved_stall_s(),
     )
     calls = LoopCalls()
     stream = RecordStream(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future
 
 from ferret_core.plan import Plan
 from services.control.deadline import CallDeadline
@@ -68,10 +69,11 @@ class Trainer:
         return self._status.status()
 
     def save_snapshot(self, metadata: Mapping[str, str], deadline: CallDeadline | None = None) -> SnapshotInfo:
-        def save() -> SnapshotInfo:
-            return self._checkpoints.save(metadata, self._stream)
+        # drained, flushed and encoded on the loop thread; the Redis write is waited for here, off the loop
+        def start() -> Future[SnapshotInfo]:
+            return self._checkpoints.start(metadata, self._stream)
 
-        return self._calls.call(save, deadline=deadline, what="the snapshot")
+        return self._calls.call(start, deadline=deadline, what="the snapshot").result()
 
     def restore_snapshot(self, version: int | None, deadline: CallDeadline | None = None) -> SnapshotInfo:
         def restore() -> SnapshotInfo:

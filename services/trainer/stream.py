@@ -10,7 +10,8 @@ unfinished offset (:class:`~services.trainer.ledger.OffsetLedger`) every :data:`
 the outcome topics' positions that let the next owner of the partition flag every re-emitted outcome
 (:mod:`.outcomes`). Outcomes are partition-aligned (sample partition p → outcome partition p mod n) and go
 out through :class:`~services.trainer.publisher.Publisher` (too-large messages, a full queue, a rebuilt
-producer). Assignment, revocation, commits and lag are :class:`~services.trainer.partitions.PartitionOwner`'s.
+producer whose resent outcomes are flagged duplicates where a first copy may be on the topic). Assignment,
+revocation, commits and lag are :class:`~services.trainer.partitions.PartitionOwner`'s.
 
 One loop thread (:meth:`RecordStream.run`) owns the Kafka clients and the learner's front door. Between
 batches it serves the control plane's calls (re-plans, snapshots, restores: :mod:`.loop_calls`) and
@@ -59,7 +60,7 @@ from services.trainer.partitions import COMMIT_INTERVAL_S, PartitionOwner
 from services.trainer.path_trace import PathTrace, wall_ms
 from services.trainer.predictions import HEADERS as PREDICTION_HEADERS
 from services.trainer.predictions import prediction_message
-from services.trainer.publisher import MessageTooLarge, ProducerLike, Publisher, too_large
+from services.trainer.publisher import MessageTooLarge, ProducerLike, Publisher, Reissue, too_large
 from services.trainer.state import Lifecycle, PlanInForce
 
 log = logging.getLogger("ferret.trainer")
@@ -358,6 +359,12 @@ class RecordStream:
             latency_ms=latency,
             time_ms=now_ms(),
         )
+
+        def flagged() -> Reissue:  # resent by a rebuilt producer while a first copy may be on the topic
+            message.duplicate = True
+            return Reissue(message.SerializeToString(), PREDICTION_HEADERS,
+                           lambda err, msg: self._delivered(err, msg, record, True, latency))  # fmt: skip
+
         assert self._publisher is not None
         try:
             self._publisher.send(
@@ -367,6 +374,7 @@ class RecordStream:
                 headers=PREDICTION_HEADERS,
                 partition=self.partitions.outcome_partition(self.topics.predictions, record.partition),
                 on_delivery=lambda err, msg: self._delivered(err, msg, record, duplicate, latency),
+                flagged=None if duplicate else flagged,
             )
         except MessageTooLarge as exc:
             self._fail(RecordFailure(Step.PUBLISH, *_where(record), TOO_LARGE, str(exc), exc), record)
@@ -436,12 +444,14 @@ class RecordStream:
     def _dead_letter(self, record: Record, failure: RecordFailure) -> None:
         """The original record to ``<prefix>.samples.dlq`` with the failure's reason (bounded to the
         producer's message limit, :func:`services.kafka.record_codec.dead_letter_record`); finished on delivery. One an
-        earlier run or owner already wrote carries ``ferret.dlq.duplicate: true``."""
+        earlier run or owner already wrote carries ``ferret.dlq.duplicate: true``, and so does its copy that a
+        rebuilt producer resends while a first copy may be on the topic."""
         self.counters.count_dead_letter(failure.reason)
         rejection = Rejection(cast(RejectReason, failure.reason), failure.detail)
         letter = dead_letter_record(record.message, rejection, max_bytes=self.max_message_bytes - 256)
         headers = letter.headers
-        if self.ledger.is_duplicate(record.partition, record.offset):
+        duplicate = self.ledger.is_duplicate(record.partition, record.offset)
+        if duplicate:
             headers = [*headers, (DLQ_DUPLICATE, b"true")]
 
         def delivered(err: KafkaError | None, msg: Message | None) -> None:
@@ -452,6 +462,9 @@ class RecordStream:
                 reason = TOO_LARGE if too_large(err) else "not_delivered"
                 self._fail(RecordFailure(Step.DEAD_LETTER, *_where(record), reason, err.str()), record)
 
+        def flagged() -> Reissue:  # resent by a rebuilt producer while a first copy may be on the topic
+            return Reissue(letter.value, [*headers, (DLQ_DUPLICATE, b"true")], delivered)
+
         assert self._publisher is not None
         try:
             self._publisher.send(
@@ -461,6 +474,7 @@ class RecordStream:
                 headers=headers,
                 partition=self.partitions.outcome_partition(self.topics.dlq, record.partition),
                 on_delivery=delivered,
+                flagged=None if duplicate else flagged,
             )
         except MessageTooLarge as exc:
             self._fail(RecordFailure(Step.DEAD_LETTER, *_where(record), TOO_LARGE, str(exc), exc), record)
@@ -470,7 +484,6 @@ class RecordStream:
             self.ledger.finish(record.partition, record.offset)
         else:  # a label: its offset is committed as it is
             self.partitions.label_done(record.partition, record.offset)
-
 
     # -- assignment, pauses, offsets (the checkpoints' StreamEnds) -------------------------------------
     def resume_from(self, offsets: Mapping[int, int]) -> None:

@@ -7,8 +7,12 @@ counters. docs/reliability.md lists each fault, the promise and what these tests
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +30,7 @@ from services.kafka.record_codec import encode_sample
 from services.localstack.broker import TansuBroker
 from services.localstack.ports import free_port
 from services.localstack.redis_server import RedisServer
+from services.proto_gen.ferret.v1 import messages_pb2
 from services.snapshots import SnapshotStore
 from services.trainer import publisher as publisher_module
 from tests.integration.trainer_support import produce_digits
@@ -196,14 +201,44 @@ def test_kill_9_mid_record_recovers_with_every_re_emission_flagged(
         assert second.stop() == 0
 
 
+def _take_producer_ids(bootstrap: str, topic: str, count: int) -> None:
+    """``count`` idempotent producers, one after another, each writing one Label no sample matches (the
+    trainer counts it unmatched): a broker that lost its producer ids hands out 1..count again."""
+    for i in range(count):
+        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+        producer.produce(topic, messages_pb2.Label(sample_id=f"nobody/{i}", label=0).SerializeToString())
+        assert producer.flush(30) == 0
+
+
+@pytest.mark.parametrize(
+    ("taken_ids", "stall_s", "seen"),
+    [(0, 3.0, "no delivery reported"), (3, 120.0, "OUT_OF_ORDER_SEQUENCE_NUMBER")],
+    ids=["stalled-producer", "fatal-producer"],
+)
 def test_the_trainer_carries_on_after_a_broker_restart(
-    redis_url: str, topic_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    redis_url: str,
+    topic_prefix: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    taken_ids: int,
+    stall_s: float,
+    seen: str,
 ) -> None:
     """A memory-only broker restarted under a running trainer (every topic, offset and producer id lost):
-    the trainer's clients reconnect, its stalled producer is rebuilt (librdkafka's idempotent producer loops
-    on UNKNOWN_PRODUCER_ID without reporting anything: publisher.py), and every record produced after the
-    restart gets one outcome."""
-    monkeypatch.setattr(publisher_module, "STALL_S", 3.0)  # 15 s in production
+    the trainer's clients reconnect, its producer is rebuilt, and every record produced after the restart
+    gets an outcome, any second copy flagged; the trainer never stops. Two ways the producer goes:
+
+    - ``stalled-producer``: the restarted broker does not know the producer's id; librdkafka's idempotent
+      producer loops on UNKNOWN_PRODUCER_ID without reporting anything, and the publisher rebuilds it after
+      ``STALL_S`` (publisher.py).
+    - ``fatal-producer``: the restarted broker first hands the ids 1..3 to other clients, the trainer's among
+      them (the samples' producer took 1, the trainer's 2, before the restart): the trainer's next batch is
+      refused ``OUT_OF_ORDER_SEQUENCE_NUMBER``, ``poll()`` raises it as fatal and ``produce()`` raises
+      ``_FATAL`` (issue 26: the trainer exited 1). The stall time is set far beyond the test, so only the
+      fatal path can rebuild."""
+    monkeypatch.setattr(publisher_module, "STALL_S", stall_s)  # 15 s in production
+    caplog.set_level(logging.INFO, logger="ferret.trainer")
     broker = TansuBroker(tmp_path / "broker", port=free_port()).start()
     bootstrap = broker.bootstrap_servers
     try:
@@ -216,15 +251,25 @@ def test_the_trainer_carries_on_after_a_broker_restart(
             broker.stop()
             time.sleep(1.0)  # the clients see the broker gone
             broker.start()
+            restarted = time.monotonic()
             ensure_topics(bootstrap, topic_prefix, sample_partitions=2)
+            _take_producer_ids(bootstrap, topics.labels, taken_ids)
             produce_digits(bootstrap, topics.samples, 30, start=30)
             outcomes = read_outcomes(bootstrap, topic_prefix, expected=30, timeout_s=90)
             by_record = outcomes.by_record()
-            assert len(by_record) == 30 and outcomes.duplicates() == (0, 0), by_record
+            flagged, unflagged = outcomes.duplicates()
             publisher = trainer.process.parts.stream._publisher
-            assert publisher is not None and publisher.rebuilds >= 1
-            print(f"broker restart: 30 records after it, 30 outcomes; producer rebuilds {publisher.rebuilds}")
+            assert publisher is not None
+            print(f"broker restart ({seen}): 30 records after it, {sum(by_record.values())} outcomes, "
+                  f"{flagged} flagged, {unflagged} unflagged duplicates; producer rebuilds {publisher.rebuilds}, "
+                  f"resent {publisher.resent} ({publisher.resent_flagged} flagged); all outcomes read "
+                  f"{time.monotonic() - restarted:.1f} s after the restart")  # fmt: skip
+            assert len(by_record) == 30 and unflagged == 0, by_record
+            assert publisher.rebuilds >= 1 and seen in caplog.text
             assert trainer.error is None
+            produce_digits(bootstrap, topics.samples, 5, start=60)  # and it goes on
+            assert len(read_outcomes(bootstrap, topic_prefix, expected=35).by_record()) == 35
+            assert trainer.error is None and trainer.thread.is_alive()
     finally:
         broker.stop()
 
@@ -280,3 +325,110 @@ def test_snapshots_written_unsigned_are_not_restored_by_a_trainer_with_a_key(
     assert skipped in caplog.text
     with trainer_in_process(env) as again:
         assert again.status().last_snapshot_version == 4  # type: ignore[attr-defined]  # the keyed shutdown's
+def _paced_digits(bootstrap: str, topic: str, start: int, count: int, rate: float) -> None:
+    """``count`` digits items at ``rate`` per second, each stamped with its send time."""
+    from ferret_core.data import load_dataset
+
+    ds = load_dataset("digits", None)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    began = time.monotonic()
+    for seq in range(start, start + count):
+        time.sleep(max(0.0, began + (seq - start) / rate - time.monotonic()))
+        x = (ds.x_train[seq % len(ds.x_train)] * 255).astype(np.uint8)
+        sample = encode_sample(x, stream="digits", sequence=seq, label=int(ds.y_train[seq % len(ds.y_train)]))
+        producer.produce(topic, sample.SerializeToString(), key=sample.id.encode())
+        producer.poll(0)
+    assert producer.flush(30) == 0
+
+
+class HealthWatch:
+    """Readiness and ``ferret.snapshots`` read through grpc.health.v1 every 50 ms on a thread, with when."""
+
+    def __init__(self, target: str) -> None:
+        self.readings: list[tuple[float, int, int]] = []  # (monotonic s, readiness, snapshots)
+        self._stop = threading.Event()
+        self._channel = grpc.insecure_channel(target)
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        while not self._stop.is_set():
+            ready, snapshots = (
+                stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5).status for name in ("", SNAPSHOTS)
+            )
+            self.readings.append((time.monotonic(), int(ready), int(snapshots)))
+            self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._channel.close()
+
+    def during(self, start: float, end: float) -> list[tuple[float, int, int]]:
+        return [r for r in self.readings if start <= r[0] <= end]
+
+
+def test_a_frozen_redis_never_stalls_predictions_and_health_reports_the_stuck_write(
+    bootstrap_servers: str, topic_prefix: str, own_valkey: RedisServer
+) -> None:
+    """Valkey SIGSTOPped for 6 s under a trainer that snapshots every 0.5 s while 40 items/s stream in: no
+    prediction waits behind Redis (the largest gap between consecutive predictions stays below
+    ``redis.stall_s``, 1 s here, with ``redis.timeout_s`` 3 s), readiness stays SERVING, ``ferret.snapshots``
+    goes NOT_SERVING while the write is stuck, and after SIGCONT snapshots are saved again."""
+    ensure_topics(bootstrap_servers, topic_prefix, sample_partitions=2)
+    topics = TopicNames(topic_prefix)
+    env = trainer_env(
+        bootstrap_servers,
+        own_valkey.url,
+        topic_prefix,
+        FERRET_REDIS_TIMEOUT_S="3",
+        FERRET_REDIS_STALL_S="1",
+        FERRET_REDIS_SNAPSHOT_INTERVAL_S="0.5",
+    )
+    produce_digits(bootstrap_servers, topics.samples, 20)
+    rate, seconds, frozen_s = 40.0, 12.0, 6.0
+    with trainer_in_process(env) as trainer:
+        read_outcomes(bootstrap_servers, topic_prefix, expected=20)
+        watch = HealthWatch(env["FERRET_CONTROL_LISTEN"])
+        stream = threading.Thread(
+            target=_paced_digits, args=(bootstrap_servers, topics.samples, 20, int(rate * seconds), rate)
+        )
+        stream.start()
+        time.sleep(3.0)
+        assert own_valkey.pid is not None
+        versions_before = trainer.status().last_snapshot_version  # type: ignore[attr-defined]
+        frozen_at = time.monotonic()
+        frozen_ms = time.time() * 1000
+        os.kill(own_valkey.pid, signal.SIGSTOP)
+        try:
+            time.sleep(frozen_s)
+        finally:
+            os.kill(own_valkey.pid, signal.SIGCONT)
+        thawed_at = time.monotonic()
+        thawed_ms = time.time() * 1000
+        stream.join(60)
+        total = 20 + int(rate * seconds)
+        outcomes = read_outcomes(bootstrap_servers, topic_prefix, expected=total, timeout_s=60)
+        wait_for(lambda: trainer.status().last_snapshot_version > versions_before + 1, 30, "a snapshot after SIGCONT")  # type: ignore[attr-defined]
+        watch.stop()
+        times = sorted(p.predicted_time_ms for p in outcomes.predictions if p.sequence >= 20)
+        gaps = [(b - a, a) for a, b in itertools.pairwise(times)]
+        gap_ms, gap_at = max(gaps)
+        frozen_gap_ms = max(g for g, at in gaps if frozen_ms - 1000 <= at <= thawed_ms)
+        readings = watch.during(frozen_at, thawed_at)
+        not_ready = sum(r[1] != health_pb2.HealthCheckResponse.SERVING for r in readings)
+        snapshots_down = [r[0] - frozen_at for r in readings if r[2] != health_pb2.HealthCheckResponse.SERVING]
+        print(
+            f"frozen Redis {frozen_s:.0f} s (timeout 3 s, stall 1 s): largest prediction gap {gap_ms} ms "
+            f"({(gap_at - frozen_ms) / 1000:+.1f} s from the freeze), during the freeze {frozen_gap_ms} ms; "
+            f"readiness NOT_SERVING in {not_ready}/{len(readings)} readings; ferret.snapshots NOT_SERVING from "
+            f"{min(snapshots_down, default=float('nan')):.2f} s after the freeze; snapshot "
+            f"v{trainer.status().last_snapshot_version} after SIGCONT (v{versions_before} before)"  # type: ignore[attr-defined]
+        )
+        assert len(outcomes.by_record()) == total and outcomes.duplicates() == (0, 0)
+        assert gap_ms <= 1000, f"a prediction waited {gap_ms} ms (redis.stall_s is 1 s)"
+        assert not_ready == 0 and readings, readings
+        assert snapshots_down and min(snapshots_down) <= 1.0 + 0.5 + 1.0, readings  # stall_s + interval + slack
+        assert watch.readings[-1][2] == health_pb2.HealthCheckResponse.SERVING
+        assert trainer.error is None

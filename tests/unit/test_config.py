@@ -238,6 +238,17 @@ def test_cross_field_checks() -> None:
         load_settings(env={"FERRET_PRODUCER_LOOP": "true", "FERRET_PRODUCER_ITEMS": "3"})
 
 
+def test_the_snapshot_stall_bound_lies_below_the_redis_timeout() -> None:
+    """``redis.stall_s`` must be below ``redis.timeout_s`` (health reports a hung write before Redis times it
+    out); unset, it is min(1 s, timeout_s / 2)."""
+    assert load_settings(env={}).redis.resolved_stall_s() == 1.0
+    assert load_settings(env={"FERRET_REDIS_TIMEOUT_S": "0.5"}).redis.resolved_stall_s() == 0.25
+    assert load_settings(env={"FERRET_REDIS_STALL_S": "2"}).redis.resolved_stall_s() == 2.0
+    with pytest.raises(ConfigError, match=r"redis.stall_s \(from FERRET_REDIS_STALL_S\): expected seconds below "
+                       r"redis.timeout_s \(5\)"):  # fmt: skip
+        load_settings(env={"FERRET_REDIS_STALL_S": "5"})
+
+
 def test_control_tls_needs_both_files(tmp_path: Path) -> None:
     cert = tmp_path / "tls.crt"
     cert.write_text("pem")

@@ -11,14 +11,17 @@ from dataclasses import dataclass, field
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from services.kafka.record_codec import dead_letter_info
+from services.kafka.record_codec import SampleDecoder, dead_letter_info
 from services.trainer.failures import ErrorPolicy, MemoryFailureLog, RecordFailure, RecordPathStopped, Step
 from services.trainer.lag import UNKNOWN, PartitionLag
 from services.trainer.outcomes import OutcomePositions, OutcomeTopics
-from services.trainer.publisher import MessageTooLarge, Publisher
+from services.trainer.publisher import MessageTooLarge, Publisher, Reissue
+from services.trainer.runner import assemble
 from tests.unit.test_trainer_stream import (
+    SETTINGS,
     TOPICS,
     Delivered,
+    FakeConsumer,
     FakeMessage,
     FakeProducer,
     ScriptedLearner,
@@ -98,6 +101,146 @@ def test_a_fatal_error_rebuilds_the_producer_and_resends_in_order() -> None:
     publisher.poll()
     assert publisher.rebuilds == 1 and first.purged == 1
     assert second.sent == ["a", "b", "c"] and delivered == ["a", "b", "c"]  # nothing lost, order kept
+
+
+Queued = tuple[str, bytes | None, object, Callable[..., None]]  # topic, value, headers, delivery callback
+
+
+@dataclass
+class DyingProducer:
+    """librdkafka's idempotent producer as measured when a restarted broker handed its producer id to
+    another client (services/trainer/publisher.py): until :meth:`die` every poll delivers, in order; after
+    it the refused batch is reported with ``OUT_OF_ORDER_SEQUENCE_NUMBER`` (``fatal()`` False) at the next
+    poll, which then raises the fatal error (``fatal()`` True) once, and every ``produce()`` raises
+    ``_FATAL`` (``fatal()`` False; ``fatal_produce`` makes it True). ``purge`` reports what it still holds:
+    the local queue ``_PURGE_QUEUE``, what was sent without an answer ``_PURGE_INFLIGHT``."""
+
+    fatal_produce: bool = False
+    queued: list[Queued] = field(default_factory=list)  # produced, not sent to the broker yet
+    in_flight: list[Queued] = field(default_factory=list)  # sent, no answer yet
+    refused: list[Queued] = field(default_factory=list)  # the broker's answer: out of order (served by poll)
+    delivered: list[tuple[str, bytes | None]] = field(default_factory=list)
+    headers: list[object] = field(default_factory=list)
+    dead: bool = False
+    raised: bool = False
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, **kw: object) -> None:
+        if self.dead:
+            raise KafkaException(KafkaError(KafkaError._FATAL, "Local: Fatal error", fatal=self.fatal_produce))
+        self.queued.append((topic, value, kw.get("headers"), kw["on_delivery"]))  # type: ignore[arg-type]
+
+    def send_batch(self) -> None:
+        """librdkafka sends what is queued; the broker has not answered yet."""
+        self.in_flight, self.queued = [*self.in_flight, *self.queued], []
+
+    def die(self, refused: int) -> None:
+        """The broker refuses the first ``refused`` in-flight messages: the producer is dead."""
+        self.refused, self.in_flight = self.in_flight[:refused], self.in_flight[refused:]
+        self.dead = True
+
+    def poll(self, timeout: float = 0) -> int:
+        if self.dead:
+            refused, self.refused = self.refused, []
+            for *_, callback in refused:
+                callback(KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "sequence desynchronization"), None)
+            if not self.raised:
+                self.raised = True
+                raise KafkaException(KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "fatal", fatal=True))
+            return len(refused)
+        served, self.in_flight, self.queued = [*self.in_flight, *self.queued], [], []
+        for topic, value, headers, callback in served:
+            self.delivered.append((topic, value))
+            self.headers.append(headers)
+            callback(None, Delivered(topic, 0, len(self.delivered) - 1))
+        return len(served)
+
+    def flush(self, timeout: float = 0) -> int:
+        self.poll()
+        return 0
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        for held, code in ((self.queued, KafkaError._PURGE_QUEUE), (self.in_flight, KafkaError._PURGE_INFLIGHT)):
+            for *_, callback in held:
+                callback(KafkaError(code), None)
+            held.clear()
+
+
+def _sender(publisher: Publisher, reports: dict[str, list[object]]) -> Callable[[str], None]:
+    """Sends a message named ``name`` (value ``name``, flagged copy ``name*``); its reports (None: delivered)
+    go to ``reports[name]``, the flagged copy's to ``reports[name + "*"]``."""
+
+    def send(name: str) -> None:
+        def report(key: str) -> Callable[[KafkaError | None, object], None]:
+            return lambda error, _message: reports.setdefault(key, []).append(error)
+
+        publisher.send(
+            "t", name.encode(), key=None, on_delivery=report(name),
+            flagged=lambda: Reissue(f"{name}*".encode(), None, report(f"{name}*")),
+        )  # fmt: skip
+
+    return send
+
+
+@pytest.mark.parametrize("fatal_produce", [False, True], ids=["as-librdkafka-reports-it", "fatal-flag-set"])
+def test_a_fatal_error_raised_by_produce_rebuilds_and_loses_nothing(fatal_produce: bool) -> None:
+    """The issue's path: the producer died, no poll has told the publisher yet, and the next ``produce()``
+    raises ``_FATAL``. The producer is rebuilt and every message is delivered once, in order: the one the
+    broker refused and the one never sent as they were, the one in flight as its flagged copy."""
+    first, second = DyingProducer(fatal_produce=fatal_produce), DyingProducer()
+    made = iter([first, second])
+    publisher = Publisher(lambda _cb: next(made))
+    reports: dict[str, list[object]] = {}
+    send = _sender(publisher, reports)
+    send("a")
+    send("b")
+    first.send_batch()  # a and b in flight
+    send("c")  # queued
+    first.die(refused=1)  # the broker refuses a (out of order); b's answer never comes
+    send("d")  # produce() raises _FATAL: rebuilt, a b c resent, then d
+    publisher.poll()
+    assert publisher.rebuilds == 1 and (publisher.resent, publisher.resent_flagged) == (3, 1)
+    assert second.delivered == [("t", b"a"), ("t", b"b*"), ("t", b"c"), ("t", b"d")]
+    assert reports == {"a": [None], "b*": [None], "c": [None], "d": [None]}  # one report each, no error
+
+
+def test_a_fatal_error_raised_by_poll_rebuilds_and_resends_the_refused_batch() -> None:
+    """The order measured on the embedded broker: the refused batch's reports (``fatal()`` False), then
+    ``poll()`` raising the fatal error. Nothing escapes the publisher and nothing is lost or flagged (the
+    broker refused the batch: no copy of it is on the topic)."""
+    first, second = DyingProducer(), DyingProducer()
+    made = iter([first, second])
+    publisher = Publisher(lambda _cb: next(made))
+    reports: dict[str, list[object]] = {}
+    send = _sender(publisher, reports)
+    send("a")
+    send("b")
+    first.send_batch()
+    first.die(refused=2)
+    publisher.poll()  # reports, then the raise: rebuilt and resent
+    publisher.poll()
+    assert publisher.rebuilds == 1 and (publisher.resent, publisher.resent_flagged) == (2, 0)
+    assert second.delivered == [("t", b"a"), ("t", b"b")] and reports == {"a": [None], "b": [None]}
+
+
+def test_outcomes_resent_after_a_rebuild_are_flagged_duplicates_and_finish_their_offsets() -> None:
+    """Through the record path: a prediction and a dead letter in flight when the producer died are resent
+    flagged (``duplicate=true``, ``ferret.dlq.duplicate: true``) and counted; the next prediction is not;
+    every offset is finished once."""
+    first, second = DyingProducer(), DyingProducer()
+    made = iter([first, second])
+    parts = assemble(SETTINGS, ScriptedLearner(), SampleDecoder((1, 8, 8), 10), None)  # type: ignore[arg-type]
+    parts.stream.connect(FakeConsumer(), producer_factory=lambda _cb: next(made))  # type: ignore[arg-type]
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 0, sample(0)))  # type: ignore[arg-type]
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 1, b"junk"))  # type: ignore[arg-type]  # dead letter
+    first.send_batch()
+    first.die(refused=0)  # both in flight, never answered
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 2, sample(2)))  # type: ignore[arg-type]
+    parts.stream.flush(1.0)
+    assert [(p.source_offset, p.duplicate) for p in predictions(second)] == [(0, True), (2, False)]  # type: ignore[arg-type]
+    dlq = [h for (topic, _), h in zip(second.delivered, second.headers, strict=True) if topic == TOPICS.dlq]
+    assert [dict(h).get("ferret.dlq.duplicate") for h in dlq] == [b"true"]  # type: ignore[arg-type]
+    assert parts.port.status().duplicates_published == 1  # the prediction's flagged copy
+    assert parts.stream.ledger.resume_offsets() == {0: 3}
 
 
 @dataclass
