@@ -44,6 +44,13 @@ class ScheduleError(FerretError, RuntimeError):
     value): an executor asked for what it does not hold, a version slot pool ran dry, a process died."""
 
 
+class ExecutorLost(ScheduleError):
+    """An executor process died (a signal, the OOM killer) or closed its pipe: no item's data and no
+    training code raised, so nothing is to blame on a record. The master it may have been writing cannot be
+    trusted; a caller restarts its executors from the last good state (the trainer: from its last snapshot
+    and committed offsets)."""
+
+
 class DataError(FerretError, FileNotFoundError):
     """A dataset is missing or malformed."""
 

@@ -30,6 +30,9 @@ overrides the step's):
 ``dead_letter``                HOLD         a dead letter was not delivered: read the record again after a restart
 ``arrive``, model diverged     DEAD_LETTER  reason ``ModelDivergedError``: the master's output is not finite
                                             (training diverged), no prediction to publish; DLQ with the fix
+``arrive``, executor lost     STOP         an executor process died (kill -9, the OOM killer): not counted against
+                                            the record (no poison); its supervisor restarts the trainer, which
+                                            resumes from the last snapshot and committed offsets
 ``arrive``                     STOP         the learner failed (a pipeline thread raised): the trainer cannot learn on
 ``publish``                    STOP         the producer refused a prediction (after its rebuild, or a full queue
                                             for :data:`services.trainer.publisher.QUEUE_FULL_WAIT_S`)
@@ -105,6 +108,8 @@ class RecordPathStopped(FerretError, RuntimeError):
 POISON = "poison"  # the reason of a record that failed max_failures times
 TOO_LARGE = "too_large"
 MODEL_DIVERGED = "ModelDivergedError"  # services.trainer.learner.ModelDivergedError (reason: the class name)
+EXECUTOR_LOST = "ExecutorLost"  # ferret_core.errors.ExecutorLost: a process died, no record's doing
+NOT_THE_RECORDS = frozenset({EXECUTOR_LOST})  # STOP reasons never counted against the record (poison)
 DEFAULT_MAX_FAILURES = 3
 
 Rule = Step | tuple[Step, str]
@@ -197,7 +202,7 @@ class ErrorPolicy:
 
     def decide(self, failure: RecordFailure) -> Decision:
         decision = self.rule(failure)
-        if decision is Decision.STOP:
+        if decision is Decision.STOP and failure.reason not in NOT_THE_RECORDS:
             count = self.failures.record(
                 _key(failure.topic, failure.partition, failure.offset), f"{failure.reason}: {failure.detail}"
             )

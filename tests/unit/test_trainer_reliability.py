@@ -328,6 +328,24 @@ def test_a_learner_failure_is_blamed_on_the_record_whose_item_failed() -> None:
     assert failures.get(f"{TOPICS.samples}/0/10") is not None and failures.get(f"{TOPICS.samples}/0/11") is None
 
 
+def test_a_lost_executor_stops_the_trainer_without_blaming_the_record() -> None:
+    """An executor process that died (kill -9, OOM) is no record's doing: the trainer stops (its supervisor
+    restarts it from the last snapshot) and the record is not counted towards poison."""
+    from ferret_core.errors import ExecutorLost
+    from services.trainer.learner import LearnerFailed
+
+    failures = MemoryFailureLog()
+    cause = ExecutorLost("executor process of worker 0, stage 0 (pid 1) exited with code -9")
+    lost = LearnerFailed(0, cause)
+    lost.__cause__ = cause  # as the learner raises it (``raise LearnerFailed(...) from cause``)
+    for _ in range(4):  # more stops than max_failures: still not poison
+        learner = ScriptedLearner(error=lost)
+        parts, _, _ = parts_for(learner, policy=ErrorPolicy(failures=failures, max_failures=3))
+        with pytest.raises(RecordPathStopped, match="ExecutorLost"):
+            parts.stream.process(FakeMessage(TOPICS.samples, 0, 7, sample(7)))  # type: ignore[arg-type]
+    assert failures.get(f"{TOPICS.samples}/0/7") is None
+
+
 def test_rules_by_step_and_reason() -> None:
     policy = ErrorPolicy()
     assert policy.rule(RecordFailure(Step.DELIVER, "t", 0, 0, "too_large", "")).value == "dead_letter"

@@ -65,7 +65,7 @@ from ferret_core.engine.state import Counters
 from ferret_core.engine.trace import plan_bounds, validate_trace
 from ferret_core.engine.versions import StageVersion
 from ferret_core.engine.wall_clock import Arrival, ClockStopped
-from ferret_core.errors import ConfigError, NotImplementedFeatureError, ScheduleError
+from ferret_core.errors import ConfigError, ExecutorLost, NotImplementedFeatureError, ScheduleError
 from ferret_core.metrics import OnlineAccuracy
 from ferret_core.plan import Plan
 from ferret_core.schedule.actions import TraceEvent
@@ -398,6 +398,13 @@ class ProcessClock:
                 staleness_bound=plan_bounds(self.plan),
             )
 
+    def set_queue_slots(self, slots: int | None) -> None:
+        """Items that may wait per worker from now on (None: the rules' wait_slots)."""
+        if slots is not None and slots < 0:
+            raise ConfigError(f"queue_slots must be >= 0 (or None), got {slots}")
+        with self._lock:
+            self.dispatch.queue_slots = slots
+
     def measured_service_times(self) -> tuple[float | None, ...]:
         """Per worker, its executors' measured busy seconds per item at its slowest stage (None until a
         window of items was measured), as :meth:`WallClock.measured_service_times`."""
@@ -523,7 +530,7 @@ class ProcessClock:
                     while conn.poll():  # its last words first (an error it sent before exiting)
                         self._handle(e, conn.recv())
                     self._fail(
-                        ScheduleError(
+                        ExecutorLost(
                             f"executor process of worker {e[0]}, stage {e[1]} (pid {self._processes[e].pid}) exited "
                             f"with code {self._processes[e].exitcode} while the clock ran"
                         )
@@ -539,7 +546,7 @@ class ProcessClock:
                 except (EOFError, OSError):
                     if e in self._retiring or e not in self._conns:
                         break  # a retired executor's pipe: look again
-                    self._fail(ScheduleError(f"executor process of worker {e[0]}, stage {e[1]} closed its pipe"))
+                    self._fail(ExecutorLost(f"executor process of worker {e[0]}, stage {e[1]} closed its pipe"))
                     return
                 self._handle(e, message)
 

@@ -18,8 +18,8 @@ class ProcessSettings:
     flush denormal floats to zero (``torch.set_flush_denormal``: much faster where weights or gradients
     get tiny; results then differ from a process that keeps them). ``keep_trace``: keep every trace event
     (validation). ``top_k``: classes an :class:`Arrival` reports. ``queue_slots``: items that may wait per
-    worker before an arrival is skipped ``busy`` (the wall clock's admission queue K, which a consumer
-    delivering records in batches needs; ``None``: the schedule rules' ``wait_slots``)."""
+    worker before an arrival is skipped ``busy`` (0: only an idle worker takes one; ``None``: the schedule
+    rules' ``wait_slots``)."""
 
     lr: float = 1e-3
     compensator: str = "none"
@@ -50,8 +50,8 @@ def check_supported(setup: PolicySetup, settings: ProcessSettings) -> None:
             f"method {setup.method!r} is not run on process executors (buffering methods, flushing schedules "
             "and instant methods run on the wall clock)"
         )
-    if settings.queue_slots is not None and settings.queue_slots < 1:
-        raise ConfigError(f"queue_slots must be >= 1 (or None: the rules' wait_slots), got {settings.queue_slots}")
+    if settings.queue_slots is not None and settings.queue_slots < 0:
+        raise ConfigError(f"queue_slots must be >= 0 (or None: the rules' wait_slots), got {settings.queue_slots}")
     if settings.threads < 1:
         raise ConfigError(f"threads per executor must be >= 1, got {settings.threads}")
     compensator = make_compensator(settings.compensator, [torch.zeros(1)], settings.compensator_settings, 0)
