@@ -15,11 +15,17 @@ them, and the learner that drives them.
   profile's one-item time Σ(t^f + t^b) is at least :data:`PROCESS_MIN_ITEM_S`, and the method and
   compensator run on process executors; otherwise threads, with the reason logged.
 
-**Caps.** On processes the planner may use up to one worker per core (``trainer.max_workers`` overrides)
-and one stage (``trainer.max_stages`` overrides): stages as processes exchange each item's activation and
-gradient through gloo, and on 2 cores they trained less than worker processes on every model measured
-(MNISTNet 0.64×, ConvNet 0.67×, ResNet-18 1.51× against 1.67× for two workers). On threads the caps are
-as before (:func:`thread_caps`).
+**Caps.** On processes the planner may use one worker per core *beside the record path's*, N ≤ cores − 1
+(at least 1; ``trainer.max_workers`` overrides), and one stage (``trainer.max_stages`` overrides). The
+record path (consume, decode, predict every item, publish) keeps a core busy at saturation, and an
+executor that shares a core with it or with another executor is preempted while it holds its stage's
+slot lock: on this 2-core machine, MNISTNet at 520 items/s without Kafka (``ProcessLearner`` alone), one
+worker trained 34.7 % of the items and two 12.3 % (Iter-Fisher-lean, whose correction at staleness ≥ 1
+costs 7.5 ms per item on MNISTNet's 1.2 M weights, twice its training step) or 37.3 % (no compensator);
+with the broker beside them, the demo's two workers trained 1,456 of 6,000 items where one trained 3,084.
+Stages as processes exchange each item's activation and gradient through gloo, and on 2 cores they
+trained less than worker processes on every model measured (MNISTNet 0.64×, ConvNet 0.67×, ResNet-18
+1.51× against 1.67× for two workers). On threads the caps are as before (:func:`thread_caps`).
 """
 
 from __future__ import annotations
@@ -86,7 +92,8 @@ def executor_caps(settings: Settings, choice: ExecutorChoice) -> tuple[int, int 
     t = settings.trainer
     cpus = max(1, os.cpu_count() or 1)
     if choice.kind == "processes":
-        return (t.max_workers if t.max_workers is not None else cpus), (t.max_stages if t.max_stages is not None else 1)
+        workers = t.max_workers if t.max_workers is not None else max(1, cpus - 1)
+        return workers, (t.max_stages if t.max_stages is not None else 1)
     return thread_caps(settings)
 
 

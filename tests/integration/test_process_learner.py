@@ -34,6 +34,7 @@ def _settings() -> Settings:
         "FERRET_TRAINER_MODEL": "mlp",
         "FERRET_TRAINER_EXECUTORS": "processes",
         "FERRET_TRAINER_STREAM_RATE": "20000",  # faster than one worker: the planner wants two
+        "FERRET_TRAINER_MAX_WORKERS": "2",  # allowed two (the default leaves a core to the record path)
         "FERRET_TRAINER_LR": "0.05",
     }
     return load_settings(None, env=env)

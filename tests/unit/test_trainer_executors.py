@@ -56,10 +56,12 @@ def test_processes_on_a_gpu_are_a_config_error() -> None:
         _settings(executors="processes", device="cuda")
 
 
-def test_caps_on_processes_are_a_worker_per_core_and_one_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_caps_on_processes_leave_a_core_to_the_record_path_and_one_stage(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     processes = ExecutorChoice("processes", "test")
-    assert executor_caps(_settings(), processes) == (4, 1)
+    assert executor_caps(_settings(), processes) == (3, 1)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert executor_caps(_settings(), processes) == (1, 1)
     assert executor_caps(_settings(max_workers="2", max_stages="3"), processes) == (2, 3)
     assert executor_caps(_settings(), ExecutorChoice("threads", "test")) == (1, 1)
 
