@@ -67,6 +67,7 @@ def version_text() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: what `run --supervise` re-runs
     try:
         return int(args.handler(args))
     except InfeasibleBudgetError as exc:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import os
+import sys
 from pathlib import Path
 
 from ferret_core.engine import METHOD_NAMES, METHODS
@@ -11,6 +14,9 @@ from services.cli.args import budget_type, positive_int
 from services.cli.logs import add_logging_arguments, configure_logging
 from services.config import load_settings
 from services.models import MODEL_HELP, model_spec_type, shape_type
+from services.supervisor import RESTARTS_ENV, Supervisor
+
+log = logging.getLogger("ferret.trainer")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -96,13 +102,24 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="Prometheus port, 0 for a free one (default: metrics.port, 9100)",
     )
+    parser.add_argument(
+        "--supervise",
+        action="store_true",
+        help="run the trainer as a child process and restart it with backoff when it exits with a failure "
+        "(it resumes from its last snapshot and committed offsets; services/supervisor.py)",
+    )
     add_logging_arguments(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
-    settings = load_settings(args.config)
+    settings = load_settings(args.config)  # a bad setting fails here, before any child starts
+    if args.supervise:
+        return supervise([a for a in args.argv if a != "--supervise"])
+    restarts = int(os.environ.get(RESTARTS_ENV, "0") or 0)
+    if restarts:
+        log.warning("started again by its supervisor: restart #%d", restarts)
     overrides = {
         "kafka": {"bootstrap_servers": args.bootstrap_servers, "topic_prefix": args.topic_prefix},
         "redis": {"url": args.redis_url},
@@ -128,3 +145,12 @@ def run(args: argparse.Namespace) -> int:
     from services.trainer.runner import run_trainer
 
     return run_trainer(settings)
+
+
+def supervise(argv: list[str]) -> int:
+    """``ferret run`` (``argv`` without ``--supervise``) as a supervised child (services/supervisor.py)."""
+    supervisor = Supervisor([sys.executable, "-m", "services.cli.main", *argv])
+    supervisor.forward_signals()
+    code = supervisor.run()
+    log.info("supervisor: the trainer exited with code %d after %d restart(s)", code, supervisor.restarts)
+    return code

@@ -36,6 +36,7 @@ OTHER_VARIABLES: dict[str, str] = {
     CONFIG_ENV: "the YAML file's path (load_settings)",
     "FERRET_CONTROL_TARGET": "ferret control's address (a client; it may share an environment with ferret run)",
     "FERRET_FAILPOINT": "test-only fault injection (services/failpoints.py)",
+    "FERRET_SUPERVISOR_RESTARTS": "restarts so far, set by `ferret run --supervise` (services/supervisor.py)",
     "FERRET_TRACE_RECORD_PATH": "the record path's trace, a measurement aid (services/trainer/path_trace.py)",
     "FERRET_HYPOTHESIS_EXAMPLES": "examples per property test (tests/unit/test_schedules.py)",
     "FERRET_REGENERATE_FIXTURES": "rewrites the schedule tables' fixtures (tests/unit/test_schedule_tables.py)",

@@ -17,7 +17,10 @@ What differs from the thread learner (:mod:`services.trainer.engine_learner`), s
   compensator state (from the thread learner) is not loaded: λ restarts (logged);
 * ``measured_bytes`` is the shared version slots' bytes (the weights the plan's versions occupy, counted
   once however many processes map them); activations inside executors are not measured here;
-* admission reads W as a queue depth (:func:`queue_depth`), not per item by its event time.
+* admission reads W as a queue depth (:func:`queue_depth`), not per item by its event time;
+* an executor process that dies (kill -9, the OOM killer) is started again in place from the newest
+  weights that cannot be torn, the stream going on where it is (:meth:`ProcessLearner._recover`); a
+  failure raised *by* training code still stops the trainer (the record is blamed, as on threads).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import dataclasses
 import logging
 import math
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -36,7 +40,7 @@ from ferret_core.engine.admission import AdmissionSettings
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
 from ferret_core.engine.wall_clock import Arrival
-from ferret_core.errors import ConfigError
+from ferret_core.errors import ConfigError, ExecutorLost, ScheduleError
 from ferret_core.plan import Plan
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
@@ -54,6 +58,8 @@ from services.trainer.unit_weights import (
 log = logging.getLogger("ferret.trainer")
 
 DELIVERY_JITTER_S = 0.02  # a consumer batch's spread of arrivals that may wait for a worker (queue_depth)
+MAX_EXECUTOR_RESTARTS = 3  # executor deaths within RESTART_WINDOW_S restarted in process; more stop the trainer
+RESTART_WINDOW_S = 600.0
 DEPTH_EVERY = 64  # flushes between re-reads of the measured service time for queue_depth
 ROUTER_SWITCH_INTERVAL_S = 2e-4  # sys.setswitchinterval for a trainer on executor processes (see __init__)
 
@@ -105,6 +111,10 @@ class ProcessLearner:
         self._updates_before = 0
         self._backprops_before = 0
         self._non_finite_before = 0
+        self.executor_restarts = 0  # executor processes that died and were started again (_recover)
+        self.recovery_seconds: list[float] = []
+        self._deaths: list[float] = []
+        self._last_good: dict[str, torch.Tensor] | None = None
         self.replans_kept = 0  # re-plans that kept the executor processes
         self.replans_rebuilt = 0  # re-plans that started a new clock
         # the router thread answers every executor report: let it take the GIL from the record path within
@@ -165,8 +175,13 @@ class ProcessLearner:
         if self._admission is not None and self._flushes % DEPTH_EVERY == 0:
             self._follow_service_time(self._admission)
         items = [i for i, _, _ in queued]
+        xs, ys = [x for _, x, _ in queued], [y for _, _, y in queued]
         try:
-            arrivals = self.clock.submit_many([x for _, x, _ in queued], [y for _, _, y in queued], items)
+            try:
+                arrivals = self.clock.submit_many(xs, ys, items)
+            except ExecutorLost as lost:  # nothing of the batch was predicted yet: restart, then submit it
+                self._recover(lost)
+                arrivals = self.clock.submit_many(xs, ys, items)
         except Exception as exc:
             failed = self.clock.failed_item
             for i in items:
@@ -176,6 +191,46 @@ class ProcessLearner:
             return
         for arrival in arrivals:
             self._outcomes[arrival.index] = arrival
+
+    def _recover(self, lost: ExecutorLost) -> None:
+        """An executor process died: start the plan's executors again, in this process, from the newest
+        weights that cannot be torn, and go on with the stream where it is (no item is read again, so none
+        gets a second outcome). The master in shared memory is consistent unless the process died inside an
+        in-place update, which holds the slot table's lock it never releases: then the weights of the last
+        snapshot (or, before any, those the executors started from) are used. What the dead executor had
+        admitted but not trained is lost (its items' predictions are published). More than
+        :data:`MAX_EXECUTOR_RESTARTS` deaths within :data:`RESTART_WINDOW_S` raise: the trainer stops and
+        its supervisor starts it again from its last snapshot and committed offsets."""
+        began = time.perf_counter()
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < RESTART_WINDOW_S]
+        if len(self._deaths) >= MAX_EXECUTOR_RESTARTS:
+            raise lost
+        self._deaths.append(now)
+        try:
+            state = self.clock.unit_state()  # raises where a dead process holds the slot table's lock
+            source = "the master in shared memory"
+        except ScheduleError:
+            state = None
+        self._retire_counts()
+        self.clock.close(reraise=False)
+        if state is not None:
+            copy_into_units(self.model, state)
+        elif self._last_good is not None:
+            load_snapshot_tensors(self.model, self._last_good)
+            source = "the last snapshot's weights"
+        else:
+            source = "the weights the executors started from"
+        self.clock = self._start(self.plan)
+        self.executor_restarts += 1
+        self.recovery_seconds.append(time.perf_counter() - began)
+        log.warning(
+            "%s; executors restarted from %s in %.0f ms (restart %d)",
+            lost,
+            source,
+            1000 * self.recovery_seconds[-1],
+            self.executor_restarts,
+        )
 
     def _follow_service_time(self, admission: AdmissionSettings) -> None:
         """Re-size the admission queue for the slowest worker's measured service time (:func:`queue_depth`)."""
@@ -204,7 +259,10 @@ class ProcessLearner:
 
     def drain(self, timeout: float | None = None) -> None:
         self._flush()
-        self.clock.drain(timeout)
+        try:
+            self.clock.drain(timeout)
+        except ExecutorLost as lost:  # what was in flight is lost; the restarted executors are idle
+            self._recover(lost)
 
     # -- re-plans ---------------------------------------------------------------------------------------
     def apply_plan(self, plan: Plan) -> None:
@@ -258,11 +316,14 @@ class ProcessLearner:
 
     # -- state -----------------------------------------------------------------------------------------
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        return snapshot_tensors(self.clock.unit_state(), self._updates_before + self.clock.updates())
+        """The snapshot's tensors (taken drained); kept as the last good weights for :meth:`_recover`."""
+        self._last_good = snapshot_tensors(self.clock.unit_state(), self._updates_before + self.clock.updates())
+        return self._last_good
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self.drain()
         version = load_snapshot_tensors(self.model, tensors)
+        self._last_good = dict(tensors)
         self._retire_counts()
         plan = self.plan
         self.clock.close()

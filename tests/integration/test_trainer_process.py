@@ -28,12 +28,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class TrainerProcess:
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+    def __init__(self, env: dict[str, str], log: Path, *flags: str) -> None:
         self.log = log
         self.target = env["FERRET_CONTROL_LISTEN"]
         self.handle = log.open("ab")
         self.proc = subprocess.Popen(
-            [*FERRET, "run", "--log-level", "WARNING"], env=env, cwd=ROOT, stdout=self.handle, stderr=subprocess.STDOUT
+            [*FERRET, "run", "--log-level", "WARNING", *flags],
+            env=env,
+            cwd=ROOT,
+            stdout=self.handle,
+            stderr=subprocess.STDOUT,
         )
         self.wait_serving()
 
@@ -47,12 +51,25 @@ class TrainerProcess:
         return code
 
 
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started (Linux /proc)."""
+    return [int(c) for task in Path(f"/proc/{pid}/task").glob("*") for c in (task / "children").read_text().split()]
+
+
 def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux /proc)."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        for child in (task / "children").read_text().split():
-            found += [int(child), *descendants(int(child))]
+    """Every process below ``pid``."""
+    return [p for child in children(pid) for p in (child, *descendants(child))]
+
+
+def executor_processes(pid: int) -> list[int]:
+    """The executor processes below ``pid``: the children of its torch forkserver."""
+    found = []
+    for child in descendants(pid):
+        try:
+            if b"forkserver" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found += children(child)
+        except OSError:
+            continue
     return found
 
 
@@ -251,3 +268,61 @@ def test_a_declared_slow_stream_gets_one_worker_that_trains_every_item(
     assert len({p.sequence for p in predictions}) == 60
     decisions = Counter(p.decision for p in predictions)
     assert decisions == {messages_pb2.TRAINING_DECISION_DISPATCHED: 60}, decisions  # every item trained
+
+
+def test_a_killed_executor_process_is_restarted_in_place(trainer_env: dict[str, str], tmp_path: Path) -> None:
+    """kill -9 of one executor process under a running trainer: its executors start again in the same
+    trainer from the newest weights that cannot be torn, and the stream goes on where it was: every item
+    has exactly one prediction (none read again, none lost)."""
+    bootstrap, prefix = trainer_env["FERRET_KAFKA_BOOTSTRAP_SERVERS"], trainer_env["FERRET_KAFKA_TOPIC_PREFIX"]
+    topics = TopicNames(prefix)
+    trainer = TrainerProcess({**trainer_env, "FERRET_TRAINER_EXECUTORS": "processes"}, tmp_path / "trainer.log")
+    client = ControlClient(trainer.target)
+    try:
+        ids = produce_digits(bootstrap, topics.samples, 100)
+        wait_status(client, "predictions_published", 100)
+        [executor, *_] = executor_processes(trainer.proc.pid)
+        os.kill(executor, signal.SIGKILL)
+        ids += produce_digits(bootstrap, topics.samples, 60, start=100)
+        wait_status(client, "predictions_published", 160)
+        assert executor not in executor_processes(trainer.proc.pid) and executor_processes(trainer.proc.pid)
+    finally:
+        client.close()
+        assert trainer.stop() == 0
+    predictions = read_predictions(bootstrap, topics.predictions, 160)
+    assert sorted(p.sample_id for p in predictions) == sorted(ids)  # exactly one each
+    assert not any(p.duplicate for p in predictions)
+    assert "executors restarted from the master in shared memory" in trainer.log.read_text()
+
+
+def test_a_killed_trainer_is_started_again_by_its_supervisor(trainer_env: dict[str, str], tmp_path: Path) -> None:
+    """``ferret run --supervise``: kill -9 of the trainer (executor processes and all) restarts it; it resumes
+    from the last snapshot and committed offsets: nothing lost, every re-emission flagged."""
+    bootstrap, prefix = trainer_env["FERRET_KAFKA_BOOTSTRAP_SERVERS"], trainer_env["FERRET_KAFKA_TOPIC_PREFIX"]
+    topics = TopicNames(prefix)
+    env = {**trainer_env, "FERRET_TRAINER_EXECUTORS": "processes"}
+    supervised = TrainerProcess(env, tmp_path / "trainer.log", "--supervise")
+    client = ControlClient(supervised.target)
+    try:
+        ids = produce_digits(bootstrap, topics.samples, 100)
+        wait_status(client, "predictions_published", 100)
+        assert control(supervised.target, "snapshot").returncode == 0
+        [child] = children(supervised.proc.pid)
+        client.close()
+        os.kill(child, signal.SIGKILL)
+        ids += produce_digits(bootstrap, topics.samples, 60, start=100)
+        supervised.wait_serving(timeout=120)  # the supervisor's new child
+        client = ControlClient(supervised.target)
+        wait_status(client, "items_valid", 60)
+        assert supervised.proc.poll() is None
+    finally:
+        client.close()
+        assert supervised.stop() == 0  # SIGTERM reaches the child, which drains and exits 0
+    predictions = read_predictions(bootstrap, topics.predictions, 160)
+    seen = Counter(p.sample_id for p in predictions)
+    assert set(seen) == set(ids)  # nothing lost
+    assert all(count <= 2 for count in seen.values())
+    for sample_id in (s for s, count in seen.items() if count == 2):  # the re-emission is flagged
+        first, again = sorted((p for p in predictions if p.sample_id == sample_id), key=lambda p: p.predicted_time_ms)
+        assert again.duplicate and not first.duplicate
+    assert "restart #1" in supervised.log.read_text()
