@@ -12,11 +12,13 @@ starts over after a child that ran ``reset_after_s``; after ``max_restarts`` res
 ``window_s`` the supervisor gives up and exits with the child's code (no crash loop). SIGTERM and SIGINT
 are forwarded to the child and end supervision (the child drains, snapshots and commits as always).
 Every restart is logged with its count and the child's exit code, and the child gets its count in
-``FERRET_SUPERVISOR_RESTARTS`` (it logs it at start).
+``FERRET_SUPERVISOR_RESTARTS`` (it logs it at start). The child is sent SIGTERM if the supervisor itself
+dies (Linux ``PR_SET_PDEATHSIG``), so no trainer outlives its supervisor.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -31,6 +33,7 @@ log = logging.getLogger("ferret.supervisor")
 
 NOT_RESTARTED = frozenset({0, 2, 3})  # a clean stop, a usage error, an infeasible budget
 RESTARTS_ENV = "FERRET_SUPERVISOR_RESTARTS"
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,16 @@ class RestartPolicy:
     first_backoff_s: float = 1.0
     max_backoff_s: float = 30.0
     reset_after_s: float = 60.0
+
+
+def _terminate_with_parent() -> None:
+    """In the child before it runs (Linux): SIGTERM when the supervisor dies, even of SIGKILL, so a trainer
+    never outlives it (it drains, snapshots and commits as on any SIGTERM)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the supervisor's own stop() is the only path
+        pass
 
 
 class Supervisor:
@@ -102,7 +115,7 @@ class Supervisor:
         with self._lock:
             if self._stopping.is_set():
                 return 0
-            self._child = subprocess.Popen(self.argv, env=env)
+            self._child = subprocess.Popen(self.argv, env=env, preexec_fn=_terminate_with_parent)
         return self._child.wait()
 
     def stop(self, signum: int = signal.SIGTERM) -> None:

@@ -51,9 +51,12 @@ def trainer_identity(options: DemoOptions) -> tuple[str, str]:
 
 
 def trainer_command(options: DemoOptions, endpoints: Endpoints) -> list[str]:
+    """``ferret run --supervise`` for the demo's stream: a trainer that stops on a failure is started again
+    and resumes from its last snapshot (services/supervisor.py)."""
     argv = [
         *options.ferret_command,
         "run",
+        "--supervise",
         "--bootstrap-servers",
         endpoints.bootstrap_servers,
         "--redis-url",

@@ -143,8 +143,8 @@ def test_trainer_command_and_environment(tmp_path: Path) -> None:
     options = _options(tmp_path, budget=1000, profile=Path("p.json"), snapshot_interval_s=5.0)
     endpoints = Endpoints("127.0.0.1:1", "redis://127.0.0.1:2/0", "127.0.0.1:3", 4)
     argv = commands.trainer_command(options, endpoints)
-    assert argv[:2] == ["ferret", "run"]
-    flags = dict(zip(argv[2::2], argv[3::2], strict=True))
+    assert argv[:3] == ["ferret", "run", "--supervise"]
+    flags = dict(zip(argv[3::2], argv[4::2], strict=True))
     assert flags == {
         "--bootstrap-servers": "127.0.0.1:1",
         "--redis-url": "redis://127.0.0.1:2/0",

@@ -291,7 +291,15 @@ def test_trainer_probes_ports_and_settings(name: str, tmp_path: Path) -> None:
         advertised = next(e["value"] for e in kafka["env"] if e["name"] == "KAFKA_ADVERTISED_LISTENERS")
         assert f"PLAINTEXT://{settings.kafka.bootstrap_servers}" in advertised.split(",")
         assert settings.redis.url.startswith("redis://redis:6379/")
+    # executor processes: one per CPU beside the record path's, their version slots in a /dev/shm of its own
+    cpus = int(container["resources"]["limits"]["cpu"])
+    if settings.trainer.executors == "processes":
+        assert settings.trainer.max_workers == cpus - 1
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+        shm = next(v for v in trainer["spec"]["template"]["spec"]["volumes"] if v["name"] == "dshm")
+        assert shm["emptyDir"]["medium"] == "Memory"
     if name == "base+all-components":
+        assert settings.trainer.executors == "auto"  # a GPU: process executors run CPU stages only
         assert settings.trainer.device == "cuda" and container["image"] == "ferret-cuda:0.1.0"
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
         annotations = trainer["spec"]["template"]["metadata"]["annotations"]
@@ -471,6 +479,10 @@ def test_compose_structure_and_settings() -> None:
     assert cli_parser().parse_args(services["trainer"]["command"]).command == "run"
     args = cli_parser().parse_args(services["producer"]["command"])
     assert (args.command, args.dataset, args.rate, args.loop) == ("produce", "digits", 50.0, True)
+    # executor processes: the container's 2 CPUs are the record path's and one executor's; slots in /dev/shm
+    assert trainer.trainer.executors == "processes" and trainer.trainer.max_workers == 1
+    assert float(services["trainer"]["deploy"]["resources"]["limits"]["cpus"]) == 2
+    assert services["trainer"]["shm_size"] == "512m"
     budget = compose({"FERRET_TRAINER_BUDGET_BYTES": "64MiB"})["services"]["trainer"]
     assert load_settings(env=service_env(budget)).trainer.budget_bytes == 64 * 2**20
 

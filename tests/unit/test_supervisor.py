@@ -4,6 +4,9 @@ reaches the child and ends supervision; the child is told its restart count."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -66,3 +69,35 @@ def test_a_stop_reaches_the_child_and_ends_supervision(tmp_path: Path) -> None:
     thread.join(10)
     assert not thread.is_alive() and result and result[0] != 0  # the child died of SIGTERM: not restarted
     assert supervisor.restarts == 0
+
+
+def test_the_child_does_not_outlive_a_killed_supervisor(tmp_path: Path) -> None:
+    marker = tmp_path / "child.pid"
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text(f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    runner = tmp_path / "supervise.py"
+    runner.write_text(
+        "import sys\nfrom services.supervisor import Supervisor\n"
+        f"Supervisor([sys.executable, {str(sleeper)!r}]).run()\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    supervisor = subprocess.Popen([sys.executable, str(runner)], env={**os.environ, "PYTHONPATH": str(root)})
+    deadline = time.monotonic() + 20
+    while not (marker.exists() and marker.read_text()):
+        assert time.monotonic() < deadline, "the supervised child did not start"
+        time.sleep(0.05)
+    child = int(marker.read_text())
+    supervisor.send_signal(signal.SIGKILL)
+    supervisor.wait(10)
+    deadline = time.monotonic() + 10
+    while alive(child):
+        assert time.monotonic() < deadline, "the child outlived its killed supervisor"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
