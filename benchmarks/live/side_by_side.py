@@ -23,7 +23,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from benchmarks.service import harness as h
-from ferret_core.data import Dataset, load_dataset
+from ferret_core.data import Dataset, dataset_spec, load_dataset
 from services.config import ProducerSettings, load_settings
 from services.config.data_root import default_data_root
 from services.kafka.admin import ensure_topics
@@ -74,14 +74,19 @@ class LiveService(h.Service):
 
 
 def profile_path(dataset: str, model: str) -> Path:
-    """The committed profile of ``model`` at ``dataset``'s input: ``benchmarks/profiles/{model}.json`` is
-    MNIST's (28×28); other datasets have ``{model}-{dataset}.json`` (digits: MLP on 8×8, made with
-    ``ferret profile --model mlp --in-features 64``, benchmarks/profiles/README.md)."""
-    name = f"{model}.json" if dataset == "mnist" else f"{model}-{dataset}.json"
-    path = ROOT / "benchmarks" / "profiles" / name
-    if not path.exists():
-        raise SystemExit(f"no committed profile {path} for {model} on {dataset}: make it with `ferret profile`")
-    return path
+    """The committed profile of ``model`` at ``dataset``'s input: ``{model}-{dataset}.json`` where one exists
+    (digits: MLP on 8×8, made with ``ferret profile --model mlp --in-features 64``,
+    benchmarks/profiles/README.md), else ``{model}.json`` when it was taken at the dataset's input shape
+    (MNIST's 28×28 for MNISTNet, CIFAR-10's 3×32×32 for ConvNet)."""
+    profiles = ROOT / "benchmarks" / "profiles"
+    specific = profiles / f"{model}-{dataset}.json"
+    if specific.exists():
+        return specific
+    general = profiles / f"{model}.json"
+    shape, _ = dataset_spec(dataset)
+    if general.exists() and tuple(json.loads(general.read_text())["input_shape"]) == tuple(shape):
+        return general
+    raise SystemExit(f"no committed profile of {model} at {dataset}'s input {shape}: make it with `ferret profile`")
 
 
 def read_predictions(bootstrap: str, topic: str, stream: str, expected: int, timeout: float) -> list[Any]:
