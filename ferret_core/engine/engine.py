@@ -248,19 +248,9 @@ class StreamEngine:
         while the engine runs, without reaching into the pipeline."""
         p = self.pipeline
         with p.lock:
-            c = p.counters
-            updates = c.updates_per_stage()
-            return EngineStats(
-                items=c.items,
-                trained=c.trained,
-                trained_any_stage=c.trained_any_stage,
-                skipped=dict(c.skipped),
-                updates=sum(updates),
-                updates_per_stage=updates,
+            return p.counters.engine_stats(
                 in_flight=p.in_flight(),
                 peak_bytes=None if p.meter is None else p.meter.peak_bytes,
-                mean_staleness=p.mean_staleness(),
-                max_staleness=tuple(c.staleness_max),
                 staleness_bound=plan_bounds(self.setup.plan),
                 compensations_truncated=tuple(comp.truncated for comp in p.compensators),
             )

@@ -646,8 +646,7 @@ class Pipeline:
         return len(self._items)
 
     def mean_staleness(self) -> tuple[float, ...]:
-        c = self.counters
-        return tuple(s / k if k else 0.0 for s, k in zip(c.staleness_sum, c.staleness_count, strict=True))
+        return self.counters.mean_staleness()
 
     def master_state(self) -> list[dict[str, Tensor]]:
         """Copies of the master's tensors by stage, keyed by the stage module's parameter and buffer names

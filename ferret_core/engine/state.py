@@ -9,6 +9,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from ferret_core.engine.result import EngineStats
 from ferret_core.engine.stage_exec import StageGraph
 from ferret_core.engine.steps import Held, LossFn
 from ferret_core.engine.versions import StageVersion
@@ -150,3 +151,32 @@ class Counters:
 
     def updates_per_stage(self) -> tuple[int, ...]:
         return tuple(sum(row[j] for row in self.updates) for j in range(self.num_stages))
+
+    def mean_staleness(self) -> tuple[float, ...]:
+        """Per stage, the mean staleness of the applied gradients (0 where none was applied)."""
+        return tuple(s / k if k else 0.0 for s, k in zip(self.staleness_sum, self.staleness_count, strict=True))
+
+    def engine_stats(
+        self,
+        *,
+        in_flight: int,
+        peak_bytes: int | None,
+        staleness_bound: tuple[int, ...],
+        compensations_truncated: tuple[int, ...] = (),
+    ) -> EngineStats:
+        """These counters as a running engine reports them (:meth:`StreamEngine.stats`, the process clock's)."""
+        updates = self.updates_per_stage()
+        return EngineStats(
+            items=self.items,
+            trained=self.trained,
+            trained_any_stage=self.trained_any_stage,
+            skipped=dict(self.skipped),
+            updates=sum(updates),
+            updates_per_stage=updates,
+            in_flight=in_flight,
+            peak_bytes=peak_bytes,
+            mean_staleness=self.mean_staleness(),
+            max_staleness=tuple(self.staleness_max),
+            staleness_bound=staleness_bound,
+            compensations_truncated=compensations_truncated,
+        )

@@ -115,6 +115,7 @@ class ProcessLearner:
         self.recovery_seconds: list[float] = []
         self._deaths: list[float] = []
         self._last_good: dict[str, torch.Tensor] | None = None
+        self._started_at = 0
         self.replans_kept = 0  # re-plans that kept the executor processes
         self.replans_rebuilt = 0  # re-plans that started a new clock
         # the router thread answers every executor report: let it take the GIL from the record path within
@@ -137,6 +138,7 @@ class ProcessLearner:
         return setup
 
     def _start(self, plan: Plan) -> ProcessClock:
+        self._started_at = self._updates_before  # the model version of the weights the clock starts from
         setup = self._setup(plan)
         settings = dataclasses.replace(self.process_settings, queue_slots=self._queue_slots)
         self._policy = setup
@@ -217,9 +219,10 @@ class ProcessLearner:
         if state is not None:
             copy_into_units(self.model, state)
         elif self._last_good is not None:
-            load_snapshot_tensors(self.model, self._last_good)
+            self._updates_before = load_snapshot_tensors(self.model, self._last_good)  # the version goes back
             source = "the last snapshot's weights"
         else:
+            self._updates_before = self._started_at  # the units still hold what this clock started from
             source = "the weights the executors started from"
         self.clock = self._start(self.plan)
         self.executor_restarts += 1
@@ -325,10 +328,10 @@ class ProcessLearner:
         version = load_snapshot_tensors(self.model, tensors)
         self._last_good = dict(tensors)
         self._retire_counts()
+        self._updates_before = version
         plan = self.plan
         self.clock.close()
         self.clock = self._start(plan)
-        self._updates_before = version
 
     def compensator_state(self) -> list[dict[str, Any]]:
         """None to save: each executor process keeps its own compensator state (module docstring)."""

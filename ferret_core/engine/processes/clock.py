@@ -380,21 +380,9 @@ class ProcessClock:
         the shared version slots' bytes (:meth:`shared_bytes`); what executors hold inside their processes
         is reported by :meth:`usage` (resident bytes), not here."""
         with self._lock:
-            c = self.counters
-            updates = c.updates_per_stage()
-            return EngineStats(
-                items=c.items,
-                trained=c.trained,
-                trained_any_stage=c.trained_any_stage,
-                skipped=dict(c.skipped),
-                updates=sum(updates),
-                updates_per_stage=updates,
+            return self.counters.engine_stats(
                 in_flight=self.scheduler.in_flight_items(),
                 peak_bytes=self.shared_bytes(),
-                mean_staleness=tuple(
-                    s / k if k else 0.0 for s, k in zip(c.staleness_sum, c.staleness_count, strict=True)
-                ),
-                max_staleness=tuple(c.staleness_max),
                 staleness_bound=plan_bounds(self.plan),
             )
 
