@@ -12,11 +12,12 @@ Defaults (DESIGN §6: no flags and no network needed):
   them as executor processes, docs/service.md "Executors");
 - the budget starts unconstrained and changes once, after 40 % of the items were predicted, to halfway
   between the plan's minimum feasible bytes and its predicted bytes (read from GetPlan), which re-plans
-  the running pipeline to a smaller plan (on two cores: two workers → one) — when a smaller plan exists.
-  Where none does (one unsplit worker keeps up with a slow ``--rate``, and that plan is already the
-  smallest feasible one, docs/planner.md reading 10), the demo says so in its log and report and asks for
-  half the minimum instead, to show the control plane's answer to an infeasible budget
-  (FAILED_PRECONDITION with the minimum; the plan in force unchanged) — :func:`budget_step`.
+  the running pipeline to a smaller plan (fewer workers, T1–T3) — when a smaller plan exists. Where none
+  does, the demo says so in its log and report and asks for half the minimum instead, to show the control
+  plane's answer to an infeasible budget (FAILED_PRECONDITION with the minimum; the plan in force
+  unchanged) — :func:`budget_step`. On a 2-core machine that is the case: the plan is one executor
+  process beside the record path (docs/service.md "Executors"), already the smallest feasible one; with
+  more cores the plan has more workers and the budget step removes some.
 """
 
 from __future__ import annotations
@@ -186,6 +187,7 @@ def budget_step(min_feasible_bytes: int, planned_bytes: int, new_budget: int | N
         max(1, minimum // 2),
         True,
         f"no budget changes the plan: the plan in force ({predicted} bytes) is already the smallest feasible one "
-        f"for this model and stream rate (one unsplit worker keeps up; docs/planner.md reading 10); asking for "
+        f"for this model, stream rate and machine (one unsplit worker: it keeps up, docs/planner.md reading 10, "
+        f"or the machine has no core for a second, docs/service.md \"Executors\"); asking for "
         f"half the minimum, {max(1, minimum // 2)} bytes, to show the control plane's refusal",
     )

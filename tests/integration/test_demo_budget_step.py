@@ -1,5 +1,6 @@
-"""End to end (STYLE 13): ``ferret demo`` at its own stream rate, where one unsplit worker keeps up and its
-plan is already the smallest feasible one: the budget step shows the control plane's refusal of an
+"""End to end (STYLE 13): ``ferret demo`` at a slow stream rate (50 items/s, the demo's default before it
+streamed at 1.5x the plain loop's rate), where one unsplit worker keeps up and its plan is already the
+smallest feasible one: the budget step shows the control plane's refusal of an
 infeasible budget (FAILED_PRECONDITION with the minimum), says so in its log and report, and the plan in
 force stays. (The cut that changes the plan, at the paper's rate, is ``test_demo_e2e.py``'s.)"""
 
@@ -17,9 +18,10 @@ from services.demo.options import REPO_ROOT, ferret_command
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_demo_at_its_own_rate_shows_the_refusal_and_keeps_its_plan(tmp_path: Path) -> None:
+def test_demo_at_a_slow_rate_shows_the_refusal_and_keeps_its_plan(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    argv = [*ferret_command(), "demo", "--items", "300", "--dataset", "digits", "--model", "mlp", "--no-live"]
+    argv = [*ferret_command(), "demo", "--items", "300", "--rate", "50", "--dataset", "digits", "--model", "mlp"]
+    argv.append("--no-live")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FERRET_")}
     done = subprocess.run(
         [*argv, "--out", str(out)], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240
