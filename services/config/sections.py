@@ -289,6 +289,10 @@ class KafkaSettings(Section):
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
         }
+        # Eager rebalancing (librdkafka's range,roundrobin): every join, expiry or rejoin pauses every partition
+        # ~3 s on Tansu. kafka.properties may set "partition.assignment.strategy: cooperative-sticky" (only
+        # what moves pauses; the callbacks handle it) on Apache Kafka: on Tansu a restarted third replica got
+        # no partition back (docs/reliability.md "Replicas"). The two protocols do not mix in one group.
         if self.static_membership:
             config["group.instance.id"] = self.resolved_instance_id()
         return {**config, **self.client_config()}

@@ -38,10 +38,12 @@ COMMIT_INTERVAL_S = 0.2  # a crash re-reads at most this much besides what was i
 REVOKE_FLUSH_S = 10.0  # deliveries awaited before a revoked partition is committed and let go
 
 
-def _cooperative(consumer: Consumer) -> bool:
-    """Whether the group rebalances incrementally (``partition.assignment.strategy: cooperative-sticky``):
-    the callbacks then get what is added or taken, not the whole assignment."""
-    return consumer.rebalance_protocol() == "COOPERATIVE"
+def rebalances_incrementally(consumer_config: Mapping[str, object]) -> bool:
+    """Whether the consumer's group rebalances incrementally (``partition.assignment.strategy``
+    cooperative-sticky; librdkafka refuses a mix with eager assignors): the callbacks then get what is added
+    or taken, not the whole assignment. (The Python client does not expose ``rebalance_protocol()``.)"""
+    strategies = str(consumer_config.get("partition.assignment.strategy", "range,roundrobin")).split(",")
+    return all(name.strip() == "cooperative-sticky" for name in strategies)
 
 
 class PartitionOwner:
@@ -69,11 +71,12 @@ class PartitionOwner:
         self._resume_at: dict[int, int] = {}  # from a restored snapshot: where each partition starts (once)
         self._label_next: dict[int, int] = {}  # labels partition -> next offset to commit
         self._committed: list[tuple[str, int, int]] = []
+        self.cooperative = rebalances_incrementally(kafka.consumer_config())
 
     # -- rebalance callbacks -----------------------------------------------------------------------------
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """``partitions`` is the whole assignment (eager protocol) or what it adds (cooperative)."""
-        cooperative = _cooperative(consumer)
+        cooperative = self.cooperative
         samples = [tp for tp in partitions if tp.topic == self.topics.samples]
         added = frozenset(tp.partition for tp in samples)
         self.assigned = self.assigned | added if cooperative else added
@@ -129,7 +132,7 @@ class PartitionOwner:
         self._let_go(consumer, partitions)
 
     def _let_go(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if _cooperative(consumer):
+        if self.cooperative:
             consumer.incremental_unassign(partitions)
         else:
             consumer.unassign()

@@ -16,11 +16,7 @@ from services.trainer.partitions import PartitionOwner
 
 @dataclass
 class FakeConsumer:
-    protocol: str
     calls: list[tuple[str, list[int]]] = field(default_factory=list)
-
-    def rebalance_protocol(self) -> str:
-        return self.protocol
 
     def committed(self, partitions: list[TopicPartition], timeout: float = 0) -> list[TopicPartition]:
         return [TopicPartition(tp.topic, tp.partition, -1001) for tp in partitions]  # nothing committed
@@ -46,9 +42,10 @@ class FakeConsumer:
         self._record("incremental_unassign", partitions)
 
 
-def owner() -> tuple[PartitionOwner, list[frozenset[int]]]:
+def owner(strategy: str | None = None) -> tuple[PartitionOwner, list[frozenset[int]]]:
     heard: list[frozenset[int]] = []
-    kafka = KafkaSettings(topic_prefix="t")
+    properties = {} if strategy is None else {"partition.assignment.strategy": strategy}
+    kafka = KafkaSettings(topic_prefix="t", properties=properties)
     return PartitionOwner(kafka, OffsetLedger(), flush=lambda _s: 0, on_assigned=heard.append), heard
 
 
@@ -57,8 +54,9 @@ def samples(*partitions: int) -> list[TopicPartition]:
 
 
 def test_cooperative_callbacks_add_and_take_only_what_moves() -> None:
-    parts, heard = owner()
-    consumer = FakeConsumer("COOPERATIVE")
+    parts, heard = owner("cooperative-sticky")
+    assert parts.cooperative
+    consumer = FakeConsumer()
     parts.consumer = consumer  # type: ignore[assignment]
     parts.on_assign(consumer, samples(0, 1, 2))  # type: ignore[arg-type]
     parts.on_revoke(consumer, samples(2))  # type: ignore[arg-type]
@@ -74,10 +72,11 @@ def test_cooperative_callbacks_add_and_take_only_what_moves() -> None:
     assert heard == [frozenset({0, 1, 2}), frozenset({0, 1}), frozenset({0, 1, 4}), frozenset({1, 4})]
 
 
-@pytest.mark.parametrize("protocol", ["EAGER", "NONE"])
-def test_eager_callbacks_replace_the_whole_assignment(protocol: str) -> None:
-    parts, heard = owner()
-    consumer = FakeConsumer(protocol)
+@pytest.mark.parametrize("strategy", [None, "range", "roundrobin", "range,roundrobin"])  # None: the default
+def test_eager_callbacks_replace_the_whole_assignment(strategy: str | None) -> None:
+    parts, heard = owner(strategy)
+    assert not parts.cooperative
+    consumer = FakeConsumer()
     parts.consumer = consumer  # type: ignore[assignment]
     parts.on_assign(consumer, samples(0, 1, 2))  # type: ignore[arg-type]
     parts.on_revoke(consumer, samples(0, 1, 2))  # type: ignore[arg-type]
