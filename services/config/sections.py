@@ -203,10 +203,15 @@ class KafkaSettings(Section):
     group_id: str = field(default="ferret-trainer", metadata=meta(check=check_name))
     instance_id: str | None = field(default=None, metadata=meta(check=check_name))
     session_timeout_ms: int = field(default=6000, metadata=meta(check=between(1000, 3_600_000, "milliseconds")))
-    # group.instance.id = the instance id (static membership): a restarted replica takes its partitions
-    # back without a rebalance on Kafka. The embedded Tansu broker adds a fixed 6 s to every join of a
-    # static member (3 s at join, 3 s at sync): turn it off there (docs/reliability.md, kill -9 recovery).
-    static_membership: bool = True
+    # group.instance.id = the instance id (static membership): on Apache Kafka a restarted replica takes its
+    # partitions back without a rebalance (docker-compose.yml and k8s/ turn it on). Off by default: on the
+    # shipped local broker (Tansu) a killed static member's partitions never went to the survivors and the
+    # group stayed stuck after it came back, and every join of a static member costs a fixed 6 s
+    # (docs/reliability.md "Replicas").
+    static_membership: bool = False
+    # Readiness goes NOT_SERVING once this replica has owned no sample partition for this long (e.g. more
+    # replicas than partitions, or a group stuck in a rebalance); SERVING again at its next assignment.
+    unassigned_readiness_s: float = field(default=30.0, metadata=meta(check=between(0.1, 86_400, "seconds")))
     security_protocol: SecurityProtocol = "PLAINTEXT"
     sasl_mechanism: SaslMechanism | None = None
     sasl_username: str | None = None
@@ -275,7 +280,7 @@ class KafkaSettings(Section):
         return {**config, **self.client_config()}
 
     def consumer_config(self) -> dict[str, Any]:
-        """The trainer's consumer: static membership, offsets stored only explicitly (DESIGN §4)."""
+        """The trainer's consumer: offsets stored only explicitly (DESIGN §4); static membership if on."""
         config: dict[str, Any] = {
             "group.id": self.group_id,
             "session.timeout.ms": self.session_timeout_ms,
@@ -284,6 +289,10 @@ class KafkaSettings(Section):
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
         }
+        # Eager rebalancing (librdkafka's range,roundrobin): every join, expiry or rejoin pauses every partition
+        # ~3 s on Tansu. kafka.properties may set "partition.assignment.strategy: cooperative-sticky" (only
+        # what moves pauses; the callbacks handle it) on Apache Kafka: on Tansu a restarted third replica got
+        # no partition back (docs/reliability.md "Replicas"). The two protocols do not mix in one group.
         if self.static_membership:
             config["group.instance.id"] = self.resolved_instance_id()
         return {**config, **self.client_config()}

@@ -4,8 +4,10 @@
 service name                  SERVING when
 ============================  ==========================================================================
 ``""`` (and ``ferret.v1.      readiness: the trainer says it is ready, no re-plan is in progress, no
-Control``)                    guarded blocking write (a snapshot) has stalled past its deadline and the
-                              server is not shutting down. Kubernetes' readiness probe checks this.
+Control``)                    guarded blocking write (a snapshot) has stalled past its deadline, the
+                              replica has not gone without partitions past its bound
+                              (``kafka.unassigned_readiness_s``) and the server is not shutting down.
+                              Kubernetes' readiness probe checks this.
 ``ferret.liveness``           liveness: the trainer says it is alive and no guarded operation (a re-plan,
                               a snapshot) has overrun its deadline. A re-plan never fails it, so a
                               re-plan never gets the pod killed; the liveness probe checks this name.
@@ -55,6 +57,8 @@ class ControlHealth:
         self._replans = 0
         self._overdue: set[str] = set()
         self._stalled: set[str] = set()
+        self._unowned: threading.Timer | None = None  # running while this replica owns no partition
+        self._unassigned = False  # ... and set once it has owned none for longer than the bound
         self._shutting_down = False
         self._publish()
 
@@ -64,6 +68,34 @@ class ControlHealth:
         with self._lock:
             self._ready = ready
             self._publish()
+
+    def set_owns_partitions(self, owns: bool, bound_s: float) -> None:
+        """Whether this replica owns a partition now. Owning none for longer than ``bound_s`` makes readiness
+        NOT_SERVING (a replica with nothing to read, or stuck in a rebalance, takes no stream) until it owns
+        one again. Repeated calls without partitions keep the first deadline."""
+        with self._lock:
+            if owns:
+                if self._unowned is not None:
+                    self._unowned.cancel()
+                    self._unowned = None
+                self._unassigned = False
+                self._publish()
+                return
+            if self._unowned is not None or self._unassigned:
+                return
+            timer = threading.Timer(bound_s, self._no_partitions, args=(bound_s,))
+            timer.daemon = True
+            self._unowned = timer
+            timer.start()
+
+    def _no_partitions(self, bound_s: float) -> None:
+        with self._lock:
+            if self._unowned is not threading.current_thread():  # cancelled or replaced meanwhile
+                return
+            self._unowned = None
+            self._unassigned = True
+            self._publish()
+        log.warning("no partition assigned for %.1f s: readiness is NOT_SERVING until one is", bound_s)
 
     def set_live(self, live: bool) -> None:
         """The trainer's own liveness (e.g. False when its loop stopped making progress)."""
@@ -161,7 +193,8 @@ class ControlHealth:
             self._publish()
 
     def _is_ready(self) -> bool:
-        return self._ready and self._replans == 0 and not self._stalled and not self._shutting_down
+        idle = self._unassigned
+        return self._ready and self._replans == 0 and not self._stalled and not idle and not self._shutting_down
 
     def _is_live(self) -> bool:
         return self._live and not self._overdue

@@ -38,6 +38,14 @@ COMMIT_INTERVAL_S = 0.2  # a crash re-reads at most this much besides what was i
 REVOKE_FLUSH_S = 10.0  # deliveries awaited before a revoked partition is committed and let go
 
 
+def rebalances_incrementally(consumer_config: Mapping[str, object]) -> bool:
+    """Whether the consumer's group rebalances incrementally (``partition.assignment.strategy``
+    cooperative-sticky; librdkafka refuses a mix with eager assignors): the callbacks then get what is added
+    or taken, not the whole assignment. (The Python client does not expose ``rebalance_protocol()``.)"""
+    strategies = str(consumer_config.get("partition.assignment.strategy", "range,roundrobin")).split(",")
+    return all(name.strip() == "cooperative-sticky" for name in strategies)
+
+
 class PartitionOwner:
     """Ownership of the sample partitions (module docstring). ``flush(timeout_s)`` delivers queued outcomes
     and returns how many are left; ``on_assigned`` hears the owned sample partitions after each assignment."""
@@ -63,11 +71,15 @@ class PartitionOwner:
         self._resume_at: dict[int, int] = {}  # from a restored snapshot: where each partition starts (once)
         self._label_next: dict[int, int] = {}  # labels partition -> next offset to commit
         self._committed: list[tuple[str, int, int]] = []
+        self.cooperative = rebalances_incrementally(kafka.consumer_config())
 
     # -- rebalance callbacks -----------------------------------------------------------------------------
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """``partitions`` is the whole assignment (eager protocol) or what it adds (cooperative)."""
+        cooperative = self.cooperative
         samples = [tp for tp in partitions if tp.topic == self.topics.samples]
-        self.assigned = frozenset(tp.partition for tp in samples)
+        added = frozenset(tp.partition for tp in samples)
+        self.assigned = self.assigned | added if cooperative else added
         self.outcomes = outcomes = self._outcome_topics(consumer)
         outcome_tps = [
             TopicPartition(topic, outcomes.partition_for(topic, tp.partition))
@@ -94,13 +106,16 @@ class PartitionOwner:
             # nothing committed for it (a first run, or killed before its first commit): from the beginning
             starts.setdefault((topic, tp.partition), OFFSET_BEGINNING)
         for partition, offsets in scan_outcomes(self.kafka.client_config(), outcomes, starts).items():
-            if partition in self.assigned:
+            if partition in added:
                 self.ledger.published_before(partition, offsets)
         log.debug("assigned %s; committed %s; snapshot offsets %s", partitions, committed, self._resume_at)
         for tp in samples:
             if tp.partition in self._resume_at:
                 tp.offset = self._resume_at.pop(tp.partition)
-        consumer.assign(partitions)
+        if cooperative:
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
         self.lag.assigned(self.assigned)
         self._on_assigned(self.assigned)  # readiness: only now can the trainer take the stream
 
@@ -109,14 +124,18 @@ class PartitionOwner:
         if left:
             log.warning("%d outcomes undelivered at a rebalance: their records will be read again", left)
         self.commit(sync=True)
-        self._let_go(partitions)
+        self._let_go(consumer, partitions)
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         lost = [f"{tp.topic}[{tp.partition}]" for tp in partitions]
         log.warning("partitions lost (the group expelled this member): %s", lost)
-        self._let_go(partitions)
+        self._let_go(consumer, partitions)
 
-    def _let_go(self, partitions: list[TopicPartition]) -> None:
+    def _let_go(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self.cooperative:
+            consumer.incremental_unassign(partitions)
+        else:
+            consumer.unassign()
         gone = [tp.partition for tp in partitions if tp.topic == self.topics.samples]
         self.ledger.forget(gone)
         self.positions.forget(gone)
@@ -126,6 +145,7 @@ class PartitionOwner:
                 self._label_next.pop(tp.partition, None)
         self.assigned = self.assigned - set(gone)
         self._committed = []
+        self._on_assigned(self.assigned)  # readiness: a replica left without partitions goes unready later
 
     def _outcome_topics(self, consumer: Consumer) -> OutcomeTopics:
         counts: dict[str, int] = {}

@@ -105,17 +105,19 @@ def sample_spec(settings: Settings) -> tuple[tuple[int, ...], int]:
 
 @dataclass(frozen=True)
 class OnAssigned:
-    """What a partition assignment tells others: the measured rate which partitions to wait for, and
-    readiness that the trainer can take the stream now (producers waiting for it do not pile up a backlog
-    during the group join)."""
+    """What a change of the owned partitions tells others: the measured rate which partitions to wait for,
+    and readiness that the trainer can take the stream now (producers waiting for it do not pile up a backlog
+    during the group join), unless it has owned no partition for ``unassigned_s`` (ControlHealth)."""
 
     health: ControlHealth
     drift: DriftReplanner | None = None
+    unassigned_s: float = 30.0
 
     def __call__(self, partitions: frozenset[int]) -> None:
         if self.drift is not None:
             self.drift.assign(partitions)
         self.health.set_ready(True)
+        self.health.set_owns_partitions(bool(partitions), self.unassigned_s)
 
 
 def assemble(
@@ -306,7 +308,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
         )
     metrics = TrainerMetrics()  # served below when metrics.port is set
     hooks = StreamHooks(
-        on_assigned=OnAssigned(health, drift),
+        on_assigned=OnAssigned(health, drift, kafka.unassigned_readiness_s),
         on_arrival=drift.observe if drift is not None else StreamHooks.on_arrival,
         on_latency=metrics.observe_latency_ms,
     )

@@ -292,7 +292,14 @@ def test_client_configs() -> None:
     assert producer["enable.idempotence"] is True and producer["acks"] == "all"
     assert producer["linger.ms"] == "20"  # properties win over Ferret's defaults
     consumer = kafka.consumer_config()
-    assert consumer["group.id"] == "g" and consumer["group.instance.id"] == "t-0"
+    assert consumer["group.id"] == "g" and "group.instance.id" not in consumer  # dynamic membership by default
+    assert "partition.assignment.strategy" not in consumer  # librdkafka's eager range,roundrobin
+    cooperative = {"partition.assignment.strategy": "cooperative-sticky"}
+    assert dataclasses.replace(kafka, properties=cooperative).consumer_config()["partition.assignment.strategy"] == (
+        "cooperative-sticky"
+    )
+    static = dataclasses.replace(kafka, static_membership=True).consumer_config()
+    assert static["group.instance.id"] == "t-0"
     assert consumer["enable.auto.offset.store"] is False and consumer["session.timeout.ms"] == 6000
     assert consumer["bootstrap.servers"] == "k:9092" and "sasl.password" not in consumer
 

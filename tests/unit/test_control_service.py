@@ -202,6 +202,24 @@ def test_shutdown_takes_readiness_down_and_keeps_liveness() -> None:
     assert not health.ready and health.live
 
 
+def test_readiness_goes_down_after_owning_no_partition_past_the_bound() -> None:
+    """A replica without partitions stays ready for the bound (a rebalance moves them back and forth), then
+    readiness is NOT_SERVING until an assignment gives it one; another empty one keeps the first deadline."""
+    health = ControlHealth()
+    health.set_owns_partitions(False, 0.2)
+    assert health.ready
+    health.set_owns_partitions(True, 0.2)  # an assignment within the bound: the timer is cancelled
+    threading.Event().wait(0.3)
+    assert health.ready
+    health.set_owns_partitions(False, 0.2)
+    threading.Event().wait(0.1)
+    health.set_owns_partitions(False, 0.2)  # still none: the deadline does not move
+    wait_until(lambda: not health.ready)
+    assert health.live
+    health.set_owns_partitions(True, 0.2)
+    assert health.ready
+
+
 def test_status_reports_the_trainer_counters(client: ControlClient) -> None:
     reply = client.get_status()
     assert reply.state == pb.SERVICE_STATE_RUNNING and reply.instance_id == "fake-0"
