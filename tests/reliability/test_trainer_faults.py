@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -212,7 +213,9 @@ def _take_producer_ids(bootstrap: str, topic: str, count: int) -> None:
 
 @pytest.mark.parametrize(
     ("taken_ids", "stall_s", "seen"),
-    [(0, 3.0, "no delivery reported"), (3, 120.0, "OUT_OF_ORDER_SEQUENCE_NUMBER")],
+    # fatal: whichever of its paths librdkafka reports first (poll()'s OUT_OF_ORDER_SEQUENCE_NUMBER, or produce()'s
+    # _FATAL "Fatal error" when the next produce comes before the next poll) rebuilds; both were seen here
+    [(0, 3.0, "no delivery reported"), (3, 120.0, "OUT_OF_ORDER_SEQUENCE_NUMBER|Fatal error")],
     ids=["stalled-producer", "fatal-producer"],
 )
 def test_the_trainer_carries_on_after_a_broker_restart(
@@ -265,7 +268,7 @@ def test_the_trainer_carries_on_after_a_broker_restart(
                   f"resent {publisher.resent} ({publisher.resent_flagged} flagged); all outcomes read "
                   f"{time.monotonic() - restarted:.1f} s after the restart")  # fmt: skip
             assert len(by_record) == 30 and unflagged == 0, by_record
-            assert publisher.rebuilds >= 1 and seen in caplog.text
+            assert publisher.rebuilds >= 1 and re.search(seen, caplog.text)
             assert trainer.error is None
             produce_digits(bootstrap, topics.samples, 5, start=60)  # and it goes on
             assert len(read_outcomes(bootstrap, topic_prefix, expected=35).by_record()) == 35
