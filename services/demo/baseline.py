@@ -17,7 +17,8 @@ an upper bound of the live plain loop at that rate.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -123,6 +124,22 @@ def replay_plain_loop(
     )
 
 
+@contextmanager
+def trainer_model(dataset: str, model: str) -> Iterator[tuple[nn.Module, float]]:
+    """The trainer's model for ``dataset`` (its initial weights, as one module) and its lr, with torch set to
+    the trainer's threads while the block runs."""
+    from services.config import load_settings
+    from services.trainer.runner import build_zoo_model
+
+    settings = load_settings(None, env={"FERRET_TRAINER_DATASET": dataset, "FERRET_TRAINER_MODEL": model})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(settings.trainer.threads)
+    try:
+        yield build_zoo_model(settings).as_sequential(), settings.trainer.lr
+    finally:
+        torch.set_num_threads(threads)
+
+
 def demo_baseline(
     records: Sequence[DemoPrediction], dataset: str, model: str, data_root: Path | None, lr: float | None = None
 ) -> BaselineResult | None:
@@ -133,13 +150,10 @@ def demo_baseline(
     import numpy as np
 
     from ferret_core.data import load_dataset, normalise
-    from services.config import load_settings
-    from services.trainer.runner import build_zoo_model
 
     labelled = {int(r.sample_id.rsplit("/", 1)[1]): r for r in records if r.has_label and not r.duplicate}
     if not labelled:
         return None
-    settings = load_settings(None, env={"FERRET_TRAINER_DATASET": dataset, "FERRET_TRAINER_MODEL": model})
     data = load_dataset(dataset, data_root)
     n = len(data.y_train)
     items = [
@@ -150,43 +164,24 @@ def demo_baseline(
         )
         for seq, r in labelled.items()
     ]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(settings.trainer.threads)
-    try:
-        zoo = build_zoo_model(settings).as_sequential()
-        return replay_plain_loop(items, zoo, settings.trainer.lr if lr is None else lr)
-    finally:
-        torch.set_num_threads(threads)
+    with trainer_model(dataset, model) as (zoo, trainer_lr):
+        return replay_plain_loop(items, zoo, trainer_lr if lr is None else lr)
 
 
 def plain_loop_rate(dataset: str, model: str, *, items: int = 80, warmup: int = 20) -> float:
     """Items per second the plain loop predicts *and* trains on this machine (with the trainer's model,
-    torch threads and lr, on random inputs of the dataset's shape): the stream rate above which one
-    sequential loop cannot keep up. The demo streams at :data:`services.demo.options.RATE_OVER_PLAIN` times
-    this by default (``ferret demo`` without ``--rate``)."""
+    torch threads and lr, on random inputs of the dataset's shape; :func:`replay_plain_loop`'s measured
+    predict and SGD step, items far enough apart that every one is trained, after ``warmup`` of them):
+    the stream rate above which one sequential loop cannot keep up. The demo streams at
+    :data:`services.demo.options.RATE_OVER_PLAIN` times this by default (``ferret demo`` without ``--rate``)."""
     from ferret_core.data import dataset_spec
-    from services.config import load_settings
-    from services.trainer.runner import build_zoo_model
 
-    settings = load_settings(None, env={"FERRET_TRAINER_DATASET": dataset, "FERRET_TRAINER_MODEL": model})
     shape, classes = dataset_spec(dataset)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(settings.trainer.threads)
-    try:
-        net = build_zoo_model(settings).as_sequential()
-        optimizer = torch.optim.SGD(net.parameters(), lr=settings.trainer.lr)
-        gen = torch.Generator().manual_seed(0)
-        xs = torch.rand((warmup + items, 1, *shape), generator=gen)
-        ys = torch.randint(0, classes, (warmup + items, 1), generator=gen)
-        began = 0.0
-        for k in range(warmup + items):
-            if k == warmup:
-                began = time.perf_counter()
-            with torch.no_grad():
-                net(xs[k]).argmax(1)
-            optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(net(xs[k]), ys[k]).backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-        return items / (time.perf_counter() - began)
-    finally:
-        torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    xs = torch.rand((warmup + items, *shape), generator=gen)
+    ys = torch.randint(0, classes, (warmup + items,), generator=gen).tolist()
+    spaced = [BaselineItem(float(k), xs[k], ys[k]) for k in range(warmup + items)]  # 1 s apart: all trained
+    with trainer_model(dataset, model) as (net, lr):
+        replay_plain_loop(spaced[:warmup], net, lr)
+        run = replay_plain_loop(spaced[warmup:], net, lr)
+    return 1000.0 / (run.predict_ms + run.train_ms)

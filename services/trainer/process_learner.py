@@ -111,8 +111,7 @@ class ProcessLearner:
         self._updates_before = 0
         self._backprops_before = 0
         self._non_finite_before = 0
-        self.executor_restarts = 0  # executor processes that died and were started again (_recover)
-        self.recovery_seconds: list[float] = []
+        self.recovery_seconds: list[float] = []  # per executor restart (_recover), its duration
         self._deaths: list[float] = []
         self._last_good: dict[str, torch.Tensor] | None = None
         self._started_at = 0
@@ -147,6 +146,11 @@ class ProcessLearner:
     @property
     def plan(self) -> Plan:
         return self._policy.plan
+
+    @property
+    def executor_restarts(self) -> int:
+        """Executor processes that died and were started again in place (:meth:`_recover`)."""
+        return len(self.recovery_seconds)
 
     # -- the record path's call ------------------------------------------------------------------------
     def arrive(self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None) -> ArrivalOutcome:
@@ -225,7 +229,6 @@ class ProcessLearner:
             self._updates_before = self._started_at  # the units still hold what this clock started from
             source = "the weights the executors started from"
         self.clock = self._start(self.plan)
-        self.executor_restarts += 1
         self.recovery_seconds.append(time.perf_counter() - began)
         log.warning(
             "%s; executors restarted from %s in %.0f ms (restart %d)",
