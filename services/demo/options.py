@@ -8,8 +8,9 @@ Defaults (DESIGN §6: no flags and no network needed):
   (same number of input elements and classes), else none (the trainer profiles at start-up);
 - 6000 items at :data:`RATE_OVER_PLAIN` (1.5) × the rate a plain loop predicts and trains on this machine
   (measured before the stack starts, :func:`services.demo.baseline.plain_loop_rate`): a stream one
-  sequential loop cannot keep up with, which is where Ferret's workers pay (on CPU the trainer then runs
-  them as executor processes, docs/service.md "Executors");
+  sequential loop cannot keep up with, which is where Ferret's workers pay — where the trainer trains on
+  executor processes (docs/service.md "Executors"); for a model it trains on threads (the digits MLP),
+  :data:`DEFAULT_RATE` (``services.cli.demo_cmd.default_rate``);
 - the budget starts unconstrained and changes once, after 40 % of the items were predicted, to halfway
   between the plan's minimum feasible bytes and its predicted bytes (read from GetPlan), which re-plans
   the running pipeline to a smaller plan (fewer workers, T1–T3) — when a smaller plan exists. Where none
@@ -34,7 +35,7 @@ from ferret_core.data import dataset_spec
 from ferret_core.errors import ConfigError, InfeasibleBudgetError
 
 DEFAULT_ITEMS = 6000
-DEFAULT_RATE = 50.0  # items/s where the plain loop's rate cannot be measured (kept for callers that name it)
+DEFAULT_RATE = 50.0  # items/s where the trainer trains on threads (a tiny model, one core): one worker keeps up
 RATE_OVER_PLAIN = 1.5  # the default stream: this many times the rate a plain loop trains every item
 DEFAULT_CHANGE_AT = 0.4
 DEFAULT_PARTITIONS = 2

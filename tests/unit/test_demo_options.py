@@ -107,6 +107,11 @@ def test_cli_defaults(tmp_path: Path) -> None:
     # no --rate: 1.5x what a plain loop trains per second here (measured), a stream it cannot keep up with
     plain = plain_loop_rate("mnist", "mnistnet")
     assert RATE_OVER_PLAIN == 1.5 and 1.0 * plain < options.rate < 2.5 * plain
+    # a model the trainer runs on threads (the digits MLP: well under 1 ms an item) keeps the slow stream
+    from services.cli.demo_cmd import default_rate
+    from services.demo.options import DEFAULT_RATE
+
+    assert default_rate("digits", "mlp") == DEFAULT_RATE
     assert (options.dataset, options.model) == ("mnist", "mnistnet")
     assert options.profile == PROFILES_DIR / "mnistnet.json"
     assert options.out_dir == Path("out/demo-20260101-120000")
