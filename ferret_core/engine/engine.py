@@ -53,7 +53,9 @@ class EngineSettings:
     online accuracy (the result's ``oacc``) as items are dispatched; a caller that scores predictions
     itself (the trainer service, which keeps one count across re-plans, restarts and late labels) turns
     it off, so every prediction is scored once. ``top_k``: how many of the most probable classes (with
-    their probabilities) the wall clock's :class:`Arrival` reports (the trainer publishes them)."""
+    their probabilities) the wall clock's :class:`Arrival` reports (the trainer publishes them).
+    ``max_step_ratio``: the norm guard, a bound on each SGD step relative to the stage's weight norm
+    (:mod:`ferret_core.engine.step_guard`; None: unbounded)."""
 
     lr: float = 1e-3
     momentum: float = 0.0
@@ -65,6 +67,7 @@ class EngineSettings:
     validate: bool = True
     score_online: bool = True
     top_k: int = 1
+    max_step_ratio: float | None = None
 
 
 class StreamEngine:
@@ -110,7 +113,7 @@ class StreamEngine:
             setup.rules,
             programs,
             initial,
-            optimizer=optimizer or SGD(s.lr, s.momentum),
+            optimizer=optimizer or SGD(s.lr, s.momentum, s.max_step_ratio),
             compensators=compensators,
             meter=meter,
             clone_replicas=s.clone_replicas,

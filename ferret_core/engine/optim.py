@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from ferret_core.engine.step_guard import bounded, check_ratio
 from ferret_core.errors import ConfigError
 
 
@@ -38,15 +39,18 @@ class SGD:
     """Plain SGD, optionally with heavy-ball momentum (PyTorch's ``torch.optim.SGD`` formula, no dampening):
     ``b ← μ·b + g`` (``b = g`` at the first step), ``θ ← θ − lr·b``; without momentum ``θ ← θ − lr·g``,
     computed as ``torch.sub(θ, g, alpha=lr)``, bit-identical to ``θ.sub_(g, alpha=lr)``; into given storage
-    (``out``) as one ``torch._foreach_add_`` over all tensors, bit-identical to that."""
+    (``out``) as one ``torch._foreach_add_`` over all tensors, bit-identical to that. ``max_step_ratio``: the
+    norm guard's bound on each step (:mod:`ferret_core.engine.step_guard`; None: unbounded)."""
 
-    def __init__(self, lr: float = 1e-3, momentum: float = 0.0) -> None:
+    def __init__(self, lr: float = 1e-3, momentum: float = 0.0, max_step_ratio: float | None = None) -> None:
         if not (math.isfinite(lr) and lr > 0):
             raise ConfigError(f"learning rate must be a positive number, got {lr}")
         if not (math.isfinite(momentum) and 0 <= momentum < 1):
             raise ConfigError(f"momentum must lie in [0, 1), got {momentum}")
+        check_ratio(max_step_ratio)
         self.lr = lr
         self.momentum = momentum
+        self.max_step_ratio = max_step_ratio  # the norm guard (:mod:`ferret_core.engine.step_guard`)
         self._buffers: dict[int, list[Tensor]] = {}
 
     def step(
@@ -67,6 +71,7 @@ class SGD:
                     + ("" if out is None else f", {len(out)} output tensors")
                     + "; they must match one to one"
                 )
+            grads = bounded(params, grads, self.lr, self.max_step_ratio)
             if out is None:
                 return [torch.sub(p, g, alpha=self.lr) for p, g in zip(params, grads, strict=True)]
             # θ − lr·g for every tensor in two torch calls instead of one per tensor (each call on the

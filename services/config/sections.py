@@ -55,6 +55,8 @@ SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 # "executors", a thread per live (worker, stage); "auto": "loop" for a plan with one live executor on CPU, else
 # "executors".
 TrainingThread = Literal["auto", "loop", "executors"]
+DriftDetectorName = Literal["adwin", "page-hinkley", "none"]
+DriftReaction = Literal["none", "reset-compensator"]
 # Which executors train: "processes", an OS process per live (worker, stage) over a master in shared memory;
 # "threads", the wall clock's executor threads (and training_thread); "auto": processes where more than one
 # executor pays (CPU, >= 2 cores, >= 1 ms per item by the profile, a method that runs there), else threads
@@ -461,6 +463,31 @@ class MetricsSettings(Section):
     insecure: bool = False
 
 
+@dataclass(frozen=True)
+class GuardSettings(Section):
+    """Guarded updates and drift detection (docs/reliability.md "Guarded updates", "Drift")."""
+
+    section = "guard"
+    # A last-good copy of the model (the shadow) predicts the labelled items beside the live model; the live
+    # model is rolled back to it when a CUSUM of the discordant pairs says it is worse (services/trainer/guard).
+    enabled: bool = True
+    # Norm guard: one SGD step changes a stage's weights by at most this share of their norm (floor 1); null: off.
+    max_step_ratio: float | None = field(default=0.1, metadata=meta(check=between(1e-9, 10.0, "a ratio")))
+    # Under equal models, at most one rollback per 1/false_alarm discordant pairs on average (CUSUM threshold
+    # h = ln(1/false_alarm), Lorden's bound).
+    false_alarm: float = field(default=1e-4, metadata=meta(check=between(1e-12, 0.5, "a probability")))
+    # The alternative the test is tuned for: the shadow right on this share of the items where the two disagree.
+    worse_share: float = field(default=0.75, metadata=meta(check=between(0.51, 0.999, "a share")))
+    # Labelled items the shadow predicts per promotion window; the live model becomes last-good one window late.
+    window: int = field(default=200, metadata=meta(check=between(10, None, "a number of items")))
+    # The shadow predicts every k-th labelled item (1: all of them).
+    shadow_every: int = field(default=1, metadata=meta(check=between(1, None, "an integer")))
+    # River drift detector on the correctness (labelled items) and the confidence (unlabelled ones).
+    drift_detector: DriftDetectorName = "adwin"
+    # What a detected drift does beyond the event: nothing, or reset the compensators' state (λ).
+    drift_reaction: DriftReaction = "none"
+
+
 SECTIONS: dict[str, type[Section]] = {
     "kafka": KafkaSettings,
     "redis": RedisSettings,
@@ -468,6 +495,7 @@ SECTIONS: dict[str, type[Section]] = {
     "producer": ProducerSettings,
     "control": ControlSettings,
     "metrics": MetricsSettings,
+    "guard": GuardSettings,
 }
 
 
@@ -481,6 +509,7 @@ class Settings:
     producer: ProducerSettings = field(default_factory=ProducerSettings)
     control: ControlSettings = field(default_factory=ControlSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    guard: GuardSettings = field(default_factory=GuardSettings)
     source: Path | None = None
 
     def redacted(self) -> dict[str, dict[str, Any]]:

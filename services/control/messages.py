@@ -113,6 +113,10 @@ def status_reply(status: TrainerStatus, *, state: TrainerState, time_ms: int, up
         pauses=status.pauses,
         last_snapshot_version=status.last_snapshot_version,
         counters=counters,
+        rollbacks=status.rollbacks,
+        promotions=status.promotions,
+        drifts=status.drifts,
+        last_good_version=status.last_good_version,
     )
     if status.budget_bytes is not None:
         reply.budget_bytes = status.budget_bytes

@@ -89,6 +89,10 @@ class TrainerStatus:
     pauses: int = 0
     last_snapshot_version: int = 0
     compensations_truncated: int = 0  # compensations cut short: the gradient was staler than the deltas kept
+    rollbacks: int = 0  # the live model rolled back to the last-good one (services/trainer/guard)
+    promotions: int = 0  # the live model's weights made last-good
+    drifts: int = 0  # drifts detected on the prediction outcomes
+    last_good_version: int = 0  # the model version of the last-good weights (0: not guarded)
     counters: Mapping[str, int] = field(default_factory=dict)
 
     @property

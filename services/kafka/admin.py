@@ -3,8 +3,8 @@
 - :func:`ensure_topics` creates ``<prefix>.samples`` (K partitions), ``<prefix>.labels`` (K, so a
   late label lands on the partition index of its sample and thus on the same replica under the range
   assignor), ``<prefix>.predictions`` (K unless told) and ``<prefix>.samples.dlq`` (K: the trainer writes
-  each sample partition's outcomes to the partition of the same index, services/trainer/outcomes.py),
-  idempotently.
+  each sample partition's outcomes to the partition of the same index, services/trainer/outcomes.py)
+  and ``<prefix>.events`` (1: the model's rollbacks, promotions and drift, in order), idempotently.
 - :func:`count_distinct` counts the records and the distinct keys (or ids read from the values) of a
   topic by consuming it from the beginning with a fresh, never-committing consumer, and stops after an
   idle timeout. Never use watermarks for counts: the embedded broker's are wrong (docs/local-stack.md).
@@ -63,6 +63,11 @@ class TopicNames:
     def labels(self) -> str:
         return f"{self.prefix}.labels"
 
+    @property
+    def events(self) -> str:
+        """Rollbacks, promotions and drift (``ModelEvent``; one partition: few, ordered records)."""
+        return f"{self.prefix}.events"
+
     def all(self) -> tuple[str, str, str, str]:
         return (self.samples, self.predictions, self.dlq, self.labels)
 
@@ -115,6 +120,7 @@ def ensure_topics(
         names.labels: sample_partitions,
         names.predictions: prediction_partitions or sample_partitions,
         names.dlq: sample_partitions,
+        names.events: 1,
     }
     existing = topic_partitions(bootstrap_servers, list(wanted), timeout=timeout)
     missing = [n for n in wanted if n not in existing]

@@ -63,6 +63,7 @@ class EngineLearner:
             validate=False,
             score_online=False,  # the trainer's counters score every prediction (with late labels)
             top_k=max(1, settings.trainer.prediction_top_k),
+            max_step_ratio=settings.guard.max_step_ratio,  # the norm guard (ferret_core.engine.step_guard)
         )
         self.top_k = settings.trainer.prediction_top_k  # published per Prediction (0: none)
         self.device = resolve_device(settings.trainer.device)

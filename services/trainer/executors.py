@@ -43,6 +43,7 @@ from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
 from services.config import Settings
 from services.trainer.engine_learner import EngineLearner
+from services.trainer.guard.learner import GuardedLearner
 from services.trainer.learner import Learner
 from services.trainer.live_methods import live_setup
 from services.trainer.process_learner import ProcessLearner
@@ -139,8 +140,11 @@ def refused(choice: ExecutorChoice, refusal: str) -> ExecutorChoice:
 def make_learner(
     choice: ExecutorChoice, model: ZooModel, plan: Plan, settings: Settings, profile: ModelProfile | None
 ) -> Learner:
-    """The learner for ``choice``."""
+    """The learner for ``choice``, guarded (:mod:`services.trainer.guard`) unless ``guard.enabled`` is off."""
     log.info("training on executor %s: %s", choice.kind, choice.reason)
+    inner: Learner
     if choice.kind == "processes":
-        return ProcessLearner(model, plan, settings, profile)
-    return EngineLearner(model, plan, settings, profile)
+        inner = ProcessLearner(model, plan, settings, profile)
+    else:
+        inner = EngineLearner(model, plan, settings, profile)
+    return GuardedLearner(inner, model, settings.guard) if settings.guard.enabled else inner

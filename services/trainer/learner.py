@@ -81,6 +81,19 @@ class LearnerStats:
     staleness_bound: tuple[int, ...] = ()  # per stage, the schedule's bound of the plan in force
     compensations_truncated: int = 0  # compensations cut short (staler than the deltas kept), since start
     non_finite: int = 0  # items whose non-finite loss or gradient was dropped (skipped ``non_finite``)
+    guard: GuardCounts | None = None  # the guard's counters (services/trainer/guard); None: not guarded
+
+
+@dataclass(frozen=True, slots=True)
+class GuardCounts:
+    """The guard's counters (:mod:`services.trainer.guard.learner`), in the trainer's status and metrics."""
+
+    rollbacks: int = 0  # the live model rolled back to the last-good one
+    promotions: int = 0  # the live model's weights made last-good
+    drifts: int = 0  # drifts detected on the prediction outcomes
+    last_good_version: int = 0  # the model version of the last-good weights
+    shadow_items: int = 0  # items the last-good model predicted beside the live one
+    shadow_seconds: float = 0.0  # their cost, on the record path's thread
 
 
 def settled(outcome: ArrivalOutcome) -> Callable[[], ArrivalOutcome]:

@@ -38,6 +38,9 @@ COUNTERS = {
     "replans": "Plans applied after start-up",
     "pauses": "Consumption pauses (re-planning, snapshots, restores)",
     "compensations_truncated": "Compensations cut short: the gradient was staler than the deltas kept",
+    "rollbacks": "Rollbacks of the live model to the last-good one (the guard's test found it worse)",
+    "promotions": "Promotions of the live model's weights to last-good",
+    "drifts": "Drifts detected on the prediction outcomes (correctness, or confidence where unlabelled)",
 }
 BY_REASON = {
     "skipped": "Items predicted but not trained, by reason (busy, worker_removed, no_label, omitted)",
@@ -50,6 +53,7 @@ GAUGES = {
     "lag_seconds": "Age (event time) of the newest consumed sample of a partition that is behind; 0 caught up",
     "plan_version": "Version of the plan in force",
     "model_version": "Optimizer updates applied to the master weights",
+    "last_good_version": "Model version of the last-good weights a rollback returns to (0: not guarded)",
     "last_snapshot_version": "Version of the last snapshot written or restored (0: none)",
 }
 RATIOS = {"online_accuracy": ("Online accuracy over labelled predictions", 100.0)}  # field: (help, percent → 1)

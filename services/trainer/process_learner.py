@@ -102,6 +102,7 @@ class ProcessLearner:
             flush_denormal=True,  # as the trainer's own process (torch.set_flush_denormal)
             keep_trace=False,
             top_k=max(1, t.prediction_top_k),
+            max_step_ratio=settings.guard.max_step_ratio,  # the norm guard (ferret_core.engine.step_guard)
         )
         self._queued: list[tuple[int, torch.Tensor, int | None]] = []
         self._flushes = 0

@@ -12,7 +12,7 @@ from services.control.trainer_port import TrainerStatus
 from services.trainer.checkpoints import Checkpoints
 from services.trainer.counters import StreamCounters
 from services.trainer.lag import PartitionLag
-from services.trainer.learner import Learner, LearnerStats
+from services.trainer.learner import GuardCounts, Learner, LearnerStats
 from services.trainer.ledger import OffsetLedger
 from services.trainer.state import Lifecycle, PlanInForce
 
@@ -53,6 +53,7 @@ class StatusView:
         plan, plan_version = self.plan.get()
         c = self.counters
         lag = self.lag.reading()
+        guard = stats.guard or GuardCounts()
         with c.lock:
             latency = c.latency_ms.get()
             skipped = dict(c.skipped)
@@ -90,6 +91,10 @@ class StatusView:
                 pauses=c.pauses,
                 last_snapshot_version=self.checkpoints.last_version,
                 compensations_truncated=stats.compensations_truncated,
+                rollbacks=guard.rollbacks,
+                promotions=guard.promotions,
+                drifts=guard.drifts,
+                last_good_version=guard.last_good_version,
                 counters=staleness_counters(stats),
             )
 

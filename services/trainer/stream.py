@@ -51,6 +51,8 @@ from services.proto_gen.ferret.v1 import messages_pb2
 from services.trainer.checkpoints import Checkpoints
 from services.trainer.counters import StreamCounters
 from services.trainer.failures import TOO_LARGE, Decision, ErrorPolicy, RecordFailure, RecordPathStopped, Step
+from services.trainer.guard.events import HEADERS as EVENT_HEADERS
+from services.trainer.guard.events import event_message
 from services.trainer.labels import LateLabelJoin
 from services.trainer.learner import ArrivalOutcome, Learner
 from services.trainer.ledger import OffsetLedger
@@ -183,6 +185,7 @@ class RecordStream:
                 if trace is not None:
                     self._stamps = {"fetched": round(wall_ms(), 3), "batch": len(batch)}
                 self.process_batch(batch)
+                self.publish_events()  # the guard's rollbacks, promotions and drifts, if any
                 if training:
                     self.learner.train_step()  # one action, then the records that came meanwhile first
                 publisher.poll(0)  # delivery callbacks: they finish offsets
@@ -409,6 +412,29 @@ class RecordStream:
         self.partitions.outcome_delivered(self.topics.predictions, record.partition, record.offset, msg)
         self.ledger.finish(record.partition, record.offset)
 
+    def publish_events(self) -> None:
+        """The learner's events (a guarded learner's ``take_events``: rollbacks, promotions, drifts) to
+        ``<prefix>.events``, each with the stream position of its deciding item. At most once: an event
+        the broker refuses is logged (its counter and log line already tell it), never retried."""
+        take = getattr(self.learner, "take_events", None)
+        if take is None or self._publisher is None:
+            return
+        for event in take():
+            partition, offset = self._blame.get(event.item, (-1, -1))
+            message = event_message(event, instance_id=self.instance_id, partition=partition, offset=offset)
+            try:
+                self._publisher.send(
+                    self.topics.events,
+                    message.SerializeToString(),
+                    key=self.instance_id.encode(),
+                    headers=EVENT_HEADERS,
+                    partition=0,
+                    on_delivery=_event_delivered,
+                )
+            except (MessageTooLarge, BufferError, KafkaException) as exc:
+                log.warning("the %s event of item %d was not published to %s: %s", event.kind, event.item,
+                            self.topics.events, exc)  # fmt: skip
+
     def _join_label(self, record: Record) -> None:
         label = messages_pb2.Label()
         try:
@@ -513,6 +539,11 @@ class RecordStream:
     def commit(self) -> None:
         """The final commit (shutdown): synchronous."""
         self.partitions.commit(sync=True)
+
+
+def _event_delivered(err: KafkaError | None, _msg: Message | None) -> None:
+    if err is not None:
+        log.warning("a model event was not delivered: %s", err.str())
 
 
 def _where(record: Record) -> tuple[str, int, int]:

@@ -191,6 +191,7 @@ class ProcessClock:
             store=None if self._store is None else os.path.join(self._store, "store"),
             prev_rank=rank.get((n, j - 1)),
             next_rank=rank.get((n, j + 1)),
+            max_step_ratio=s.max_step_ratio,
         )
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(

@@ -45,6 +45,7 @@ from ferret_core.engine.pipeline import all_finite
 from ferret_core.engine.processes.slots import SharedStageVersions
 from ferret_core.engine.stage_exec import StageGraph, StageProgram, backward, forward_no_grad, forward_with_grad
 from ferret_core.engine.state import GradientBuffer
+from ferret_core.engine.step_guard import bounded
 from ferret_core.errors import ScheduleError
 
 
@@ -76,6 +77,7 @@ class ExecutorSpec:
     store: str | None = None
     prev_rank: int | None = None
     next_rank: int | None = None
+    max_step_ratio: float | None = None  # the norm guard (ferret_core.engine.step_guard)
 
 
 @dataclass
@@ -205,7 +207,8 @@ class _Executor:
         return ("B", index, version, t0, t_recompute, t_end, update, not finite)
 
     def _update(self) -> tuple[int, int, float, float, list[int]]:
-        """T2's update point: plain SGD (DESIGN §3.11), θ − lr·g from the buffer's sum, as the next master
+        """T2's update point: plain SGD (DESIGN §3.11), θ − lr·g from the buffer's sum (within the norm
+        guard's bound, :mod:`ferret_core.engine.step_guard`), as the next master
         version: in place where only this worker's replica reads the master, else written once into a
         free slot and published; the worker's replica moves to it."""
         stage = self.stage
@@ -214,6 +217,7 @@ class _Executor:
             t0 = time.perf_counter()
             grads, reads = self.buffer.take()
             now_slot, now_version = stage.current()
+            grads = list(bounded(stage.params[now_slot], grads, lr, self.spec.max_step_ratio))
             written = now_version + 1
 
             def in_place() -> None:

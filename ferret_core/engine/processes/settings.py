@@ -19,7 +19,8 @@ class ProcessSettings:
     get tiny; results then differ from a process that keeps them). ``keep_trace``: keep every trace event
     (validation). ``top_k``: classes an :class:`Arrival` reports. ``queue_slots``: items that may wait per
     worker before an arrival is skipped ``busy`` (0: only an idle worker takes one; ``None``: the schedule
-    rules' ``wait_slots``)."""
+    rules' ``wait_slots``). ``max_step_ratio``: the norm guard's bound on each SGD step relative to the stage's
+    weight norm (:mod:`ferret_core.engine.step_guard`; None: unbounded)."""
 
     lr: float = 1e-3
     compensator: str = "none"
@@ -29,6 +30,7 @@ class ProcessSettings:
     keep_trace: bool = True
     top_k: int = 1
     queue_slots: int | None = None
+    max_step_ratio: float | None = None
 
 
 @dataclass(frozen=True)

@@ -113,3 +113,29 @@ class Prediction(_message.Message):
     label: int
     top_k: _containers.RepeatedCompositeFieldContainer[ClassProbability]
     def __init__(self, sample_id: _Optional[str] = ..., sequence: _Optional[int] = ..., predicted_class: _Optional[int] = ..., confidence: _Optional[float] = ..., has_label: _Optional[bool] = ..., correct: _Optional[bool] = ..., model_version: _Optional[int] = ..., latency_ms: _Optional[float] = ..., online_accuracy: _Optional[float] = ..., duplicate: _Optional[bool] = ..., item: _Optional[int] = ..., decision: _Optional[_Union[TrainingDecision, str]] = ..., worker: _Optional[int] = ..., plan_version: _Optional[int] = ..., task: _Optional[int] = ..., stream: _Optional[str] = ..., predicted_time_ms: _Optional[int] = ..., instance_id: _Optional[str] = ..., source_partition: _Optional[int] = ..., source_offset: _Optional[int] = ..., label: _Optional[int] = ..., top_k: _Optional[_Iterable[_Union[ClassProbability, _Mapping]]] = ...) -> None: ...
+
+class ModelEvent(_message.Message):
+    __slots__ = ("kind", "instance_id", "model_version", "previous_model_version", "item", "source_partition", "source_offset", "detector", "reaction", "detail", "time_ms")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ITEM_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DETECTOR_FIELD_NUMBER: _ClassVar[int]
+    REACTION_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    instance_id: str
+    model_version: int
+    previous_model_version: int
+    item: int
+    source_partition: int
+    source_offset: int
+    detector: str
+    reaction: str
+    detail: str
+    time_ms: int
+    def __init__(self, kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., model_version: _Optional[int] = ..., previous_model_version: _Optional[int] = ..., item: _Optional[int] = ..., source_partition: _Optional[int] = ..., source_offset: _Optional[int] = ..., detector: _Optional[str] = ..., reaction: _Optional[str] = ..., detail: _Optional[str] = ..., time_ms: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,94 @@
+"""The sequential test that decides a rollback: Page's CUSUM of Wald's log-likelihood ratio on the
+*discordant pairs* of live-vs-shadow correctness (a repeated one-sided sequential binomial test, the
+sequential form of McNemar's test).
+
+Both models predict the same labelled items. Only the items where exactly one of them is right carry
+evidence about which is better (McNemar): a *shadow win* (shadow right, live wrong) or a *live win*.
+Under H0 (equally good) a discordant pair is a shadow win with probability 1/2; under H1 (the live model
+is worse) with probability θ₁ = ``worse_share`` (default 0.75). Each pair adds Wald's log-likelihood ratio
+
+    shadow win: ln(θ₁ / ½)        live win: ln((1 − θ₁) / ½)
+
+to a statistic floored at 0 (Page's CUSUM: a repeated SPRT whose lower boundary is 0), and the test rejects
+H0 (roll back) when the statistic reaches h = ln(1 / ``false_alarm``). By Lorden's bound the mean number of
+discordant pairs between false alarms under H0 is at least e^h = 1 / ``false_alarm`` (default 1e-4: at
+least 10,000 pairs); under H1 the mean delay is about h / KL(θ₁ ‖ ½) pairs (θ₁ = 0.75: 0.131 nats a pair,
+~70 pairs at h = 9.2; fewer the worse the live model is).
+
+Why this test: concept drift (a task change, a label permutation) makes *both* models wrong on the same
+items; those pairs are concordant and add nothing, so drift alone cannot trigger a rollback, while a live
+model that lost what the shadow still knows shows up as shadow wins. Items are counted, not weighted, so
+the test needs nothing but two booleans per item.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from ferret_core.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class CusumSettings:
+    """``false_alarm``: at most one false alarm per 1/``false_alarm`` discordant pairs on average under
+    equal models; ``worse_share``: θ₁, the shadow's share of the discordant pairs the test is tuned to
+    detect."""
+
+    false_alarm: float = 1e-4
+    worse_share: float = 0.75
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.false_alarm < 1.0:
+            raise ConfigError(f"false_alarm must lie in (0, 1), got {self.false_alarm}; e.g. 1e-4")
+        if not 0.5 < self.worse_share < 1.0:
+            raise ConfigError(
+                f"worse_share must lie in (0.5, 1), got {self.worse_share}: the shadow's share of the "
+                "discordant pairs under the alternative (0.5 is no difference); e.g. 0.75"
+            )
+
+    @property
+    def threshold(self) -> float:
+        """h = ln(1 / false_alarm), in nats."""
+        return math.log(1.0 / self.false_alarm)
+
+
+class Verdict(Enum):
+    CONTINUE = "continue"  # not enough evidence yet
+    WORSE = "worse"  # H0 rejected: the live model is worse than the shadow
+
+
+class DiscordantCusum:
+    """The test's state: feed each item's (live correct, shadow correct), read the verdict."""
+
+    def __init__(self, settings: CusumSettings) -> None:
+        self.settings = settings
+        self._win = math.log(settings.worse_share / 0.5)  # a shadow win
+        self._loss = math.log((1.0 - settings.worse_share) / 0.5)  # a live win (negative)
+        self.statistic = 0.0
+        self.shadow_wins = 0
+        self.live_wins = 0
+
+    def observe(self, live_correct: bool, shadow_correct: bool) -> Verdict:
+        if live_correct == shadow_correct:
+            return Verdict.CONTINUE  # concordant: no evidence either way
+        if shadow_correct:
+            self.shadow_wins += 1
+            self.statistic += self._win
+        else:
+            self.live_wins += 1
+            self.statistic = max(0.0, self.statistic + self._loss)
+        return Verdict.WORSE if self.statistic >= self.settings.threshold else Verdict.CONTINUE
+
+    def reset(self) -> None:
+        """Start over (after a rollback or a promotion: the shadow changed)."""
+        self.statistic = 0.0
+        self.shadow_wins = 0
+        self.live_wins = 0
+
+    def describe(self) -> str:
+        return (
+            f"CUSUM {self.statistic:.2f} >= h {self.settings.threshold:.2f} nats over discordant pairs "
+            f"(shadow wins {self.shadow_wins}, live wins {self.live_wins}, θ₁ {self.settings.worse_share:g})"
+        )

@@ -1,0 +1,298 @@
+"""Guarded updates: :class:`GuardedLearner` wraps either learner (executor threads or processes) behind the
+same :class:`~services.trainer.learner.Learner` contract and adds
+
+1. **a shadow** (:mod:`.shadow`): the last-good weights predict every ``guard.shadow_every``-th item whose
+   label is known at arrival, batched with the consumer batch the item came in;
+2. **the test** (:mod:`.cusum`): a CUSUM of Wald's SPRT on the discordant pairs of live-vs-shadow
+   correctness; when it says the live model is worse, the live model is **rolled back** to the shadow's
+   weights (its model version goes back to the shadow's, so the predictions that follow carry it);
+3. **promotion, one window late**: every ``guard.window`` compared items the live model is judged on the
+   window (live correct ≥ shadow correct: at least as good). The weights that *started* a passing window
+   (kept at the window's start, the candidate) become last-good; the live weights at its end become the
+   next candidate, to be judged by the next window. Promoting the weights that were followed by a whole
+   window at least as good as the shadow, rather than the weights at the moment of the verdict, keeps a
+   poisoning burst that began late in a window (its damage not yet visible) out of the last-good copy;
+4. **drift detection** (:mod:`.drift`, River's ADWIN or Page-Hinkley) on the live model's correctness
+   (labelled items) and confidence (unlabelled ones), with an optional reaction;
+5. **a rollback on divergence**: a :class:`~services.trainer.learner.ModelDivergedError` (a non-finite
+   output: the record is dead-lettered by the record path) rolls back at once.
+
+Rollbacks, promotions and drifts are counted (:meth:`stats`), logged, and queued as
+:class:`~.events.ModelEvent` for ``<prefix>.events`` (:meth:`take_events`, read by the record path).
+
+A rollback or promotion swaps weights, which must not happen while items submitted to the inner learner
+wait for their outcomes (the record path submits a consumer batch, then waits for each outcome): a
+decision is carried out at the next :meth:`submit` or :meth:`pending_training` with no outcome
+outstanding, i.e. between consumer batches on the loop thread. The shadow and the test run on the loop
+thread only. Not covered: labels that arrive later on ``<prefix>.labels`` (the shadow's prediction for
+the item is gone by then): those items feed the drift detector's confidence signal only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from ferret_core.errors import ConfigError
+from ferret_core.plan import Plan
+from ferret_core.zoo import ZooModel
+from services.config.sections import GuardSettings
+from services.kafka.record_codec import now_ms
+from services.trainer.guard.cusum import CusumSettings, DiscordantCusum, Verdict
+from services.trainer.guard.drift import DriftMonitor, DriftSignal
+from services.trainer.guard.events import ModelEvent
+from services.trainer.guard.shadow import Shadow, cloned
+from services.trainer.learner import ArrivalOutcome, GuardCounts, Learner, LearnerStats, ModelDivergedError
+
+log = logging.getLogger("ferret.trainer.guard")
+
+MAX_QUEUED_EVENTS = 1000  # events not yet taken by the record path (the oldest are dropped beyond)
+
+
+@dataclass(slots=True)
+class _Window:
+    """The current promotion window's counts."""
+
+    items: int = 0
+    live_correct: int = 0
+    shadow_correct: int = 0
+
+
+class GuardedLearner:
+    """Implements :class:`~services.trainer.learner.Learner` around ``inner`` (module docstring)."""
+
+    def __init__(self, inner: Learner, model: ZooModel, settings: GuardSettings) -> None:
+        self.inner = inner
+        self.settings = settings
+        self._test = DiscordantCusum(CusumSettings(settings.false_alarm, settings.worse_share))
+        start = inner.state_tensors()
+        self._shadow = Shadow(model, start)
+        self._candidate = cloned(start)
+        self._fresh_compensators = inner.compensator_state() if settings.drift_reaction == "reset-compensator" else None
+        self._drift = None if settings.drift_detector == "none" else DriftMonitor(settings.drift_detector)
+        self._window = _Window()
+        self._labelled = 0
+        self._queued: list[tuple[int, torch.Tensor]] = []  # (item, x) waiting for the shadow's forward
+        self._shadow_says: dict[int, int] = {}  # item -> the shadow's class
+        self._outstanding = 0
+        self._due: tuple[str, int, str] | None = None  # ("rollback" | "promotion", item, detail)
+        self._reset_due = False  # a drift asked for the compensators' reset (guard.drift_reaction)
+        self._events: deque[ModelEvent] = deque(maxlen=MAX_QUEUED_EVENTS)
+        self._counts = GuardCounts(last_good_version=self._shadow.version)
+
+    # -- the record path's calls -------------------------------------------------------------------------
+    @property
+    def plan(self) -> Plan:
+        return self.inner.plan
+
+    def arrive(self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None) -> ArrivalOutcome:
+        return self.submit(item, x, y, event_time_ms)()
+
+    def submit(
+        self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None
+    ) -> Callable[[], ArrivalOutcome]:
+        self._carry_out()
+        waiting = self.inner.submit(item, x, y, event_time_ms)
+        if y is not None:
+            self._labelled += 1
+            if self._labelled % self.settings.shadow_every == 0:
+                self._queued.append((item, x))
+        self._outstanding += 1
+        settled = False
+
+        def outcome() -> ArrivalOutcome:
+            nonlocal settled
+            try:
+                result = waiting()
+            except ModelDivergedError as exc:
+                self._decide("rollback", item, f"the live model diverged ({exc})")
+                raise
+            finally:
+                if not settled:
+                    settled = True
+                    self._outstanding -= 1
+            self._observe(item, y, result)
+            return result
+
+        return outcome
+
+    def pending_training(self) -> bool:
+        self._carry_out()
+        return self.inner.pending_training()
+
+    def train_step(self) -> bool:
+        return self.inner.train_step()
+
+    def measured_service_times(self) -> list[float | None]:
+        return self.inner.measured_service_times()
+
+    def trace_view(self) -> dict[str, float | int | None]:
+        view = getattr(self.inner, "trace_view", None)
+        return {} if view is None else dict(view())
+
+    def drain(self, timeout: float | None = None) -> None:
+        self.inner.drain(timeout)
+
+    def apply_plan(self, plan: Plan) -> None:
+        self.inner.apply_plan(plan)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return self.inner.state_tensors()
+
+    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """A restore: the restored weights are the new last-good (the snapshot was taken of a running model;
+        a restored model has nothing to be compared with until it trains on)."""
+        self.inner.load_state_tensors(tensors)
+        self._restart(self.inner.state_tensors())
+
+    def compensator_state(self) -> list[dict[str, Any]]:
+        return self.inner.compensator_state()
+
+    def load_compensator_state(self, states: Sequence[Mapping[str, Any]]) -> None:
+        self.inner.load_compensator_state(states)
+
+    def stats(self) -> LearnerStats:
+        return replace(self.inner.stats(), guard=self._counts)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    # -- events ----------------------------------------------------------------------------------------
+    def take_events(self) -> list[ModelEvent]:
+        """The events since the last call, oldest first (the record path publishes them)."""
+        out = list(self._events)
+        self._events.clear()
+        return out
+
+    # -- the guard -------------------------------------------------------------------------------------
+    def _observe(self, item: int, y: int | None, outcome: ArrivalOutcome) -> None:
+        """After the live outcome of ``item``: the shadow's verdict on it (batched), the test, the window,
+        the drift detectors."""
+        live_correct = None if y is None else outcome.predicted_class == y
+        if self._drift is not None:
+            signal = self._drift.observe(item, live_correct, outcome.confidence)
+            if signal is not None:
+                self._drifted(signal, outcome.model_version)
+        if y is None or live_correct is None:
+            return
+        shadow_class = self._shadow_class(item)
+        if shadow_class is None or self._due is not None:  # not compared, or a decision is waiting
+            return
+        shadow_correct = shadow_class == y
+        w = self._window
+        w.items += 1
+        w.live_correct += live_correct
+        w.shadow_correct += shadow_correct
+        if self._test.observe(live_correct, shadow_correct) is Verdict.WORSE:
+            self._decide("rollback", item, self._test.describe())
+        elif w.items >= self.settings.window:
+            self._decide("promotion", item, f"window of {w.items}: live {w.live_correct} ≥? shadow {w.shadow_correct}")
+
+    def _shadow_class(self, item: int) -> int | None:
+        """The shadow's class for ``item``; the first call after a submission predicts every queued item in
+        one forward pass."""
+        if self._queued:
+            began = time.perf_counter()
+            items = [i for i, _ in self._queued]
+            classes = self._shadow.predict(torch.stack([x for _, x in self._queued]))
+            self._shadow_says.update(zip(items, classes, strict=True))
+            c = self._counts
+            self._counts = replace(
+                c,
+                shadow_items=c.shadow_items + len(items),
+                shadow_seconds=c.shadow_seconds + time.perf_counter() - began,
+            )
+            self._queued.clear()
+        return self._shadow_says.pop(item, None)
+
+    def _decide(self, kind: str, item: int, detail: str) -> None:
+        if self._due is None or kind == "rollback":
+            self._due = (kind, item, detail)
+
+    def _carry_out(self) -> None:
+        """The decisions waiting, now that no outcome is outstanding (module docstring)."""
+        if self._outstanding:
+            return
+        if self._reset_due:
+            self._reset_due = False
+            self._reset_compensators()
+        if self._due is None:
+            return
+        kind, item, detail = self._due
+        self._due = None
+        if kind == "rollback":
+            self._rollback(item, detail)
+        else:
+            self._promote(item, detail)
+
+    def _rollback(self, item: int, detail: str) -> None:
+        before = self.inner.stats().model_version
+        tensors = self._shadow.tensors()
+        self.inner.load_state_tensors(tensors)
+        self._restart(tensors, promote=False)
+        c = self._counts
+        self._counts = replace(c, rollbacks=c.rollbacks + 1)
+        log.warning(
+            "rollback at item %d: model v%d -> last-good v%d (%s)", item, before, self._shadow.version, detail
+        )
+        self._event(ModelEvent("rollback", self._shadow.version, item, now_ms(), before, detail=detail))
+
+    def _promote(self, item: int, detail: str) -> None:
+        w = self._window
+        live = self.inner.state_tensors()
+        before = self._shadow.version
+        passed = w.live_correct >= w.shadow_correct
+        if passed:
+            self._shadow.load(self._candidate)
+        self._candidate = cloned(live)
+        self._window = _Window()
+        self._test.reset()
+        self._shadow_says.clear()
+        if not passed:
+            log.info("no promotion at item %d: %s", item, detail)
+            return
+        c = self._counts
+        self._counts = replace(c, promotions=c.promotions + 1, last_good_version=self._shadow.version)
+        log.info("promotion at item %d: last-good v%d -> v%d (%s)", item, before, self._shadow.version, detail)
+        self._event(ModelEvent("promotion", self._shadow.version, item, now_ms(), before, detail=detail))
+
+    def _restart(self, tensors: Mapping[str, torch.Tensor], *, promote: bool = True) -> None:
+        """After a rollback (the shadow stays) or a restore (``promote``: the weights become last-good)."""
+        if promote:
+            self._shadow.load(tensors)
+            self._counts = replace(self._counts, last_good_version=self._shadow.version)
+        self._candidate = cloned(tensors)
+        self._window = _Window()
+        self._test.reset()
+        self._queued.clear()
+        self._shadow_says.clear()
+
+    def _drifted(self, signal: DriftSignal, model_version: int) -> None:
+        reaction = "none" if self._fresh_compensators is None else "reset-compensator"
+        self._reset_due = self._fresh_compensators is not None
+        c = self._counts
+        self._counts = replace(c, drifts=c.drifts + 1)
+        detail = f"{signal.detector} detected a change at item {signal.item} (mean after: {signal.estimate:.3f})"
+        log.warning("drift: %s; reaction: %s", detail, reaction)
+        self._event(ModelEvent("drift", model_version, signal.item, now_ms(), detector=signal.detector,
+                               reaction=reaction, detail=detail))  # fmt: skip
+
+    def _reset_compensators(self) -> None:
+        """``guard.drift_reaction: reset-compensator``: the compensators' state (λ, moments) as at the start,
+        so what they learnt of the old concept does not correct gradients of the new one."""
+        assert self._fresh_compensators is not None
+        try:
+            self.inner.load_compensator_state(self._fresh_compensators)
+        except ConfigError as exc:  # the plan changed since the start: the start's state no longer fits
+            log.warning("drift reaction reset-compensator skipped: %s", exc)
+            return
+        log.info("drift reaction: compensator state reset")
+
+    def _event(self, event: ModelEvent) -> None:
+        self._events.append(event)
