@@ -8,7 +8,9 @@ pass overflows float32 (docs/reliability.md "Diverged weights"). The guard scale
 
 with ``r`` the configured ratio (``max_step_ratio``); the floor 1 lets a stage whose weights are (near)
 zero still move. A step within the bound is returned unchanged (the same tensors): on a normal stream the
-guard costs two norms per update and changes nothing. Non-finite gradients are left to the engine's own
+guard costs two norms per update and changes nothing. Norms are taken in float64: the gradients of such
+inputs have finite float32 entries whose norm float32 cannot hold (an inf norm would pass the step
+through unbounded). Non-finite gradients are left to the engine's own
 non-finite guard (they are dropped before any update), so this function never turns them into NaN.
 """
 
@@ -37,13 +39,18 @@ def step_scale(params: Sequence[Tensor], grads: Sequence[Tensor], lr: float, max
     norm (1.0: within the bound already, or not finite: left to the non-finite guard)."""
     if not grads:
         return 1.0
-    with torch.no_grad():
-        step = lr * float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+    with torch.no_grad():  # in float64: a float32 gradient of finite 1e30 entries has a norm float32 cannot hold
+        step = lr * _norm(grads)
         if not math.isfinite(step) or step == 0.0:
             return 1.0
-        weights = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p) for p in params])))
+        weights = _norm(params)
     bound = max_step_ratio * max(weights, 1.0)
     return 1.0 if step <= bound else bound / step
+
+
+def _norm(tensors: Sequence[Tensor]) -> float:
+    """The 2-norm of all the tensors together, computed in float64."""
+    return math.sqrt(sum(float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2 for t in tensors))
 
 
 def bounded(

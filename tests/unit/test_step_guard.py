@@ -1,0 +1,69 @@
+"""The norm guard (ferret_core/engine/step_guard.py): one SGD step changes a stage's weights by at most
+``max_step_ratio`` of their norm, a step within the bound is untouched, and a burst of ±1000 inputs that
+makes the unguarded digits MLP's forward overflow (tests/unit/test_model_diverged.py) leaves the guarded
+one finite: no ModelDivergedError, no non-finite confidence, finite weights."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ferret_core.engine.optim import SGD
+from ferret_core.engine.step_guard import bounded, step_scale
+from ferret_core.errors import ConfigError
+from services.config import load_settings
+from services.trainer.engine_learner import EngineLearner
+from services.trainer.runner import build_zoo_model
+from tests.unit.test_engine_support import make_plan
+from tests.unit.test_model_diverged import large_inputs
+
+
+def test_a_large_step_is_scaled_to_the_bound_and_a_small_one_is_untouched() -> None:
+    params = [torch.full((10,), 1.0), torch.full((6,), 1.0)]  # ‖θ‖ = 4
+    huge = [torch.full((10,), 1e6), torch.full((6,), 1e6)]
+    step = [lr_g * 1e-3 for lr_g in bounded(params, huge, 1e-3, 0.1)]
+    norm = math.sqrt(sum(float(s.pow(2).sum()) for s in step))
+    assert norm == pytest.approx(0.4, rel=1e-5)  # 0.1 · ‖θ‖
+    small = [torch.full((10,), 1.0), torch.full((6,), 1.0)]
+    assert bounded(params, small, 1e-3, 0.1) is small  # 1e-3 · 4 ≤ 0.4: the same tensors
+    assert bounded(params, huge, 1e-3, None) is huge  # off
+
+
+def test_zero_weights_use_the_floor_and_non_finite_gradients_are_left_to_the_engine() -> None:
+    zeros = [torch.zeros(4)]
+    assert step_scale(zeros, [torch.full((4,), 10.0)], 1.0, 0.5) == pytest.approx(0.5 / 20.0)  # bound 0.5 · 1
+    assert step_scale(zeros, [torch.tensor([math.inf, 0.0, 0.0, 0.0])], 1.0, 0.5) == 1.0
+
+
+def test_sgd_applies_the_guard_in_place_and_out_of_place() -> None:
+    params = [torch.ones(4)]  # ‖θ‖ = 2
+    grads = [torch.full((4,), 100.0)]
+    out_of_place = SGD(lr=1.0, max_step_ratio=0.1).step(0, params, grads)
+    assert float((out_of_place[0] - params[0]).norm()) == pytest.approx(0.2, rel=1e-5)
+    storage = [params[0].clone()]
+    in_place = SGD(lr=1.0, max_step_ratio=0.1).step(0, storage, grads, out=storage)
+    torch.testing.assert_close(in_place[0], out_of_place[0])
+    with pytest.raises(ConfigError, match="max_step_ratio"):
+        SGD(max_step_ratio=0.0)
+
+
+def test_a_burst_of_extreme_inputs_never_yields_a_non_finite_forward() -> None:
+    settings = load_settings(None, env={"FERRET_TRAINER_DATASET": "digits", "FERRET_TRAINER_MODEL": "mlp"})
+    assert settings.guard.max_step_ratio is not None  # on by default
+    model = build_zoo_model(settings)
+    learner = EngineLearner(model, make_plan(2, 2, num_units=model.num_units), settings)
+    try:
+        for i, (x, y) in enumerate(large_inputs(300)):  # the unguarded model diverges within ~100 of them
+            outcome = learner.arrive(i, torch.from_numpy(x), y)  # raises ModelDivergedError on a non-finite output
+            assert math.isfinite(outcome.confidence) and all(math.isfinite(p) for _, p in outcome.top_k)
+            learner.drain(30)
+        state = learner.state_tensors()
+    finally:
+        learner.close()
+    assert all(bool(torch.isfinite(t.float()).all()) for t in state.values())
+    stats = learner.stats()
+    # the burst was trained on: every item back-propagated, or its non-finite loss or gradient dropped (the
+    # engine's own guard: float32 overflows in the loss of some of these inputs whatever the weights)
+    assert stats.backward_passes >= 100 and stats.backward_passes + stats.non_finite == 300
