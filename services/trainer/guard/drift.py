@@ -8,9 +8,10 @@ Bifet & Gavaldà 2007, or Page-Hinkley), one per signal:
 
 Only a *fall* is reported (accuracy or confidence going down): ADWIN flags any change of the mean,
 and a model that learns raises it (on MNIST it flagged the rise from 22 % to 56 % in the first 400 items);
-Page-Hinkley runs in its ``down`` mode. A detection is a :class:`DriftSignal`; the learner turns it into an event and the configured reaction.
-Drift is *not* a reason to roll back (both the live model and the shadow are hurt by it: the guard's
-test, :mod:`.cusum`, ignores it); it is reported, and may reset the compensators' state.
+Page-Hinkley runs in its ``down`` mode. A detection is a :class:`DriftSignal`; the learner turns it into
+an event and the configured reaction. Drift is *not* a reason to roll back (both the live model and the
+shadow are hurt by it: the guard's test, :mod:`.cusum`, ignores it); it is reported, and may reset the
+compensators' state.
 """
 
 from __future__ import annotations

@@ -81,7 +81,8 @@ class GuardedLearner:
         self._queued: list[tuple[int, torch.Tensor]] = []  # (item, x) waiting for the shadow's forward
         self._shadow_says: dict[int, int] = {}  # item -> the shadow's class
         self._outstanding = 0
-        self._due: tuple[str, int, str] | None = None  # ("rollback" | "promotion", item, detail)
+        self._rollback_due: tuple[int, str] | None = None  # (deciding item, why)
+        self._promotion_due: tuple[int, bool, str] | None = None  # (deciding item, window passed, account)
         self._reset_due = False  # a drift asked for the compensators' reset (guard.drift_reaction)
         self._events: deque[ModelEvent] = deque(maxlen=MAX_QUEUED_EVENTS)
         self._counts = GuardCounts(last_good_version=self._shadow.version)
@@ -111,7 +112,7 @@ class GuardedLearner:
             try:
                 result = waiting()
             except ModelDivergedError as exc:
-                self._decide("rollback", item, f"the live model diverged ({exc})")
+                self._rollback_due = self._rollback_due or (item, f"the live model diverged ({exc})")
                 raise
             finally:
                 if not settled:
@@ -182,7 +183,7 @@ class GuardedLearner:
         if y is None or live_correct is None:
             return
         shadow_class = self._shadow_class(item)
-        if shadow_class is None or self._due is not None:  # not compared, or a decision is waiting
+        if shadow_class is None or self._rollback_due is not None:  # not compared, or the live model is condemned
             return
         shadow_correct = shadow_class == y
         w = self._window
@@ -190,9 +191,12 @@ class GuardedLearner:
         w.live_correct += live_correct
         w.shadow_correct += shadow_correct
         if self._test.observe(live_correct, shadow_correct) is Verdict.WORSE:
-            self._decide("rollback", item, self._test.describe())
-        elif w.items >= self.settings.window:
-            self._decide("promotion", item, f"window of {w.items}: live {w.live_correct} ≥? shadow {w.shadow_correct}")
+            self._rollback_due = (item, self._test.describe())
+        elif w.items >= self.settings.window:  # judged now, carried out between batches; the next window starts
+            passed = w.live_correct >= w.shadow_correct
+            account = f"window of {w.items}: live {w.live_correct} vs shadow {w.shadow_correct} right"
+            self._promotion_due = (item, passed, account)
+            self._window = _Window()
 
     def _shadow_class(self, item: int) -> int | None:
         """The shadow's class for ``item``; the first call after a submission predicts every queued item in
@@ -211,10 +215,6 @@ class GuardedLearner:
             self._queued.clear()
         return self._shadow_says.pop(item, None)
 
-    def _decide(self, kind: str, item: int, detail: str) -> None:
-        if self._due is None or kind == "rollback":
-            self._due = (kind, item, detail)
-
     def _carry_out(self) -> None:
         """The decisions waiting, now that no outcome is outstanding (module docstring)."""
         if self._outstanding:
@@ -222,14 +222,12 @@ class GuardedLearner:
         if self._reset_due:
             self._reset_due = False
             self._reset_compensators()
-        if self._due is None:
-            return
-        kind, item, detail = self._due
-        self._due = None
-        if kind == "rollback":
-            self._rollback(item, detail)
-        else:
-            self._promote(item, detail)
+        rollback, promotion = self._rollback_due, self._promotion_due
+        self._rollback_due = self._promotion_due = None
+        if rollback is not None:  # a promotion judged before it is moot: the candidate is dropped
+            self._rollback(*rollback)
+        elif promotion is not None:
+            self._promote(*promotion)
 
     def _rollback(self, item: int, detail: str) -> None:
         before = self.inner.stats().model_version
@@ -243,16 +241,16 @@ class GuardedLearner:
         )
         self._event(ModelEvent("rollback", self._shadow.version, item, now_ms(), before, detail=detail))
 
-    def _promote(self, item: int, detail: str) -> None:
-        w = self._window
+    def _promote(self, item: int, passed: bool, detail: str) -> None:
+        """The window that ended at ``item`` judged; the candidate made last-good if it ``passed``, the live
+        weights the next candidate. The test goes on (its evidence is against the shadow of that window: a
+        shadow win then is a shadow win against the older candidate too, more often than not)."""
         live = self.inner.state_tensors()
         before = self._shadow.version
-        passed = w.live_correct >= w.shadow_correct
         if passed:
             self._shadow.load(self._candidate)
         self._candidate = cloned(live)
-        self._window = _Window()
-        self._test.reset()
+        self._queued.clear()  # predicted by the shadow being replaced (none are: called between batches)
         self._shadow_says.clear()
         if not passed:
             log.info("no promotion at item %d: %s", item, detail)
