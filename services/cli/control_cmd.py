@@ -297,6 +297,8 @@ def format_status(reply: pb.StatusReply) -> str:
         f"  lag          {reply.lag_items} items, {reply.lag_seconds:.3f} s; {reply.items_per_second:.1f} items/s; "
         f"latency p50 {reply.latency_ms_p50:.2f} ms, p99 {reply.latency_ms_p99:.2f} ms",
         f"  snapshots    last v{reply.last_snapshot_version}",
+        f"  guard        last-good v{reply.last_good_version}, rollbacks {reply.rollbacks}, "
+        f"promotions {reply.promotions}, drifts {reply.drifts}",
     ]
     if reply.counters:
         lines.append("  counters     " + ", ".join(f"{k}={v}" for k, v in sorted(reply.counters.items())))

@@ -222,3 +222,23 @@ def test_events_reach_the_events_topic_with_their_stream_position() -> None:
             published.append(p)
     after = [p.model_version for p in published if p.item > rollback.item]
     assert after[0] == rollback.model_version  # downstream sees the version go back
+
+
+def test_the_guard_counts_reach_get_status_the_cli_and_the_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from services.cli.control_cmd import format_status
+    from services.control.messages import status_reply
+    from services.control.trainer_port import TrainerState, TrainerStatus
+    from services.trainer.metrics import TrainerMetrics
+
+    status = TrainerStatus(rollbacks=2, promotions=7, drifts=1, last_good_version=1400)
+    reply = status_reply(status, state=TrainerState.RUNNING, time_ms=0, uptime_s=1.0)
+    assert (reply.rollbacks, reply.promotions, reply.drifts, reply.last_good_version) == (2, 7, 1, 1400)
+    assert "last-good v1400, rollbacks 2, promotions 7, drifts 1" in format_status(reply)
+    metrics = TrainerMetrics()
+    metrics.register(lambda: status, lambda: None)
+    text = generate_latest(metrics.registry).decode()
+    for line in ("ferret_rollbacks_total 2.0", "ferret_promotions_total 7.0", "ferret_drifts_total 1.0",
+                 "ferret_last_good_version 1400.0"):  # fmt: skip
+        assert line in text
