@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import math
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,6 +187,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     runs = []
     for seed in args.seeds:
         for scenario in args.scenarios:
@@ -193,9 +195,9 @@ def main() -> None:
             for arm in SCENARIO_ARMS[scenario]:
                 runs.append(run(scenario, arm, seed, data, args.lr))
                 print(f"{scenario} {arm} seed {seed}: {runs[-1].seconds:.1f} s", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     report = "\n".join([
         f"# Guard benchmark (commit {commit})\n",
+        f"Command: `python -m benchmarks.guard.guard_bench {' '.join(sys.argv[1:])}`\n",
         f"MNIST/MNISTNet, {args.items} items, lr {args.lr}, event at item {args.at}, burst {args.burst} items, "
         f"seeds {args.seeds}; torch threads 1.\n",
         summarise(runs, args.at, args.burst),
