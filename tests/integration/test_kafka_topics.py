@@ -45,7 +45,7 @@ def _produce(bootstrap: str, topic: str, items: range) -> None:
 def test_topics_are_created_idempotently(any_kafka: str, topic_prefix: str) -> None:
     names = TopicNames(topic_prefix)
     first = ensure_topics(any_kafka, topic_prefix, sample_partitions=3)
-    assert first == {names.samples: 3, names.labels: 3, names.predictions: 3, names.dlq: 3}
+    assert first == {names.samples: 3, names.labels: 3, names.predictions: 3, names.dlq: 3, names.events: 1}
     assert ensure_topics(any_kafka, topic_prefix, sample_partitions=3) == first
 
 
