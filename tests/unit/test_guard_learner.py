@@ -44,6 +44,7 @@ class FakeLearner:
         self.net = copy.deepcopy(model.units[0])
         self.version = 0
         self.loaded = 0
+        self.compensators: list[Sequence[Mapping[str, Any]]] = []  # what load_compensator_state was given
 
     @property
     def plan(self) -> Plan:
@@ -94,9 +95,10 @@ class FakeLearner:
         self.loaded += 1
 
     def compensator_state(self) -> list[dict[str, Any]]:
-        return []
+        return [{"name": "fresh", "version": self.version}]
 
-    def load_compensator_state(self, states: Sequence[Mapping[str, Any]]) -> None: ...
+    def load_compensator_state(self, states: Sequence[Mapping[str, Any]]) -> None:
+        self.compensators.append(states)
 
     def stats(self) -> LearnerStats:
         return LearnerStats(backward_passes=self.version, model_version=self.version, measured_bytes=0, peak_bytes=0)
@@ -162,6 +164,16 @@ def test_concept_drift_that_hurts_both_is_detected_and_not_rolled_back() -> None
     assert stats is not None and stats.rollbacks == 0 and stats.drifts >= 1
     drifts = [e for e in learner.take_events() if e.kind == "drift"]
     assert drifts and drifts[0].detector == "adwin:correct" and 500 <= drifts[0].item < 600
+
+
+def test_the_reset_compensator_reaction_restores_the_start_state_between_batches() -> None:
+    learner, inner = guarded(drift_reaction="reset-compensator")
+    feed(learner, items(500, seed=4, noise=0.05), 0)
+    assert inner.compensators == []
+    feed(learner, items(100, seed=5, noise=0.05, permute=True), 500)
+    drift = next(e for e in learner.take_events() if e.kind == "drift")
+    assert drift.reaction == "reset-compensator"
+    assert inner.compensators and inner.compensators[0] == [{"name": "fresh", "version": 0}]  # the start's
 
 
 def test_unlabelled_items_feed_the_confidence_detector() -> None:
