@@ -28,6 +28,7 @@ from torch import nn
 
 from ferret_core.engine.engine import EngineSettings, StreamEngine
 from ferret_core.engine.policies import FerretPolicy
+from ferret_core.engine.result import SimulationResult
 from ferret_core.engine.virtual_clock import Sample
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Partition, Plan, WorkerConfig
@@ -92,9 +93,9 @@ def calibration_plan(model: str, num_units: int, workers: int) -> Plan:
 
 def run_point(
     model: str, run: CalibrationRun, *, workers: int, intervals: int, settings: CalibrationSettings
-) -> tuple[float, tuple[float, ...]]:
-    """Online accuracy (%) and the largest staleness per stage of one calibration run: ``workers`` workers
-    whose item takes ``intervals`` arrival intervals (no waiting slot)."""
+) -> SimulationResult:
+    """One calibration run: ``workers`` workers whose item takes ``intervals`` arrival intervals (no
+    waiting slot); its result (online accuracy, items trained, staleness)."""
     units, items = run
     plan = calibration_plan(model, len(units), workers)
     setup = FerretPolicy(plan, wait_slots=0).setup(model, len(units), ARRIVAL)
@@ -106,8 +107,7 @@ def run_point(
         ),
     )
     times = StageTimes((float(intervals),), (2.0 * intervals,))
-    result = engine.run_virtual(items, times, ARRIVAL)
-    return result.oacc, result.max_staleness
+    return engine.run_virtual(items, times, ARRIVAL)
 
 
 def calibrate_staleness(
@@ -124,18 +124,19 @@ def calibrate_staleness(
     stale: dict[float, list[float]] = {}
     for seed in settings.seeds:
         for k in (1, *settings.every):
-            oacc, _ = run_point(model, make_run(seed), workers=1, intervals=k, settings=settings)
-            fresh.setdefault(1.0 / k, []).append(oacc)
+            result = run_point(model, make_run(seed), workers=1, intervals=k, settings=settings)
+            fresh.setdefault(1.0 / k, []).append(result.oacc)
             if on_run is not None:
                 on_run(f"fresh 1/{k}, seed {seed}")
         for tau in settings.staleness:
-            oacc, most = run_point(model, make_run(seed), workers=tau + 1, intervals=tau + 1, settings=settings)
+            result = run_point(model, make_run(seed), workers=tau + 1, intervals=tau + 1, settings=settings)
+            most = result.max_staleness
             if most != (tau,):
                 raise ConfigError(
                     f"calibration run for staleness {tau} applied its gradients at staleness up to {list(most)}, "
                     f"expected {tau}; the stream's head is too short for {tau + 1} workers (give more items)"
                 )
-            stale.setdefault(float(tau), []).append(oacc)
+            stale.setdefault(float(tau), []).append(result.oacc)
             if on_run is not None:
                 on_run(f"stale {tau}, seed {seed}")
     cost = StalenessCost.from_accuracies(

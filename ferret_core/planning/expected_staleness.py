@@ -27,9 +27,9 @@ from ferret_core.plan import WorkerConfig
 from ferret_core.schedule.actions import Action, Kind
 from ferret_core.schedule.scheduler import Scheduler
 
-ARRIVALS_PER_SLOT_STAGE = 24  # the replay's length: this many arrivals per worker slot and stage,
-MIN_ARRIVALS = 240  # at least this many; the first quarter warms the pipeline up and is not counted
-MAX_ARRIVALS = 4096
+ARRIVALS_PER_SLOT_STAGE = 12  # the replay's length: this many arrivals per worker slot and stage,
+MIN_ARRIVALS = 160  # at least this many; the first quarter warms the pipeline up and is not counted
+MAX_ARRIVALS = 2048
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from ferret_core.planning.staleness_cost import StalenessCost
 from ferret_core.profile import ModelProfile
 
 OBJECTIVES: tuple[str, ...] = ("rate", "accuracy")
+EVERY_SLOT_COUNT_UP_TO = 8  # the accuracy objective searches every N' ≤ this (then a halving ladder)
 
 
 def default_decay(profile: ModelProfile) -> float:
@@ -173,8 +174,19 @@ class Planner:
         return self.settings.objective == "accuracy" and cost is not None and not cost.is_zero
 
     def _slot_counts(self, n: int) -> tuple[int, ...]:
-        """Alg. 2's N first; under a staleness-weighing objective also every N' < N (module docstring)."""
-        return (n, *range(n - 1, 0, -1)) if self.weighs_staleness else (n,)
+        """Alg. 2's N first; under a staleness-weighing objective also fewer slots N': every N' ≤
+        :data:`EVERY_SLOT_COUNT_UP_TO`, and ⌈N/2⌉, ⌈N/4⌉, … above it (a plan of more workers sharing one
+        master applies its gradients at τ ≳ N' − 1, beyond the calibrated staleness; the ladder keeps the
+        search O(log N) there)."""
+        if not self.weighs_staleness:
+            return (n,)
+        fewer = set(range(1, min(n - 1, EVERY_SLOT_COUNT_UP_TO) + 1))
+        half = n
+        while half > EVERY_SLOT_COUNT_UP_TO:
+            half = -(-half // 2)
+            if half < n:
+                fewer.add(half)
+        return (n, *sorted(fewer, reverse=True))
 
     @property
     def stream_bound(self) -> bool:
@@ -182,9 +194,11 @@ class Planner:
         ≤ t^d (the module docstring). Then R_F's pace 1/(t^f + t^b) is bounded by the stream's."""
         return self.profile.sequential_time <= self.arrival_interval * (1.0 + 1e-12)
 
-    def options(self, budget_bytes: int | None = None) -> list[PlanOption]:
-        """Each (partition, c^r)'s best configuration within ``budget_bytes`` (None: unconstrained), as
-        the plan's choice compares them; :meth:`plan` takes the first of ``sorted(options, key=rank)``."""
+    def options(self, budget_bytes: int | None = None, *, discounts: bool = True) -> list[PlanOption]:
+        """Each (partition, c^r, slots)'s best configuration within ``budget_bytes`` (None: unconstrained),
+        as the plan's choice compares them; :meth:`plan` takes the first of ``sorted(options, key=rank)``.
+        ``discounts=False`` leaves the accuracy objective's discount at 1 (:meth:`plan` computes it only
+        where it can matter)."""
         out: list[PlanOption] = []
         for index, cand in enumerate(self._candidates):
             path = self._path(index)
@@ -197,13 +211,36 @@ class Planner:
                 1 - 1e-9
             )
             every_item = keeps_up and len(live) == len(workers) and all(not any(w.omission) for w in live)
-            discount = self._discount(cand, workers) if self.weighs_staleness else 1.0
+            discount = self._discount(cand, workers) if discounts and self.weighs_staleness else 1.0
             out.append(
                 PlanOption(
                     index, point.rate, point.bytes, cand.geometry.num_stages, len(live), cand.recompute, every_item,
                     discount,
                 )
             )
+        return out
+
+    def _discounted(self, budget: int | None, options: list[PlanOption]) -> list[PlanOption]:
+        """``options`` with their discounts, leaving out those that cannot rank first (exact): a discount is
+        at most 1, so an option whose R_F is below the best discounted R_F found so far cannot win; the
+        tier of a stream one unsplit worker keeps up with (:meth:`rank`) is ranked by the discount alone,
+        so all of it is evaluated."""
+        out: list[PlanOption] = []
+        best = -math.inf
+        first_tier = [o for o in options if self.rank(o)[0] == 0.0] or options
+        for option in sorted(first_tier, key=lambda o: -o.rate):
+            tied = self.stream_bound and option.every_item
+            if not tied and _rounded(option.rate) < best:
+                continue
+            path = self._path(option.index)
+            point = path.first_within(budget)
+            assert point is not None
+            discounted = dataclasses.replace(
+                option, discount=self._discount(self._candidates[option.index], path.workers_at(point))
+            )
+            out.append(discounted)
+            if not tied:
+                best = max(best, _rounded(option.rate * discounted.discount))
         return out
 
     def expected_staleness(self, geometry: StageGeometry, workers: tuple[WorkerConfig, ...]) -> ExpectedStaleness:
@@ -272,11 +309,13 @@ class Planner:
         and a stream one unsplit worker keeps up with decided by :meth:`rank` (the module docstring)."""
         if budget_bytes is not None and budget_bytes < 0:
             raise ConfigError(f"memory budget must be >= 0 bytes, got {budget_bytes}")
-        options = self.options(budget_bytes)
+        options = self.options(budget_bytes, discounts=False)
         minimum = self.min_feasible_bytes
         if not options:
             assert budget_bytes is not None
             raise InfeasibleBudgetError(budget_bytes, minimum)
+        if self.weighs_staleness:
+            options = self._discounted(budget_bytes, options)
         best = min(options, key=self.rank)
         point = self._path(best.index).first_within(budget_bytes)
         assert point is not None
