@@ -150,7 +150,8 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="a measured staleness cost (the JSON `ferret simulate --objective accuracy` caches under "
-        "CACHE/staleness/): the accuracy objective's d(τ); `plan` prints both objectives with it",
+        "CACHE/staleness/): the accuracy objective's d(τ); `plan` prints both objectives with it (default: none; "
+        "simulate then calibrates)",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to profile on (default cpu)")
 

@@ -99,3 +99,20 @@ def test_simulate_calibrates_on_the_streams_head_and_caches_it(
     assert main(["plan", "--profile", str(profile), "--objective", "accuracy", "--staleness-cost", str(cost_file),
                  "--in-flight", "schedule", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["workers"] == report["plan"]["workers"]
+
+
+def test_bench_plans_ferret_by_the_objective_it_is_given() -> None:
+    from services.bench.experiments import experiment, preset
+    from services.bench.runner import simulate_argv
+
+    rate = experiment("overall", preset("quick"), seeds=1)
+    accuracy = experiment("overall", preset("quick"), seeds=1, objective="accuracy")
+    for before, after in zip(rate.expand(), accuracy.expand(), strict=True):
+        argv = simulate_argv(after, None)
+        if after.arm.method == "ferret":
+            assert argv[-2:] == ["--objective", "accuracy"] and after.key != before.key
+        else:
+            assert "--objective" not in argv and after.key == before.key
+        assert "--objective" not in simulate_argv(before, None)
+    fixed = experiment("compensation", preset("quick"), seeds=1, objective="accuracy")
+    assert all(a.objective == "rate" for a in fixed.arms)  # the ablation's plans are fixed files
