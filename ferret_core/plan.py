@@ -112,7 +112,7 @@ class PlanStep:
 
 @dataclass(frozen=True)
 class PlanObjectives:
-    """What the planner's two objectives say of a plan (docs/planner.md, "The accuracy objective").
+    """What the planner's two objectives say of a plan (docs/planner.md reading 13).
 
     ``objective``: the one the plan was chosen by (``rate``: eq. ferret-svre's R_F, the paper's; ``accuracy``:
     R_F discounted by the measured cost of staleness). ``rate``: R_F. ``expected_staleness``: per stage, the

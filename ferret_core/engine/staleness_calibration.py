@@ -15,7 +15,7 @@ SGD learning rate and the compensator the calibrated runs will use (``none`` by 
 of uncompensated staleness), and the mean online accuracies become d(τ) by
 :meth:`StalenessCost.from_accuracies`. Times are integers (F = m, B = 2m, arrivals every 3), so "exactly
 k intervals" holds without float noise. The whole model is one stage: d is a per-gradient worth, which
-the planner applies per stage (docs/planner.md reading 12).
+the planner applies per stage (docs/planner.md reading 13).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ d(τ̄_j), τ̄_j the mean staleness of the configuration's gradients at stage j
 Fewer workers than Alg. 2's N only trade items for staleness, so under ``accuracy`` (with a non-zero cost)
 each (partition, c^r) is also searched from every N' < N worker slots (its own greedy path); R_F is still
 computed exactly as eq. ferret-svre says, and with the zero cost the ranking and candidates are the
-rate objective's, so the plan is the same (a hypothesis property). ``docs/planner.md`` reading 12.
+rate objective's, so the plan is the same (a hypothesis property). ``docs/planner.md`` reading 13.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class Arm:
     ``fixed_plan``: run on the plan made with compensator ``none`` at that budget (the compensator
     ablation: every compensator on the same pipeline). ``objective``: what the planner maximises for a
     method that plans now (``rate``: R_F, the paper's; ``accuracy``: R_F discounted by the cost of
-    staleness calibrated on the stream's head, docs/planner.md reading 12). ``refresh_every``: LwF's teacher and
+    staleness calibrated on the stream's head, docs/planner.md reading 13). ``refresh_every``: LwF's teacher and
     MAS's importance refresh period in trained items (``None``: the algorithm's default, 1000 and 100,
     sized for the paper's whole streams; a short stream trains fewer items than that, and the algorithm
     would never act)."""

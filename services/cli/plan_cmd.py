@@ -334,7 +334,7 @@ def format_plan(plan: Plan, profile: ModelProfile, source: Path | None = None) -
 
 
 def _objective_lines(plan: Plan) -> list[str]:
-    """Both objectives of the plan (docs/planner.md reading 12), where the planner evaluated them."""
+    """Both objectives of the plan (docs/planner.md reading 13), where the planner evaluated them."""
     o = plan.objectives
     if o is None:
         return []

@@ -1,4 +1,4 @@
-"""The planner's accuracy objective (docs/planner.md reading 12): properties over random profiles, costs and
+"""The planner's accuracy objective (docs/planner.md reading 13): properties over random profiles, costs and
 budgets (hypothesis), and the expected-staleness replay it ranks with."""
 
 from __future__ import annotations
