@@ -5,10 +5,12 @@ profile, Ferret with Iter-Fisher as `ferret bench` runs it), 5 seeds, paired (th
 the same initial weights and stream). Each run is one ``ferret simulate --json`` process
 (:func:`services.bench.runner.simulate_argv`); the accuracy arm calibrates the cost on the stream's head
 once per setting (cached under ``out/cache/staleness``; the first seed's run does it, before the others
-start). Writes ``results/staleness_objective.{md,json}``.
+start). ``--at-m`` adds both objectives at budget M (the committed `standard` overall experiment's
+measured M, ``benchmarks/paper/results/standard/overall/budgets.json``). Writes
+``results/staleness_objective.{md,json}``.
 
     flock /tmp/ferret-bench.lock .venv/bin/python -m benchmarks.planner.staleness_objective [--jobs 2] \\
-        [--settings mnist split-mnist fashion-mnist split-fashion-mnist] [--seeds 5]
+        [--settings mnist split-mnist fashion-mnist split-fashion-mnist] [--seeds 5] [--at-m]
 """
 
 from __future__ import annotations
@@ -37,15 +39,27 @@ ARMS: tuple[tuple[str, Arm, tuple[str, ...]], ...] = (
     ("ferret-M+ rate", Arm("ferret-M+", "ferret", "M+"), ("--objective", "rate")),
     ("ferret-M+ accuracy", Arm("ferret-M+", "ferret", "M+"), ("--objective", "accuracy")),
 )
+AT_M: tuple[tuple[str, Arm, tuple[str, ...]], ...] = (
+    ("ferret-M rate", Arm("ferret-M", "ferret", "M"), ("--objective", "rate")),
+    ("ferret-M accuracy", Arm("ferret-M", "ferret", "M"), ("--objective", "accuracy")),
+)
+BUDGETS = REPO / "benchmarks" / "paper" / "results" / "standard" / "overall" / "budgets.json"
 GOALS = {"mnist": 1.5, "fashion-mnist": 1.5, "split-mnist": 3.0, "split-fashion-mnist": 3.0}  # issue 24
 
 
 Arms = tuple[str, Arm, tuple[str, ...]]
 
 
+def budget_m(setting: Setting, items: int) -> int:
+    """M of ``setting`` as the committed standard overall experiment measured it."""
+    budgets = json.loads(BUDGETS.read_text())
+    return int(budgets[f"{setting.id}|{setting.profile}|{items}"]["m"])
+
+
 def run_one(setting: Setting, arm: Arms, seed: int, items: int, tests: int) -> dict[str, Any]:
     name, spec, extra = arm
-    argv = simulate_argv(RunSpec("planner", setting, spec, seed, items, tests), None) + list(extra)
+    budget = budget_m(setting, items) if spec.budget == "M" else None
+    argv = simulate_argv(RunSpec("planner", setting, spec, seed, items, tests), budget) + list(extra)
     report = run_simulate(argv)
     plan = report.get("plan") or {}
     objectives = plan.get("objectives") or {}
@@ -59,6 +73,9 @@ def run_one(setting: Setting, arm: Arms, seed: int, items: int, tests: int) -> d
         "workers": plan.get("live_workers", report["num_workers"]),
         "mean_staleness": report["mean_staleness"],
         "trained": report["trained"],
+        "budget_bytes": budget,
+        "planned_bytes": report.get("planned_bytes"),
+        "peak_bytes": report.get("peak_bytes"),
         "adaptation_rate": plan.get("adaptation_rate"),
         "discount": objectives.get("discount"),
         "staleness_cost": report.get("staleness_cost"),
@@ -117,6 +134,29 @@ def table(rows: list[dict[str, Any]], settings: list[Setting]) -> str:
     return "\n".join(out)
 
 
+def m_table(rows: list[dict[str, Any]], settings: list[Setting]) -> str:
+    out = [
+        "| setting | M (bytes) | M rate (R_F) | M accuracy | accuracy − rate (paired) | plan rate: P × N, τ̄ "
+        "| plan accuracy: P × N, τ̄, discount |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for setting in settings:
+        by = {
+            name: {r["seed"]: r for r in rows if r["setting"] == setting.id and r["arm"] == name}
+            for name, _, _ in AT_M
+        }
+        seeds = sorted(set.intersection(*(set(v) for v in by.values())))
+        if not seeds:
+            continue
+        rt, ac = ([by[name][s]["oacc"] for s in seeds] for name, _, _ in AT_M)
+        out.append(
+            f"| {setting.id} | {by['ferret-M rate'][seeds[0]]['budget_bytes']:,} | {cell(rt)} | {cell(ac)} "
+            f"| {cell(minus(ac, rt))} | {plan_of(by['ferret-M rate'], seeds, False)} "
+            f"| {plan_of(by['ferret-M accuracy'], seeds, True)} |"
+        )
+    return "\n".join(out)
+
+
 def cost_table(rows: list[dict[str, Any]], settings: list[Setting]) -> str:
     out = ["| setting | d(τ) at τ = 0 / 1 / 2 / 3 / 4 / 6 / 8 | source |", "|---|---|---|"]
     for setting in settings:
@@ -132,6 +172,7 @@ def main() -> int:
     parser.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=list(SETTINGS))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--at-m", action="store_true", help="also run both objectives at budget M")
     args = parser.parse_args()
     standard = preset("standard")
     assert standard.test_items is not None
@@ -141,7 +182,8 @@ def main() -> int:
     for setting in settings:  # calibrate once per setting (the first accuracy run), before the pool
         print(f"{setting.id}: calibrating (seed 0's accuracy run)", file=sys.stderr, flush=True)
         rows.append(run_one(setting, ARMS[2], seeds[0], standard.items, standard.test_items))
-    todo = [(s, a, seed) for s in settings for a in ARMS for seed in seeds if not (a is ARMS[2] and seed == seeds[0])]
+    arms = ARMS + (AT_M if args.at_m else ())
+    todo = [(s, a, seed) for s in settings for a in arms for seed in seeds if not (a is ARMS[2] and seed == seeds[0])]
 
     def one(task: tuple[Setting, Arms, int]) -> dict[str, Any]:
         setting, arm, seed = task
@@ -166,6 +208,12 @@ def main() -> int:
             "",
             table(rows, settings),
             "",
+            *(
+                ["At budget M (the committed standard overall experiment's measured M; R_F-only vs accuracy):", "",
+                 m_table(rows, settings), ""]
+                if args.at_m
+                else []
+            ),
             "The staleness cost each accuracy run planned with (calibrated on the stream's head, cached):",
             "",
             cost_table(rows, settings),
