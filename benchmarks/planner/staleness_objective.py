@@ -178,6 +178,7 @@ def main() -> int:
     assert standard.test_items is not None
     settings = [SETTINGS[name] for name in args.settings]
     seeds = list(range(args.seeds))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     rows: list[dict[str, Any]] = []
     for setting in settings:  # calibrate once per setting (the first accuracy run), before the pool
         print(f"{setting.id}: calibrating (seed 0's accuracy run)", file=sys.stderr, flush=True)
@@ -193,7 +194,6 @@ def main() -> int:
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         rows += list(pool.map(one, todo))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     command = "flock /tmp/ferret-bench.lock .venv/bin/python -m benchmarks.planner.staleness_objective " + " ".join(
         sys.argv[1:]
     )
