@@ -111,8 +111,54 @@ class PlanStep:
 
 
 @dataclass(frozen=True)
+class PlanObjectives:
+    """What the planner's two objectives say of a plan (docs/planner.md reading 13).
+
+    ``objective``: the one the plan was chosen by (``rate``: eq. ferret-svre's R_F, the paper's; ``accuracy``:
+    R_F discounted by the measured cost of staleness). ``rate``: R_F. ``expected_staleness``: per stage, the
+    mean staleness of the plan's applied gradients on the virtual clock (a replay of its schedule);
+    ``trained_fraction``: the arrivals it trains there. ``discount``: the R_F-weighted mean of d(τ̄_j) over
+    the plan's stage terms, and ``accuracy``: R_F × discount — both ``None`` without a measured cost.
+    ``cost_source``: what that cost was measured on."""
+
+    objective: str
+    rate: float
+    expected_staleness: tuple[float, ...]
+    trained_fraction: float
+    discount: float | None = None
+    accuracy: float | None = None
+    cost_source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "objective": self.objective,
+            "rate": self.rate,
+            "expected_staleness": list(self.expected_staleness),
+            "trained_fraction": self.trained_fraction,
+            "discount": self.discount,
+            "accuracy": self.accuracy,
+            "cost_source": self.cost_source,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlanObjectives:
+        discount, accuracy = data.get("discount"), data.get("accuracy")
+        return cls(
+            objective=str(data["objective"]),
+            rate=float(data["rate"]),
+            expected_staleness=tuple(float(x) for x in data["expected_staleness"]),
+            trained_fraction=float(data["trained_fraction"]),
+            discount=None if discount is None else float(discount),
+            accuracy=None if accuracy is None else float(accuracy),
+            cost_source=str(data.get("cost_source", "")),
+        )
+
+
+@dataclass(frozen=True)
 class Plan:
-    """A partition and a pipeline configuration with the cost model's predictions."""
+    """A partition and a pipeline configuration with the cost model's predictions. ``objectives``: both
+    objectives' view of the plan where the planner evaluated them (``ferret plan``; an ``accuracy`` plan
+    always), else ``None`` (then ``to_dict`` leaves the key out)."""
 
     model: str
     partition: Partition
@@ -132,6 +178,7 @@ class Plan:
     memory_note: str = ""  # what the byte model counts (``MemorySettings.describe``)
     steps: tuple[PlanStep, ...] = ()
     recompute_note: str = ""
+    objectives: PlanObjectives | None = None
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -167,8 +214,8 @@ class Plan:
         return self.workers[item % self.num_workers]
 
     def to_dict(self) -> dict[str, Any]:
-        """The schema of ``ferret plan --json``."""
-        return {
+        """The schema of ``ferret plan --json`` (``objectives`` only where evaluated: an addition)."""
+        out: dict[str, Any] = {
             "model": self.model,
             "stages": [list(s) for s in self.stages],
             "partition": list(self.partition.boundaries),
@@ -202,6 +249,9 @@ class Plan:
             ],
             "recompute_note": self.recompute_note,
         }
+        if self.objectives is not None:
+            out["objectives"] = self.objectives.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
@@ -231,6 +281,7 @@ class Plan:
             for s in data.get("steps", [])
         )
         budget = data.get("budget_bytes")
+        objectives = data.get("objectives")
         return cls(
             model=str(data["model"]),
             partition=partition,
@@ -250,4 +301,5 @@ class Plan:
             memory_breakdown={str(k): int(v) for k, v in data.get("memory_breakdown", {}).items()},
             steps=steps,
             recompute_note=str(data.get("recompute_note", "")),
+            objectives=None if objectives is None else PlanObjectives.from_dict(objectives),
         )

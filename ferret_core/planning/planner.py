@@ -17,6 +17,15 @@ says otherwise. Configurations that skip items rank below them, by R_F.
 
 Re-planning under a new budget reuses the paths, so the control plane can answer quickly. An infeasible
 budget raises :class:`InfeasibleBudgetError` with the minimum feasible bytes over all partitions and c^r (DESIGN §3.7).
+
+**Two objectives** (``PlannerSettings.objective``). ``rate`` (the default) is the paper's: the highest R_F.
+``accuracy`` (ours) ranks by R_F discounted by the measured cost of staleness: each stage term of R_F times
+d(τ̄_j), τ̄_j the mean staleness of the configuration's gradients at stage j on the virtual clock
+(:mod:`~ferret_core.planning.expected_staleness`), d the cost (:mod:`~ferret_core.planning.staleness_cost`).
+Fewer workers than Alg. 2's N only trade items for staleness, so under ``accuracy`` (with a non-zero cost)
+each (partition, c^r) is also searched from every N' < N worker slots (its own greedy path); R_F is still
+computed exactly as eq. ferret-svre says, and with the zero cost the ranking and candidates are the
+rate objective's, so the plan is the same (a hypothesis property). ``docs/planner.md`` reading 13.
 """
 
 from __future__ import annotations
@@ -26,12 +35,17 @@ import math
 from dataclasses import dataclass, field
 
 from ferret_core.errors import ConfigError, InfeasibleBudgetError
-from ferret_core.plan import Partition, Plan
+from ferret_core.plan import Partition, Plan, PlanObjectives, WorkerConfig, backprop_period
 from ferret_core.planning.cost_model import RateModel, StageGeometry, num_worker_slots
+from ferret_core.planning.expected_staleness import ExpectedStaleness, replay_staleness
 from ferret_core.planning.memory_model import MemoryModel, MemorySettings
 from ferret_core.planning.partitioning import candidate_partitions
 from ferret_core.planning.search import PathPoint, SearchPath, search_path
+from ferret_core.planning.staleness_cost import StalenessCost
 from ferret_core.profile import ModelProfile
+
+OBJECTIVES: tuple[str, ...] = ("rate", "accuracy")
+EVERY_SLOT_COUNT_UP_TO = 8  # the accuracy objective searches every N' ≤ this (then a halving ladder)
 
 
 def default_decay(profile: ModelProfile) -> float:
@@ -52,8 +66,18 @@ class PlannerSettings:
     recompute_options: tuple[bool, ...] = (False, True)
     # measured ÷ profiled time per item (reading 11, ours): the planner plans with profile.scaled(time_scale)
     time_scale: float = 1.0
+    # what the plan maximises: "rate" (R_F, the paper's) or "accuracy" (R_F discounted by staleness_cost)
+    objective: str = "rate"
+    staleness_cost: StalenessCost | None = None  # d(τ), measured; required by "accuracy"
 
     def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.objective == "accuracy" and self.staleness_cost is None:
+            raise ConfigError(
+                "the accuracy objective needs a measured staleness cost (PlannerSettings.staleness_cost; the CLI "
+                "calibrates one on the stream's head: --objective accuracy with --dataset or --staleness-cost FILE)"
+            )
         if not (math.isfinite(self.time_scale) and self.time_scale > 0):
             raise ConfigError(f"time_scale (measured ÷ profiled time per item) must be > 0, got {self.time_scale}")
         if self.arrival_interval is not None and not (
@@ -83,6 +107,7 @@ class PlanOption:
     live_workers: int
     recompute: bool
     every_item: bool
+    discount: float = 1.0  # the accuracy objective's R_F-weighted d(τ̄_j) (1 under the rate objective)
 
 
 def _rounded(rate: float) -> float:
@@ -98,6 +123,7 @@ class _Candidate:
     rate: RateModel
     recompute: bool
     num_workers: int
+    reduced: bool = False  # fewer slots than Alg. 2's N (the accuracy objective's extra candidates)
 
 
 class Planner:
@@ -132,11 +158,35 @@ class Planner:
                 n = num_worker_slots(geometry, self.arrival_interval, recompute)
                 if self.settings.max_workers is not None:
                     n = min(n, self.settings.max_workers)
-                memory = MemoryModel(
-                    geometry, self.profile, memory_settings, arrival_interval=self.arrival_interval, num_slots=n
-                )
-                self._candidates.append(_Candidate(cap, geometry, memory, rate, recompute, n))
+                for slots in self._slot_counts(n):
+                    memory = MemoryModel(
+                        geometry, self.profile, memory_settings, arrival_interval=self.arrival_interval,
+                        num_slots=slots,
+                    )
+                    self._candidates.append(_Candidate(cap, geometry, memory, rate, recompute, slots, slots < n))
         self._paths: dict[int, SearchPath] = {}
+        self._replays: dict[tuple[tuple[int, ...], tuple[WorkerConfig, ...]], ExpectedStaleness] = {}
+
+    @property
+    def weighs_staleness(self) -> bool:
+        """Whether plans are ranked by the accuracy objective with a non-zero cost (else by R_F alone)."""
+        cost = self.settings.staleness_cost
+        return self.settings.objective == "accuracy" and cost is not None and not cost.is_zero
+
+    def _slot_counts(self, n: int) -> tuple[int, ...]:
+        """Alg. 2's N first; under a staleness-weighing objective also fewer slots N': every N' ≤
+        :data:`EVERY_SLOT_COUNT_UP_TO`, and ⌈N/2⌉, ⌈N/4⌉, … above it (a plan of more workers sharing one
+        master applies its gradients at τ ≳ N' − 1, beyond the calibrated staleness; the ladder keeps the
+        search O(log N) there)."""
+        if not self.weighs_staleness:
+            return (n,)
+        fewer = set(range(1, min(n - 1, EVERY_SLOT_COUNT_UP_TO) + 1))
+        half = n
+        while half > EVERY_SLOT_COUNT_UP_TO:
+            half = -(-half // 2)
+            if half < n:
+                fewer.add(half)
+        return (n, *sorted(fewer, reverse=True))
 
     @property
     def stream_bound(self) -> bool:
@@ -144,9 +194,11 @@ class Planner:
         ≤ t^d (the module docstring). Then R_F's pace 1/(t^f + t^b) is bounded by the stream's."""
         return self.profile.sequential_time <= self.arrival_interval * (1.0 + 1e-12)
 
-    def options(self, budget_bytes: int | None = None) -> list[PlanOption]:
-        """Each (partition, c^r)'s best configuration within ``budget_bytes`` (None: unconstrained), as
-        the plan's choice compares them; :meth:`plan` takes the first of ``sorted(options, key=rank)``."""
+    def options(self, budget_bytes: int | None = None, *, discounts: bool = True) -> list[PlanOption]:
+        """Each (partition, c^r, slots)'s best configuration within ``budget_bytes`` (None: unconstrained),
+        as the plan's choice compares them; :meth:`plan` takes the first of ``sorted(options, key=rank)``.
+        ``discounts=False`` leaves the accuracy objective's discount at 1 (:meth:`plan` computes it only
+        where it can matter)."""
         out: list[PlanOption] = []
         for index, cand in enumerate(self._candidates):
             path = self._path(index)
@@ -159,21 +211,66 @@ class Planner:
                 1 - 1e-9
             )
             every_item = keeps_up and len(live) == len(workers) and all(not any(w.omission) for w in live)
+            discount = self._discount(cand, workers) if discounts and self.weighs_staleness else 1.0
             out.append(
                 PlanOption(
-                    index, point.rate, point.bytes, cand.geometry.num_stages, len(live), cand.recompute, every_item
+                    index, point.rate, point.bytes, cand.geometry.num_stages, len(live), cand.recompute, every_item,
+                    discount,
                 )
             )
         return out
 
+    def _discounted(self, budget: int | None, options: list[PlanOption]) -> list[PlanOption]:
+        """``options`` with their discounts, leaving out those that cannot rank first (exact): a discount is
+        at most 1, so an option whose R_F is below the best discounted R_F found so far cannot win; the
+        tier of a stream one unsplit worker keeps up with (:meth:`rank`) is ranked by the discount alone,
+        so all of it is evaluated."""
+        out: list[PlanOption] = []
+        best = -math.inf
+        first_tier = [o for o in options if self.rank(o)[0] == 0.0] or options
+        for option in sorted(first_tier, key=lambda o: -o.rate):
+            tied = self.stream_bound and option.every_item
+            if not tied and _rounded(option.rate) < best:
+                continue
+            path = self._path(option.index)
+            point = path.first_within(budget)
+            assert point is not None
+            discounted = dataclasses.replace(
+                option, discount=self._discount(self._candidates[option.index], path.workers_at(point))
+            )
+            out.append(discounted)
+            if not tied:
+                best = max(best, _rounded(option.rate * discounted.discount))
+        return out
+
+    def expected_staleness(self, geometry: StageGeometry, workers: tuple[WorkerConfig, ...]) -> ExpectedStaleness:
+        """The configuration's mean staleness per stage on the virtual clock (cached replay)."""
+        key = (geometry.partition.boundaries, workers)
+        found = self._replays.get(key)
+        if found is None:
+            found = replay_staleness(workers, geometry.forward_times, geometry.backward_times, self.arrival_interval)
+            self._replays[key] = found
+        return found
+
+    def _discount(self, cand: _Candidate, workers: tuple[WorkerConfig, ...]) -> float:
+        cost = self.settings.staleness_cost
+        assert cost is not None
+        return _weighted_discount(cand.rate, workers, self.expected_staleness(cand.geometry, workers), cost)
+
     def rank(self, option: PlanOption) -> tuple[float, ...]:
         """Sort key of :meth:`options`, best first: when :attr:`stream_bound`, configurations training every
-        arriving item first, tied among themselves; then R_F descending (equal within 1e-12, relative);
-        ties: fewer bytes, fewer stages, fewer live workers, c^r = 0, the candidate order."""
+        arriving item first, tied among themselves (under the accuracy objective ordered by their discount);
+        then R_F × discount descending (the discount is 1 under the rate objective; equal within 1e-12,
+        relative), then R_F; ties: fewer bytes, fewer stages, fewer live workers, c^r = 0, the candidate
+        order."""
         tied = self.stream_bound and option.every_item
         rate = 0.0 if tied else -_rounded(option.rate)
+        # the accuracy objective: discounted R_F first (among tied configurations, which train every item
+        # that arrives, the discount alone); with the zero cost every discount is 1 and the order is R_F's
+        score = -_rounded(option.discount if tied else option.rate * option.discount)
         return (
             0.0 if tied or not self.stream_bound else 1.0,
+            score,
             rate,
             option.bytes,
             option.stages,
@@ -212,15 +309,41 @@ class Planner:
         and a stream one unsplit worker keeps up with decided by :meth:`rank` (the module docstring)."""
         if budget_bytes is not None and budget_bytes < 0:
             raise ConfigError(f"memory budget must be >= 0 bytes, got {budget_bytes}")
-        options = self.options(budget_bytes)
+        options = self.options(budget_bytes, discounts=False)
         minimum = self.min_feasible_bytes
         if not options:
             assert budget_bytes is not None
             raise InfeasibleBudgetError(budget_bytes, minimum)
+        if self.weighs_staleness:
+            options = self._discounted(budget_bytes, options)
         best = min(options, key=self.rank)
         point = self._path(best.index).first_within(budget_bytes)
         assert point is not None
-        return self._build_plan(best.index, point, budget_bytes, minimum)
+        plan = self._build_plan(best.index, point, budget_bytes, minimum)
+        if self.settings.objective == "accuracy":
+            plan = dataclasses.replace(plan, objectives=self.objectives(plan))
+        return plan
+
+    def objectives(self, plan: Plan) -> PlanObjectives:
+        """Both objectives' view of ``plan`` (a plan of this planner's profile): R_F, the expected staleness
+        per stage, and — with a staleness cost in the settings — the discount and the accuracy objective."""
+        geometry = StageGeometry.from_profile(self.profile, plan.partition)
+        expected = self.expected_staleness(geometry, plan.workers)
+        cost = self.settings.staleness_cost
+        discount = (
+            None
+            if cost is None
+            else _weighted_discount(RateModel(geometry, self.decay), plan.workers, expected, cost)
+        )
+        return PlanObjectives(
+            objective=self.settings.objective,
+            rate=plan.adaptation_rate,
+            expected_staleness=expected.mean,
+            trained_fraction=expected.trained_fraction,
+            discount=discount,
+            accuracy=None if discount is None else plan.adaptation_rate * discount,
+            cost_source="" if cost is None else cost.source,
+        )
 
     def _build_plan(self, index: int, point: PathPoint, budget: int | None, minimum: int) -> Plan:
         cand = self._candidates[index]
@@ -257,7 +380,28 @@ class Planner:
 
     def _recompute_alternative(self, chosen: _Candidate, budget: int | None) -> float | None:
         for index, cand in enumerate(self._candidates):
-            if cand.geometry.partition == chosen.geometry.partition and cand.recompute != chosen.recompute:
+            if (
+                cand.geometry.partition == chosen.geometry.partition
+                and cand.recompute != chosen.recompute
+                and (cand.num_workers == chosen.num_workers or not (cand.reduced or chosen.reduced))
+            ):
                 point = self._path(index).first_within(budget)
                 return None if point is None else point.rate
         return None
+
+
+def _weighted_discount(
+    rate: RateModel, workers: tuple[WorkerConfig, ...], expected: ExpectedStaleness, cost: StalenessCost
+) -> float:
+    """Σ_n Σ_j term_{n,j} · d(τ̄_j) / R_F over the live workers' stage terms of eq. ferret-svre (1 when
+    R_F is 0)."""
+    worth = [cost.discount(tau) for tau in expected.mean]
+    total = weighted = 0.0
+    for w in workers:
+        if not w.live:
+            continue
+        for j in range(rate.geometry.num_stages):
+            term = rate.stage_term(j, w.recompute, w.accumulation[j], backprop_period(w.omission, j))
+            total += term
+            weighted += term * worth[j]
+    return weighted / total if total > 0 else 1.0

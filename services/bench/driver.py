@@ -58,6 +58,7 @@ class BenchOptions:
     data_root: Path | None = None
     command: str = "ferret bench"
     tables_only: bool = False  # write tables.md and plots from the CSV there; run nothing
+    objective: str = "rate"  # the planner's objective for Ferret's arms that plan now
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,10 @@ class BenchOutcome:
 def run_experiment(name: str, options: BenchOptions, capabilities: Capabilities, cli: CliFn) -> BenchOutcome:
     """Run experiment ``name``; ``capabilities`` and ``cli`` (``services.cli.main.main``, for ``ferret
     plan``) come from the CLI layer."""
-    spec = _with_profile(experiment(name, options.preset, seeds=options.seeds, items=options.items), options.profile)
+    spec = _with_profile(
+        experiment(name, options.preset, seeds=options.seeds, items=options.items, objective=options.objective),
+        options.profile,
+    )
     caps = capabilities
     left_out: list[str] = []
     if options.only_available:

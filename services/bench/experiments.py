@@ -162,8 +162,22 @@ def preset(name: str) -> Preset:
         raise ConfigError(f"unknown preset {name!r}: expected one of {', '.join(PRESET_NAMES)}") from None
 
 
-def experiment(name: str, chosen: Preset, *, seeds: int | None = None, items: int | None = None) -> ExperimentSpec:
-    """The spec of experiment ``name`` under ``chosen`` (``seeds``/``items`` override the preset's)."""
+def experiment(
+    name: str, chosen: Preset, *, seeds: int | None = None, items: int | None = None, objective: str = "rate"
+) -> ExperimentSpec:
+    """The spec of experiment ``name`` under ``chosen`` (``seeds``/``items`` override the preset's); Ferret's
+    arms that plan now (all but the compensation ablation's fixed plans) plan by ``objective``."""
+    spec = _experiment(name, chosen, seeds=seeds, items=items)
+    if objective == "rate":
+        return spec
+    arms = tuple(
+        dataclasses.replace(a, objective=objective) if a.method == "ferret" and not a.fixed_plan else a
+        for a in spec.arms
+    )
+    return dataclasses.replace(spec, arms=arms)
+
+
+def _experiment(name: str, chosen: Preset, *, seeds: int | None, items: int | None) -> ExperimentSpec:
     seed_list = tuple(range(chosen.seeds if seeds is None else seeds))
     count = chosen.items if items is None else items
     if name == "overall":

@@ -58,6 +58,8 @@ def simulate_argv(
     elif arm.method in METHODS and METHODS[arm.method].compensates:  # the paper's Ferret: Algorithm 1, whatever
         # the CLI's default is (iter-fisher-lean)
         argv += ["--compensator", PAPER_COMPENSATOR]
+    if arm.objective != "rate" and plan_file is None:
+        argv += ["--objective", arm.objective]
     if plan_file is not None:
         argv += ["--plan", str(plan_file)]
     elif budget_bytes is not None:

@@ -42,7 +42,9 @@ class Arm:
     """One column: ``method`` (a registry name) at ``budget`` (one of :data:`BUDGET_LABELS`; ``none`` for
     methods that do not plan), with ``algorithm`` and ``compensator`` (``None``: the method's default).
     ``fixed_plan``: run on the plan made with compensator ``none`` at that budget (the compensator
-    ablation: every compensator on the same pipeline). ``refresh_every``: LwF's teacher and
+    ablation: every compensator on the same pipeline). ``objective``: what the planner maximises for a
+    method that plans now (``rate``: R_F, the paper's; ``accuracy``: R_F discounted by the cost of
+    staleness calibrated on the stream's head, docs/planner.md reading 13). ``refresh_every``: LwF's teacher and
     MAS's importance refresh period in trained items (``None``: the algorithm's default, 1000 and 100,
     sized for the paper's whole streams; a short stream trains fewer items than that, and the algorithm
     would never act)."""
@@ -54,6 +56,7 @@ class Arm:
     compensator: str | None = None
     fixed_plan: bool = False
     refresh_every: int | None = None
+    objective: str = "rate"  # the planner's objective for a method that plans now (``ferret simulate --objective``)
 
     def __post_init__(self) -> None:
         if self.budget not in BUDGET_LABELS:
@@ -82,6 +85,8 @@ class Arm:
             parts.append(self.algorithm_id)
         if self.compensator is not None:
             parts.append(self.compensator)
+        if self.objective != "rate":
+            parts.append(f"objective-{self.objective}")
         return "|".join(parts)
 
 

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ferret_core.planning.planner import OBJECTIVES
 from services.bench.capabilities import Capabilities, NotAvailableError
 from services.bench.driver import BenchOptions, run_experiment
 from services.bench.experiments import EXPERIMENT_NAMES, PRESET_NAMES, preset
@@ -74,6 +75,14 @@ def register(subparsers: Any) -> None:
         "the output) instead of stopping",
     )
     parser.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="rate",
+        help="what the planner maximises for Ferret's arms: rate (R_F, the paper's; default) or accuracy (R_F "
+        "discounted by the cost of staleness, calibrated by each run on the stream's head and cached under "
+        "out/cache/staleness; budgets M and M- stay the rate planner's)",
+    )
+    parser.add_argument(
         "--data-root",
         type=Path,
         default=None,
@@ -96,6 +105,8 @@ def _command(args: argparse.Namespace) -> str:
             words += [option, str(value)]
     if args.only_available:
         words.append("--only-available")
+    if args.objective != "rate":
+        words += ["--objective", args.objective]
     return shlex.join(words)
 
 
@@ -112,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         data_root=args.data_root,
         command=_command(args),
         tables_only=args.tables_only,
+        objective=args.objective,
     )
     from services.cli.main import build_parser, main
 

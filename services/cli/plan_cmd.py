@@ -15,10 +15,12 @@ from ferret_core.ocl import ALGORITHM_NAMES, AlgorithmSettings, make_algorithm
 from ferret_core.ocl.planning import planning_memory, planning_profile
 from ferret_core.plan import Plan
 from ferret_core.planning.memory_model import IN_FLIGHT_MODES, MEMORY_VARIANTS, OPTIMIZER_SLOTS, MemorySettings
-from ferret_core.planning.planner import Planner, PlannerSettings
+from ferret_core.planning.planner import OBJECTIVES, Planner, PlannerSettings
+from ferret_core.planning.staleness_cost import StalenessCost
 from ferret_core.profile import DTYPE_BYTES, ModelProfile
 from services import strict_json
 from services.cli.args import arrival_interval_type, budget_type, existing_file, non_negative_float, positive_int
+from services.cli.calibration import load_cost
 from services.models import MODEL_HELP, build_model_for, check_model_spec, is_factory, model_spec_type, shape_type
 from services.units import ArrivalInterval, format_bytes
 
@@ -134,6 +136,23 @@ def add_planning_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-workers", type=int, default=None, help="cap N by the executors that exist (default: no cap)"
     )
+    parser.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="rate",
+        help="what the plan maximises: rate (R_F, the paper's; default) or accuracy (R_F discounted by the "
+        "measured cost of staleness, so a worker is added only when the items it trains are worth more than the "
+        "staleness it adds; needs --staleness-cost, which simulate calibrates on the stream's head when absent)",
+    )
+    parser.add_argument(
+        "--staleness-cost",
+        type=existing_file,
+        default=None,
+        metavar="FILE",
+        help="a measured staleness cost (the JSON `ferret simulate --objective accuracy` caches under "
+        "CACHE/staleness/): the accuracy objective's d(τ); `plan` prints both objectives with it (default: none; "
+        "simulate then calibrates)",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device to profile on (default cpu)")
 
 
@@ -175,8 +194,26 @@ def model_from_profile(args: argparse.Namespace) -> None:
         args.model = check_model_spec(ModelProfile.load(args.profile).model)
 
 
+def staleness_cost_of(args: argparse.Namespace) -> StalenessCost | None:
+    """The staleness cost of the arguments: one a command calibrated (``args.calibrated_cost``), else
+    ``--staleness-cost FILE``, else ``None``."""
+    given = getattr(args, "calibrated_cost", None)
+    if isinstance(given, StalenessCost):
+        return given
+    path = getattr(args, "staleness_cost", None)
+    return None if path is None else load_cost(path)
+
+
 def planner_from_args(args: argparse.Namespace, profile: ModelProfile, *, in_flight: str = "cap") -> Planner:
     """The planner the arguments describe; ``in_flight`` is the command's default for ``--in-flight``."""
+    cost = staleness_cost_of(args)
+    objective = getattr(args, "objective", "rate")
+    if objective == "accuracy" and cost is None:
+        raise ConfigError(
+            "--objective accuracy needs a measured staleness cost: pass --staleness-cost FILE (the JSON `ferret "
+            "simulate --objective accuracy` writes under its --cache-dir, in staleness/), or run `ferret simulate "
+            "--objective accuracy`, which calibrates one on the stream's head"
+        )
     memory = MemorySettings(
         variant=args.memory_model,
         in_flight=args.in_flight or in_flight,
@@ -189,22 +226,36 @@ def planner_from_args(args: argparse.Namespace, profile: ModelProfile, *, in_fli
         decay=args.decay,
         memory=memory,
         max_workers=args.max_workers,
+        objective=objective,
+        staleness_cost=cost,
     )
     return Planner(profile, settings)
+
+
+def planner_for_algorithm(
+    args: argparse.Namespace, profile: ModelProfile, algorithm: Algorithm, *, in_flight: str
+) -> Planner:
+    """The planner for ``algorithm``'s usual step: its micro-batch's times (and LwF's second forward,
+    MIR's retrieval) and memory (micro-batch activations, replay buffer, teacher, importances; DESIGN
+    §3.8), with the planning options of ``args``; ``in_flight`` is the command's default for
+    ``--in-flight``. The arrival interval stays the stream's."""
+    shape = algorithm.steady_shape(1)
+    base = planner_from_args(args, profile, in_flight=in_flight).settings
+    settings = dataclasses.replace(base, memory=planning_memory(base.memory, algorithm.footprint, shape))
+    return Planner(planning_profile(profile, shape), settings)
 
 
 def plan_for_algorithm(
     args: argparse.Namespace, profile: ModelProfile, algorithm: Algorithm, *, in_flight: str
 ) -> Plan:
-    """The planner's plan for ``algorithm``'s usual step: its micro-batch's times (and LwF's second
-    forward, MIR's retrieval) and memory (micro-batch activations, replay buffer, teacher, importances;
-    DESIGN §3.8), with the planning options of ``args``; ``in_flight`` is the command's default for
-    ``--in-flight``. The arrival interval stays the stream's. ``ferret plan`` and ``ferret simulate`` both
-    plan through here, so with the same options (``--in-flight`` included) they make the same plan."""
-    shape = algorithm.steady_shape(1)
-    base = planner_from_args(args, profile, in_flight=in_flight).settings
-    settings = dataclasses.replace(base, memory=planning_memory(base.memory, algorithm.footprint, shape))
-    return Planner(planning_profile(profile, shape), settings).plan(args.budget)
+    """The plan of :func:`planner_for_algorithm` for ``--budget``, with both objectives' view of it.
+    ``ferret plan`` and ``ferret simulate`` both plan through here, so with the same options
+    (``--in-flight`` and ``--objective`` included) they make the same plan."""
+    planner = planner_for_algorithm(args, profile, algorithm, in_flight=in_flight)
+    plan = planner.plan(args.budget)
+    if plan.objectives is None:
+        plan = dataclasses.replace(plan, objectives=planner.objectives(plan))
+    return plan
 
 
 def add_replay_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -248,6 +299,7 @@ def format_plan(plan: Plan, profile: ModelProfile, source: Path | None = None) -
         f"  planned memory {format_bytes(plan.planned_bytes)} "
         f"(eq. ferret-svre alone: {plan.paper_memory_elements:,} elements); adaptation rate R_F = "
         f"{plan.adaptation_rate:.6g}",
+        *_objective_lines(plan),
         f"  {plan.num_stages} stages (t^f = {plan.stage_forward_time * 1e3:.4g} ms, "
         f"t^b = {plan.stage_backward_time * 1e3:.4g} ms), {plan.num_workers} worker slots, "
         f"{plan.live_workers} live",
@@ -279,3 +331,22 @@ def format_plan(plan: Plan, profile: ModelProfile, source: Path | None = None) -
     if not math.isfinite(plan.adaptation_rate):
         lines.append("  warning: the adaptation rate is not finite")
     return "\n".join(lines)
+
+
+def _objective_lines(plan: Plan) -> list[str]:
+    """Both objectives of the plan (docs/planner.md reading 13), where the planner evaluated them."""
+    o = plan.objectives
+    if o is None:
+        return []
+    staleness = ", ".join(f"{t:.2f}" for t in o.expected_staleness)
+    lines = [
+        f"  chosen by the {o.objective} objective; expected staleness per stage [{staleness}] on the virtual clock, "
+        f"{o.trained_fraction:.0%} of arrivals trained",
+        f"  rate objective R_F = {o.rate:.6g}; accuracy objective R_F × d(τ) = "
+        + (
+            f"{o.accuracy:.6g} (discount {o.discount:.3f}; cost {o.cost_source or 'given'})"
+            if o.accuracy is not None and o.discount is not None
+            else "not evaluated (needs a measured staleness cost: --staleness-cost FILE)"
+        ),
+    ]
+    return lines

@@ -74,6 +74,7 @@ from ferret_core.engine import (
 )
 from ferret_core.engine.buffering import BUFFERING_METHODS, BufferingSettings
 from ferret_core.engine.method_registry import method
+from ferret_core.engine.staleness_calibration import CalibrationSettings
 from ferret_core.engine.steps import Algorithm
 from ferret_core.engine.trace import to_csv
 from ferret_core.errors import ConfigError
@@ -85,6 +86,7 @@ from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel, build_model
 from services import strict_json
 from services.cli.args import existing_file, non_negative_int, positive_float, positive_int
+from services.cli.calibration import DEFAULT_CALIBRATION_ITEMS, calibrated_cost, stream_head
 from services.cli.plan_cmd import (
     PLANNER_COMPENSATOR,
     add_planning_arguments,
@@ -162,6 +164,13 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--trace", type=Path, default=None, help="write the executed trace as CSV to this file (default: none)"
+    )
+    parser.add_argument(
+        "--calibration-items",
+        type=positive_int,
+        default=DEFAULT_CALIBRATION_ITEMS,
+        help="--objective accuracy: calibrate the cost of staleness on this many items of the stream's head "
+        f"(default {DEFAULT_CALIBRATION_ITEMS}; cached under --cache-dir)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(handler=run)
@@ -252,12 +261,16 @@ def run(args: argparse.Namespace) -> int:
             "camel brings its own anti-forgetting buffer and is not combined with an OCL algorithm (as in the "
             "paper); use --algorithm vanilla with camel, or another method"
         )
+    cost_file = _calibrate(args, dataset, model)
     plan = _plan(args, model, profile, algorithm)
     arrival = plan.arrival_interval if plan is not None else args.arrival_interval.resolve(profile.max_forward_time)
     result, tasks = simulate_dataset(args, model, dataset, profile, arrival, plan, algorithm)
     if args.trace is not None and result.trace is not None:
         args.trace.write_text(to_csv(result.trace))
     report = _report(args, result, arrival, plan, dataset, model)
+    cost = getattr(args, "calibrated_cost", None)
+    report["staleness_cost"] = None if cost is None else cost.to_dict()
+    report["staleness_cost_file"] = None if cost_file is None else str(cost_file)
     report["task_accuracy"] = None if tasks is None else tasks.to_dict()
     if args.json:
         print(strict_json.dumps(report, indent=2))
@@ -270,6 +283,30 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _calibrate(args: argparse.Namespace, dataset: Dataset, model: ZooModel) -> Path | None:
+    """Under ``--objective accuracy`` without ``--staleness-cost``, for a method that plans now: measure
+    the cost of staleness on the stream's head (:mod:`services.cli.calibration`, cached under
+    ``--cache-dir``) into ``args.calibrated_cost``; returns the cache file (``None``: not cached or not
+    calibrated)."""
+    if args.objective != "accuracy" or args.staleness_cost is not None:
+        return None
+    if not method(args.method).needs_plan or args.plan is not None:
+        return None
+    head = stream_head(args, dataset, model.input_shape, args.calibration_items)
+
+    def build_units(seed: int) -> Sequence[torch.nn.Module]:
+        return _model(argparse.Namespace(**{**vars(args), "seed": seed}), dataset).units
+
+    settings = CalibrationSettings(lr=args.lr)
+    source = f"{args.dataset} head of {len(head)} items, {model.name}, lr {args.lr:g}, seeds {list(settings.seeds)}"
+    cost, path = calibrated_cost(
+        model=model.name, build_units=build_units, head=head, settings=settings, source=source,
+        cache_dir=args.cache_dir,
+    )
+    args.calibrated_cost = cost
+    return path
 
 
 def _profile(args: argparse.Namespace, model: ZooModel, batch_sizes: Sequence[int] = ()) -> ModelProfile:

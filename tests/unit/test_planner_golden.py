@@ -1,4 +1,6 @@
-"""Golden values from an independent reference of the paper's formulas (elements, V_D = 1)."""
+"""Golden values from an independent reference of the paper's formulas (elements, V_D = 1), for the planner's
+default objective, `rate` (R_F, the paper's); the `accuracy` objective with a zero staleness cost makes the same
+plans (`test_planner_objective.py`)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,118 @@
+"""``--objective`` on the CLI: ``ferret plan`` prints both objectives (and ``--json`` carries them as an
+addition), ``--objective accuracy`` needs a measured cost, and ``ferret simulate --objective accuracy``
+calibrates one on the stream's head and caches it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from ferret_core.plan import Plan
+from ferret_core.planning.staleness_cost import StalenessCost
+from ferret_core.profile import LayerProfile, ModelProfile
+from services.cli.main import EXIT_FAILURE, main
+
+from .planner_fixtures import GOLDEN_A_UNITS, profile_from
+
+
+@pytest.fixture
+def profile_file(tmp_path: Path) -> Path:
+    profile = dataclasses.replace(profile_from(GOLDEN_A_UNITS, name="mnistnet"), input_shape=(1, 28, 28))
+    path = tmp_path / "mnistnet.json"
+    profile.save(path)
+    return path
+
+
+@pytest.fixture
+def steep_cost(tmp_path: Path) -> Path:
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps(StalenessCost((0.0, 1.0, 4.0), (1.0, 0.5, 0.1), source="steep").to_dict()))
+    return path
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
+    assert main(["plan", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+
+def test_plan_json_carries_both_objectives(
+    profile_file: Path, steep_cost: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rate = plan_json(capsys, "--profile", str(profile_file), "--arrival-interval", "3")
+    objectives = rate["objectives"]
+    assert isinstance(objectives, dict)
+    assert objectives["objective"] == "rate" and objectives["rate"] == rate["adaptation_rate"]
+    assert objectives["accuracy"] is None and len(objectives["expected_staleness"]) == rate["num_stages"]
+    with_cost = plan_json(capsys, "--profile", str(profile_file), "--arrival-interval", "3",
+                          "--staleness-cost", str(steep_cost))
+    assert with_cost["workers"] == rate["workers"]  # the cost alone changes no plan: the objective does
+    assert with_cost["objectives"]["accuracy"] < with_cost["objectives"]["rate"]  # type: ignore[index]
+    accuracy = plan_json(capsys, "--profile", str(profile_file), "--arrival-interval", "3",
+                         "--objective", "accuracy", "--staleness-cost", str(steep_cost))
+    chosen = accuracy["objectives"]
+    assert isinstance(chosen, dict) and chosen["objective"] == "accuracy" and chosen["cost_source"] == "steep"
+    assert chosen["accuracy"] >= with_cost["objectives"]["accuracy"]  # type: ignore[index]
+    assert Plan.from_dict(accuracy).to_dict() == accuracy
+
+
+def test_plan_table_prints_both_objectives(
+    profile_file: Path, steep_cost: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "--profile", str(profile_file), "--staleness-cost", str(steep_cost)]) == 0
+    out = capsys.readouterr().out
+    assert "rate objective R_F = " in out and "accuracy objective R_F × d(τ) = " in out
+    assert "expected staleness per stage" in out
+    assert main(["plan", "--profile", str(profile_file)]) == 0
+    assert "not evaluated (needs a measured staleness cost" in capsys.readouterr().out
+
+
+def test_accuracy_without_a_cost_fails_with_the_fix(profile_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--profile", str(profile_file), "--objective", "accuracy"]) == EXIT_FAILURE
+    assert "--staleness-cost FILE" in capsys.readouterr().err
+
+
+def test_simulate_calibrates_on_the_streams_head_and_caches_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    layers = (
+        LayerProfile("fc1", 2e-4, 4e-4, 64 * 256 + 256, 256),
+        LayerProfile("fc2", 1e-4, 2e-4, 256 * 128 + 128, 128),
+        LayerProfile("fc3", 5e-5, 1e-4, 128 * 10 + 10, 10),
+    )
+    profile = tmp_path / "mlp.json"
+    ModelProfile("mlp", (1, 8, 8), layers).save(profile)
+    argv = ["simulate", "--model", "mlp", "--dataset", "digits", "--method", "ferret", "--items", "40",
+            "--profile", str(profile), "--lr", "0.05", "--objective", "accuracy", "--cache-dir", str(tmp_path),
+            "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    cost_file = Path(report["staleness_cost_file"])
+    assert cost_file.parent == tmp_path / "staleness" and cost_file.exists()
+    assert report["staleness_cost"]["source"].startswith("digits head of 40 items")
+    objectives = report["plan"]["objectives"]
+    assert objectives["objective"] == "accuracy" and objectives["accuracy"] is not None
+    assert main(argv) == 0  # the second run reads the cached cost: the same plan
+    assert json.loads(capsys.readouterr().out)["plan"] == report["plan"]
+    assert main(["plan", "--profile", str(profile), "--objective", "accuracy", "--staleness-cost", str(cost_file),
+                 "--in-flight", "schedule", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["workers"] == report["plan"]["workers"]
+
+
+def test_bench_plans_ferret_by_the_objective_it_is_given() -> None:
+    from services.bench.experiments import experiment, preset
+    from services.bench.runner import simulate_argv
+
+    rate = experiment("overall", preset("quick"), seeds=1)
+    accuracy = experiment("overall", preset("quick"), seeds=1, objective="accuracy")
+    for before, after in zip(rate.expand(), accuracy.expand(), strict=True):
+        argv = simulate_argv(after, None)
+        if after.arm.method == "ferret":
+            assert argv[-2:] == ["--objective", "accuracy"] and after.key != before.key
+        else:
+            assert "--objective" not in argv and after.key == before.key
+        assert "--objective" not in simulate_argv(before, None)
+    fixed = experiment("compensation", preset("quick"), seeds=1, objective="accuracy")
+    assert all(a.objective == "rate" for a in fixed.arms)  # the ablation's plans are fixed files
