@@ -111,6 +111,10 @@ class ModelPublisher:
             finally:
                 self._idle.set()
 
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until no update is being written (false: still writing after ``timeout_s``)."""
+        return self._idle.wait(timeout_s)
+
     def stats(self) -> PublisherStats:
         with self._lock:
             return PublisherStats(self._published, self._skipped, self._failures, self._last_version, self._last_bytes)
