@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     parser.add_argument("--config", type=Path, default=None, help="YAML settings file (default $FERRET_CONFIG)")
-    parser.add_argument("--redis-url", default=None, metavar="URL", help="the model stream's Redis (redis.url)")
+    parser.add_argument("--redis-url", default=None, metavar="URL", help="Redis (default: redis.url)")
     parser.add_argument(
         "--instance-id", default=None, help="trainer replica to follow (default: serving.instance_id, else kafka's)"
     )
@@ -40,11 +40,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads for Predict (default 1)")
     client = parser.add_argument_group("client (one Predict instead of serving)")
-    client.add_argument("--predict", type=existing_file, default=None, metavar="FILE.npy",
-                        help="a NumPy batch [B, *input_shape] (uint8 or float32) to send to --target")  # fmt: skip
-    client.add_argument("--target", default="127.0.0.1:50061", help="HOST:PORT of a serving process")
+    client.add_argument(
+        "--predict", type=existing_file, default=None, metavar="FILE.npy",
+        help="a NumPy batch [B, *input_shape] (uint8 or float32) to send to --target (default: serve)",
+    )  # fmt: skip
+    client.add_argument(
+        "--target", default="127.0.0.1:50061", help="HOST:PORT of a serving process (default 127.0.0.1:50061)"
+    )
     client.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"bearer token (default ${TOKEN_ENV})")
-    client.add_argument("--tls-ca", type=existing_file, default=None, help="PEM CA file: connect with TLS")
+    client.add_argument(
+        "--tls-ca", type=existing_file, default=None, help="PEM CA file: connect with TLS (default: plaintext)"
+    )
     client.add_argument("--timeout", type=positive_float, default=30.0, help="seconds (default 30)")
     add_logging_arguments(parser)
     parser.set_defaults(handler=run)
