@@ -11,16 +11,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
 from ferret_core.zoo import ZooModel
-from services.kafka.record_codec import DEFAULT_INPUT_RANGE, NORMALISERS, Normaliser, SampleDecoder
 from services.models import build_model_for, check_model_spec
 from services.serving.errors import ExportError
 
+if TYPE_CHECKING:  # not at run time: loading an export must not import the Kafka package (its client)
+    from services.kafka.record_codec import Normaliser, SampleDecoder
+
+# services.kafka.record_codec's DEFAULT_INPUT_RANGE and NORMALISERS (a unit test keeps them equal)
+DEFAULT_INPUT_RANGE = (-1000.0, 1000.0)
+NORMALISERS = ("none", "clip", "minmax")
 MODEL_PREFIX = "model."  # the snapshot's and the learners' names of the master's tensors
 VERSION_KEY = "engine.updates"  # the snapshot's model version tensor
 
@@ -66,13 +71,15 @@ class ModelCard:
                 input_shape=tuple(int(s) for s in data["input_shape"]),
                 num_classes=int(data["num_classes"]),
                 input_range=(low, high),
-                input_normaliser=normaliser,  # checked against NORMALISERS above
+                input_normaliser=cast("Normaliser", normaliser),  # checked against NORMALISERS above
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ExportError(f"model card is malformed ({exc}): expected model, input_shape, num_classes") from exc
 
     def decoder(self) -> SampleDecoder:
         """The trainer's decoder for this contract (serving validates and normalises inputs with it)."""
+        from services.kafka.record_codec import SampleDecoder
+
         return SampleDecoder(
             self.input_shape, self.num_classes, input_range=self.input_range, normaliser=self.input_normaliser
         )

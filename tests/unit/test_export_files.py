@@ -105,3 +105,11 @@ def test_a_malformed_card_is_an_export_error() -> None:
 def test_onnx_without_its_packages_says_it_is_not_available() -> None:
     with pytest.raises(ExportError, match=r"ONNX export is not available: .*pip install onnx onnxscript"):
         onnx_bytes(rebuild(CARD, unit_weights(trained_tensors())), CARD)
+
+
+def test_the_card_knows_the_record_paths_input_contract() -> None:
+    from services.kafka import record_codec
+    from services.serving import model_card
+
+    assert model_card.DEFAULT_INPUT_RANGE == record_codec.DEFAULT_INPUT_RANGE
+    assert model_card.NORMALISERS == record_codec.NORMALISERS
