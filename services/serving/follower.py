@@ -70,5 +70,6 @@ class ModelFollower:
         weights = decode_weights(update.data, f"model update v{update.version}")
         served = ServedModel.of(rebuild(update.card, weights), update.card, update.version, update.update_ms)
         self._holder.set(served)
-        log.debug("model v%d in force (%d ms after the trainer's update)", served.version,
-                  served.received_ms - served.update_ms)  # fmt: skip
+        # one line per update (~1/s): what benchmarks/serving measures freshness from
+        log.info("model v%d in force: trainer update %d ms, received %d ms, %d bytes", served.version,
+                 served.update_ms, served.received_ms, len(update.data))  # fmt: skip
