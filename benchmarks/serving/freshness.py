@@ -359,7 +359,8 @@ def render(r: dict[str, Any]) -> str:
         f"{h.fmt(f['p99'])} | {h.fmt(f['max'])} | goal p99 ≤ 1,000 ms; Ekko 2,400 ms (cited); p99 = "
         f"{h.fmt(f['p99'] / 2400, 3)} × Ekko's |",
         f"| age of the answering model at Predict (ms) | {a['n']} | {h.fmt(a['p50'])} | {h.fmt(a['p90'])} | "
-        f"{h.fmt(a['p99'])} | {h.fmt(a['max'])} | includes the publishing interval ({r['interval_s'] * 1000:,.0f} ms) |",
+        f"{h.fmt(a['p99'])} | {h.fmt(a['max'])} | includes the publishing interval "
+        f"({r['interval_s'] * 1000:,.0f} ms) |",
         f"| Predict batch 1, during the stream (ms) | {during['1']['n']} | {h.fmt(during['1']['p50'], 2)} | "
         f"{h.fmt(during['1']['p90'], 2)} | {h.fmt(during['1']['p99'], 2)} | {h.fmt(during['1']['max'], 2)} | "
         f"samples topic → prediction, same run: p50 {h.fmt(s['p50_ms'])} / p99 {h.fmt(s['p99_ms'])} ms "
