@@ -379,6 +379,6 @@ def run_trainer(settings: Settings, *, on_ready: Callable[[TrainerProcess], None
         if process.drift is not None:
             process.drift.close()
         if process.models is not None:
-            process.models.close()
+            process.models.close(timeout_s=0.5)  # a frozen Redis must not hold the exit
         process.control.stop(grace_s=5)
     return 0
