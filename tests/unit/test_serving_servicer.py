@@ -3,8 +3,10 @@ UNAVAILABLE replies, health before and after the first model, reflection, the to
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -168,3 +170,25 @@ def test_metrics_report_version_freshness_and_latency(server: ServingServer) -> 
     assert "ferret_serving_predictions_total 3.0" in text
     assert "ferret_serving_predict_latency_seconds_count 1.0" in text
     assert "ferret_serving_model_freshness_seconds_count 1.0" in text
+
+
+def test_the_cli_client_sends_one_predict(
+    server: ServingServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.cli.main import main
+
+    server.holder.set(served(version=4))
+    np.save(tmp_path / "batch.npy", images(2))
+    assert main(["serve", "--predict", str(tmp_path / "batch.npy"), "--target", server.target]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["model_version"] == 4 and len(printed["classes"]) == len(printed["confidences"]) == 2
+
+
+def test_the_cli_client_reports_a_refused_predict_in_one_line(
+    server: ServingServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.cli.main import main
+
+    np.save(tmp_path / "batch.npy", images(1))
+    assert main(["serve", "--predict", str(tmp_path / "batch.npy"), "--target", server.target]) == 1
+    assert "Predict: UNAVAILABLE: no model yet" in capsys.readouterr().err
