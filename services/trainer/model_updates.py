@@ -14,10 +14,12 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import redis
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from torch import Tensor
 
 from ferret_core.errors import ConfigError
@@ -127,3 +129,25 @@ class ModelPublisher:
         except queue.Full:
             return  # still writing after the timeout: the daemon thread ends with the process
         self._thread.join(timeout_s)
+
+
+class ModelStreamCollector(Collector):
+    """The publisher's counters for the trainer's Prometheus registry, read at scrape time
+    (docs/metrics.md "Model stream")."""
+
+    def __init__(self, stats: Callable[[], PublisherStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        for name, help_text, value in (
+            ("ferret_model_stream_published", "Model updates written to the model stream", s.published),
+            ("ferret_model_stream_skipped_busy", "Updates skipped: the previous one was still being written",
+             s.skipped_busy),
+            ("ferret_model_stream_failures", "Updates Redis refused or that failed to encode", s.failures),
+        ):  # fmt: skip
+            yield CounterMetricFamily(name, help_text, value=value)
+        yield GaugeMetricFamily("ferret_model_stream_version", "Model version last published (-1: none)",
+                                value=s.last_version)  # fmt: skip
+        yield GaugeMetricFamily("ferret_model_stream_update_bytes", "Bytes of the last published update",
+                                value=s.last_bytes)  # fmt: skip

@@ -57,7 +57,7 @@ from services.trainer.live_methods import DELIVERY_ITEMS, DELIVERY_SPREAD_S, Fix
 from services.trainer.loop_calls import LoopCalls
 from services.trainer.metrics import TrainerMetrics
 from services.trainer.metrics_http import serve_metrics
-from services.trainer.model_updates import ModelPublisher
+from services.trainer.model_updates import ModelPublisher, ModelStreamCollector
 from services.trainer.service import Trainer
 from services.trainer.state import Lifecycle, PlanInForce
 from services.trainer.status import StatusView
@@ -339,6 +339,8 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     )
     parts = assemble(settings, learner, decoder, store, hooks=hooks, health=health, policy=policy, link=link)
     metrics.register(parts.status.status, parts.status.mean_staleness)
+    if models is not None:
+        metrics.registry.register(ModelStreamCollector(models.stats))
     parts.restore_latest()
     # 5. the control plane over the port, and the drift re-planner requesting through it
     c = settings.control

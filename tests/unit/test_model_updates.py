@@ -157,3 +157,20 @@ def test_an_update_whose_bytes_differ_from_its_checksum_is_corrupt() -> None:
     stream[1][1][b"d"] = b"XXXX"
     with pytest.raises(ModelStreamError, match="sha256"):
         list(_assemble(stream))
+
+
+def test_the_publishers_counters_reach_prometheus() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from services.trainer.model_updates import ModelStreamCollector
+
+    writer, master, clock = FakeWriter(), Master(), Clock()
+    p = publisher(writer, master, clock)
+    p.tick()
+    assert p.flush(5)
+    p.close()
+    registry = CollectorRegistry()
+    registry.register(ModelStreamCollector(p.stats))
+    text = generate_latest(registry).decode()
+    assert "ferret_model_stream_published_total 1.0" in text and "ferret_model_stream_version 1.0" in text
+    assert f"ferret_model_stream_update_bytes {float(len(writer.published[0][2]))}" in text
