@@ -107,7 +107,9 @@ def settled_version(client: ControlClient, timeout: float = 60.0) -> int:
     raise AssertionError("the trainer's model version kept changing")
 
 
-def test_serve_follows_the_trainer_and_export_round_trips(env: dict[str, str], tmp_path: Path) -> None:
+@pytest.mark.parametrize("executors", ["threads", "processes"])
+def test_serve_follows_the_trainer_and_export_round_trips(env: dict[str, str], tmp_path: Path, executors: str) -> None:
+    env = {**env, "FERRET_TRAINER_EXECUTORS": executors}  # the master copied from threads' or shared memory
     topics = TopicNames(env["FERRET_KAFKA_TOPIC_PREFIX"])
     bootstrap, serving = env["FERRET_KAFKA_BOOTSTRAP_SERVERS"], env["FERRET_SERVING_LISTEN"]
     server = start(env, tmp_path / "serve.log", "serve")  # before the trainer: it waits for the first model
