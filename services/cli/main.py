@@ -35,6 +35,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "services.cli.run_cmd",
     "services.cli.control_cmd",
     "services.cli.predictions_cmd",
+    "services.cli.export_cmd",
+    "services.cli.serve_cmd",
     "services.cli.simulate_cmd",
     "services.cli.demo_cmd",
     "services.cli.bench_cmd",

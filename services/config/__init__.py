@@ -5,7 +5,7 @@ built from one YAML file plus ``FERRET_<SECTION>_<KEY>`` environment overrides a
     settings.kafka.producer_config()             # librdkafka properties, security options included
 
 Precedence, lowest first: the defaults of :mod:`services.config.sections`, the YAML file (sections
-``kafka``, ``redis``, ``trainer``, ``producer``, ``control``, ``metrics``; ``config/ferret.example.yaml``
+``kafka``, ``redis``, ``trainer``, ``producer``, ``control``, ``serving``, ``metrics``; ``config/ferret.example.yaml``
 documents every key), then the environment (``FERRET_KAFKA_BOOTSTRAP_SERVERS``). Strings are coerced to
 each key's type (``null``/``none``/empty → null for optional keys; ``true``/``false``/``yes``/``no``/
 ``on``/``off``/``1``/``0``; YAML or JSON mappings). Unknown sections and keys, in the file or as
@@ -25,6 +25,7 @@ from services.config.sections import (
     MetricsSettings,
     ProducerSettings,
     RedisSettings,
+    ServingSettings,
     Settings,
     TrainerSettings,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "MetricsSettings",
     "ProducerSettings",
     "RedisSettings",
+    "ServingSettings",
     "Settings",
     "SettingsError",
     "TrainerSettings",

@@ -386,6 +386,11 @@ class TrainerSettings(Section):
     # A record the trainer stopped on this many times (a poison record: its learner or producer failure
     # ends the process) is dead-lettered with the exception's text at its next arrival (reason poison).
     max_record_failures: int = field(default=3, metadata=meta(check=between(1, 1000, "an integer")))
+    # Publish the master's full weights to the model stream (Redis, <redis.namespace>:models:{<instance>})
+    # this often for `ferret serve` to follow; 0 turns it off (docs/serving.md).
+    models_interval_s: float = field(default=1.0, metadata=meta(check=between(0, None, "seconds (0 = off)")))
+    # Updates the model stream keeps (a follower needs only the newest; older ones are trimmed).
+    models_keep: int = field(default=3, metadata=meta(check=between(1, 1000, "an integer")))
 
     def _cross_check(self) -> None:
         if self.executors == "processes" and self.device != "cpu":
@@ -451,6 +456,32 @@ class ControlSettings(Section):
 
 
 @dataclass(frozen=True)
+class ServingSettings(Section):
+    """``ferret serve``: the gRPC ``ferret.v1.Serving`` port, with the control plane's token and TLS options
+    applied the same way (its own values, so serving and training can be exposed apart)."""
+
+    section = "serving"
+    listen: str = field(default="127.0.0.1:50061", metadata=meta(check=check_listen))
+    token: str | None = field(default=None, metadata=meta(secret=True), repr=False)
+    tls_cert: Path | None = field(default=None, metadata=meta(check=check_file))
+    tls_key: Path | None = field(default=None, metadata=meta(check=check_file))
+    insecure: bool = False
+    health_listen: str | None = field(default=None, metadata=meta(check=_check_optional_listen))
+    # Which trainer replica's model stream to follow; null: kafka.instance_id (resolved as the trainer does).
+    instance_id: str | None = field(default=None, metadata=meta(check=check_name))
+    # The largest batch one Predict may carry (bigger: INVALID_ARGUMENT).
+    max_batch: int = field(default=1024, metadata=meta(check=between(1, 1_000_000, "an integer")))
+
+    def _cross_check(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise self._fail(
+                "tls_key",
+                "a certificate and its key together, or neither",
+                "set both serving.tls_cert and serving.tls_key, or remove both",
+            )
+
+
+@dataclass(frozen=True)
 class MetricsSettings(Section):
     """The Prometheus endpoint; ``port: null`` turns it off, 0 picks a free port."""
 
@@ -494,6 +525,7 @@ SECTIONS: dict[str, type[Section]] = {
     "trainer": TrainerSettings,
     "producer": ProducerSettings,
     "control": ControlSettings,
+    "serving": ServingSettings,
     "metrics": MetricsSettings,
     "guard": GuardSettings,
 }
@@ -508,6 +540,7 @@ class Settings:
     trainer: TrainerSettings = field(default_factory=TrainerSettings)
     producer: ProducerSettings = field(default_factory=ProducerSettings)
     control: ControlSettings = field(default_factory=ControlSettings)
+    serving: ServingSettings = field(default_factory=ServingSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     guard: GuardSettings = field(default_factory=GuardSettings)
     source: Path | None = None

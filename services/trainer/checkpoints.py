@@ -146,8 +146,10 @@ class Checkpoints:
         link: Reconnect | None = None,
         stall_guard: StallGuard = no_guard,
         stall_s: float = 1.0,
+        model_card: Mapping[str, Any] | None = None,
     ) -> None:
         self.store = store
+        self.model_card = dict(model_card or {})  # in every snapshot's meta: what `ferret export` rebuilds
         self.learner = learner
         self.plan = plan
         self.counters = counters
@@ -181,6 +183,7 @@ class Checkpoints:
                 "plan_version": version,
                 "predicted_through": {str(p): o for p, o in self.ledger.predicted_through.items()},
                 "instance_id": self.instance_id,
+                **({"model_card": self.model_card} if self.model_card else {}),
                 **dict(metadata),
             },
         )

@@ -235,6 +235,9 @@ class EngineLearner:
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return snapshot_tensors(self.engine.unit_state(), self._model_version())
 
+    def master_tensors(self) -> dict[str, torch.Tensor]:
+        return snapshot_tensors(self.engine.unit_state(), self._model_version())
+
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self.clock.drain()
         self._updates_before = load_snapshot_tensors(self.model, tensors)

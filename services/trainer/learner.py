@@ -151,6 +151,12 @@ class Learner(Protocol):
 
     def state_tensors(self) -> dict[str, torch.Tensor]: ...
 
+    def master_tensors(self) -> dict[str, torch.Tensor]:
+        """Copies of the master's tensors as :meth:`state_tensors` names them (``model.*`` and
+        ``engine.updates``), taken now without draining: the weights that predict at this moment (the model
+        stream publishes them, services/trainer/model_updates.py). No side effect on the learner."""
+        ...
+
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None: ...
 
     def compensator_state(self) -> list[dict[str, Any]]:

@@ -327,6 +327,10 @@ class ProcessLearner:
         self._last_good = snapshot_tensors(self.clock.unit_state(), self._updates_before + self.clock.updates())
         return self._last_good
 
+    def master_tensors(self) -> dict[str, torch.Tensor]:
+        """The master in shared memory now (not drained; ``_last_good`` is left alone)."""
+        return snapshot_tensors(self.clock.unit_state(), self._updates_before + self.clock.updates())
+
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self.drain()
         version = load_snapshot_tensors(self.model, tensors)

@@ -34,6 +34,8 @@ from services.failpoints import configure as configure_failpoints
 from services.kafka.admin import ensure_topics
 from services.kafka.record_codec import SampleDecoder
 from services.models import build_model_for
+from services.serving.model_card import ModelCard
+from services.serving.model_stream import ModelStreamWriter, stream_key
 from services.snapshots import Reconnect, SnapshotStore, redis_client, signing_key
 from services.trainer.arrivals import DriftReplanner, SwitchablePlanner, measured_time_scale
 from services.trainer.checkpoints import Checkpoints, no_guard
@@ -55,6 +57,7 @@ from services.trainer.live_methods import DELIVERY_ITEMS, DELIVERY_SPREAD_S, Fix
 from services.trainer.loop_calls import LoopCalls
 from services.trainer.metrics import TrainerMetrics
 from services.trainer.metrics_http import serve_metrics
+from services.trainer.model_updates import ModelPublisher, ModelStreamCollector
 from services.trainer.service import Trainer
 from services.trainer.state import Lifecycle, PlanInForce
 from services.trainer.status import StatusView
@@ -94,6 +97,14 @@ class TrainerProcess:
     planner: SwitchablePlanner
     metrics_port: int | None
     drift: DriftReplanner | None = None
+    models: ModelPublisher | None = None  # the model stream's publisher (None: trainer.models_interval_s 0)
+
+
+def model_card(settings: Settings) -> ModelCard:
+    """What rebuilds the trainer's model elsewhere (exports, the model stream, ``ferret serve``)."""
+    t = settings.trainer
+    shape, classes = sample_spec(settings)
+    return ModelCard(t.model, shape, classes, t.input_range, t.input_normaliser)
 
 
 def sample_spec(settings: Settings) -> tuple[tuple[int, ...], int]:
@@ -156,6 +167,7 @@ def assemble(
         link=link,
         stall_guard=health.readiness_deadline if health is not None else no_guard,
         stall_s=settings.redis.resolved_stall_s(),
+        model_card=model_card(settings).to_dict(),
     )
     calls = LoopCalls()
     stream = RecordStream(
@@ -307,10 +319,15 @@ def start_trainer(settings: Settings) -> TrainerProcess:
             plan_in_force=lambda: learner.plan,
         )
     metrics = TrainerMetrics()  # served below when metrics.port is set
+    models = None  # the model stream `ferret serve` follows: a copy of the master every models_interval_s
+    if t.models_interval_s > 0:
+        writer = ModelStreamWriter(client, stream_key(r.namespace, kafka.resolved_instance_id()), keep=t.models_keep)
+        models = ModelPublisher(learner.master_tensors, writer, model_card(settings), t.models_interval_s)
     hooks = StreamHooks(
         on_assigned=OnAssigned(health, drift, kafka.unassigned_readiness_s),
         on_arrival=drift.observe if drift is not None else StreamHooks.on_arrival,
         on_latency=metrics.observe_latency_ms,
+        on_batch=models.tick if models is not None else StreamHooks.on_batch,
     )
     # 4. the trainer's parts, and the metrics' view of their status
     shape, classes = sample_spec(settings)
@@ -322,6 +339,8 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     )
     parts = assemble(settings, learner, decoder, store, hooks=hooks, health=health, policy=policy, link=link)
     metrics.register(parts.status.status, parts.status.mean_staleness)
+    if models is not None:
+        metrics.registry.register(ModelStreamCollector(models.stats))
     parts.restore_latest()
     # 5. the control plane over the port, and the drift re-planner requesting through it
     c = settings.control
@@ -345,7 +364,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     log.info(
         "trainer %s: control plane on %s, metrics on %s", kafka.resolved_instance_id(), control.target, metrics_port
     )
-    return TrainerProcess(parts, control, planner, metrics_port, drift)
+    return TrainerProcess(parts, control, planner, metrics_port, drift, models)
 
 
 def run_trainer(settings: Settings, *, on_ready: Callable[[TrainerProcess], None] | None = None) -> int:
@@ -361,5 +380,7 @@ def run_trainer(settings: Settings, *, on_ready: Callable[[TrainerProcess], None
     finally:
         if process.drift is not None:
             process.drift.close()
+        if process.models is not None:
+            process.models.close(timeout_s=0.5)  # a frozen Redis must not hold the exit
         process.control.stop(grace_s=5)
     return 0

@@ -86,11 +86,12 @@ class StreamHooks:
     """What others learn from the record path, passed in at construction: the sample partitions once
     assigned (readiness, the measured arrival rate), each valid arrival's (event time ms, partition, the
     record's headers: a declared rate), and each delivered prediction's latency in ms (the metrics
-    histogram)."""
+    histogram), and a call after each consumer batch (the model stream's publisher)."""
 
     on_assigned: Callable[[frozenset[int]], None] = _ignore
     on_arrival: Callable[[int, int, Headers | None], None] = _ignore
     on_latency: Callable[[float], None] = _ignore
+    on_batch: Callable[[], None] = lambda: None  # after each consumer batch, on the loop (the model stream's tick)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +189,7 @@ class RecordStream:
                 self.publish_events()  # the guard's rollbacks, promotions and drifts, if any
                 if training:
                     self.learner.train_step()  # one action, then the records that came meanwhile first
+                self.hooks.on_batch()
                 publisher.poll(0)  # delivery callbacks: they finish offsets
                 if time.monotonic() - committed >= COMMIT_INTERVAL_S:
                     self.partitions.commit()

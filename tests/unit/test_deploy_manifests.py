@@ -29,7 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
-from services.cli import produce_cmd, run_cmd
+from ferret_core.errors import ConfigError
+from services.cli import produce_cmd, run_cmd, serve_cmd
 from services.config import Settings, SettingsError, load_settings
 from services.control.health import LIVENESS, READINESS, ControlHealth
 from services.snapshots import signing_key
@@ -159,7 +160,7 @@ def known_env_names() -> set[str]:
 def cli_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ferret")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for module in (run_cmd, produce_cmd):
+    for module in (run_cmd, produce_cmd, serve_cmd):
         module.register(subparsers)
     return parser
 
@@ -304,6 +305,45 @@ def test_trainer_probes_ports_and_settings(name: str, tmp_path: Path) -> None:
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
         annotations = trainer["spec"]["template"]["metadata"]["annotations"]
         assert annotations["prometheus.io/port"] == str(settings.metrics.port)
+
+
+@pytest.mark.parametrize("name", RENDERINGS)
+def test_serving_follows_the_first_trainer_and_is_probed_on_its_health_port(name: str, tmp_path: Path) -> None:
+    """``ferret serve`` (issue 25): a Deployment apart from the trainers, following the first trainer pod's model
+    stream in the same Redis namespace, ready only once it has a model (the health service "" of
+    services.serving.server), its token from an optional Secret, refused beyond loopback without one in prod."""
+    from services.exposure import check_exposure
+    from services.serving.server import SERVING_SERVICE_NAME
+
+    _, objects = rendered(name, tmp_path)
+    serving = find(objects, "Deployment", "ferret-serving")
+    pod = serving["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    settings = container_settings(objects, serving, pod, container, tmp_path)
+    assert cli_parser().parse_args(container["args"]).command == "serve"
+    trainer, _, trainer_settings = trainer_and_settings(objects, tmp_path)
+    first_trainer = f"{trainer['metadata']['name']}-0"
+    assert settings.serving.instance_id == first_trainer == trainer_settings.kafka.resolved_instance_id()
+    assert settings.redis.url == trainer_settings.redis.url
+    assert settings.redis.namespace == trainer_settings.redis.namespace
+    assert trainer_settings.trainer.models_interval_s > 0  # the trainer publishes what serving follows
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    host, port = host_port(settings.serving.listen)
+    assert host in ("0.0.0.0", "[::]") and ports["grpc"] == port
+    assert settings.serving.health_listen is not None
+    health_port = host_port(settings.serving.health_listen)[1]
+    assert ports["health"] == health_port != port and ports["metrics"] == settings.metrics.port
+    assert container["readinessProbe"]["grpc"] == {"port": health_port} and SERVING_SERVICE_NAME
+    assert container["livenessProbe"]["tcpSocket"] == {"port": "health"}  # "" is NOT_SERVING before a model
+    token = next(e for e in container["env"] if e["name"] == "FERRET_SERVING_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "ferret-serving", "key": "token", "optional": True}
+    without_token = dataclasses.replace(settings.serving, token=None)
+    if name == "prod":
+        assert not without_token.insecure
+        with pytest.raises(ConfigError, match=r"serving\.listen"):
+            check_exposure("serving", "serving.listen", host, authenticated=False, insecure=without_token.insecure)
+    service = find(objects, "Service", "ferret-serving")
+    assert {p["targetPort"] for p in service["spec"]["ports"]} == {"grpc", "metrics"}
 
 
 def test_service_links_would_break_the_settings() -> None:
@@ -483,6 +523,16 @@ def test_compose_structure_and_settings() -> None:
     assert trainer.trainer.executors == "processes" and trainer.trainer.max_workers == 1
     assert float(services["trainer"]["deploy"]["resources"]["limits"]["cpus"]) == 2
     assert services["trainer"]["shm_size"] == "512m"
+    serving = services["serving"]
+    assert serving["image"] == services["trainer"]["image"] and set(serving["depends_on"]) == {"redis"}
+    assert cli_parser().parse_args(serving["command"]).command == "serve"
+    serve = load_settings(env=service_env(serving))
+    assert {n for n in service_env(serving) if n != "FERRET_CONFIG"} <= known_env_names()
+    assert serve.serving.instance_id == trainer.kafka.instance_id and serve.redis.url == trainer.redis.url
+    assert serve.redis.namespace == trainer.redis.namespace and trainer.trainer.models_interval_s > 0
+    serve_host, serve_port = host_port(serve.serving.listen)
+    assert serve_host == "0.0.0.0" and f"{serve_port}:{serve_port}" in serving["ports"]
+    assert f"127.0.0.1:{serve_port}" in " ".join(serving["healthcheck"]["test"])
     budget = compose({"FERRET_TRAINER_BUDGET_BYTES": "64MiB"})["services"]["trainer"]
     assert load_settings(env=service_env(budget)).trainer.budget_bytes == 64 * 2**20
 
