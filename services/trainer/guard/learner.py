@@ -146,6 +146,9 @@ class GuardedLearner:
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return self.inner.state_tensors()
 
+    def master_tensors(self) -> dict[str, torch.Tensor]:
+        return self.inner.master_tensors()  # the live model's weights: what predicts (and what serving follows)
+
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """A restore: the restored weights are the new last-good (the snapshot was taken of a running model;
         a restored model has nothing to be compared with until it trains on)."""
