@@ -163,6 +163,12 @@ class StageCompensator(ABC):
         A no-op for compensators that keep none."""
         return None
 
+    def fit_ring(self, capacity: int, limit: int) -> None:
+        """Before the first update: keep ``capacity`` deltas (the staleness the schedule reaches), growing
+        up to ``limit`` (the plan's bound) if a staler gradient comes. A no-op for compensators that keep
+        no delta ring."""
+        return None
+
     @property
     def truncated(self) -> int:
         """Calls cut short: the gradient was staler than the deltas kept."""

@@ -102,6 +102,12 @@ class IterFisherCompensator(StageCompensator):
         """Let the ring grow, up to ``limit`` deltas, to the staleness a cut-short call had."""
         self._ring.limit = max(self._ring.capacity, limit)
 
+    def fit_ring(self, capacity: int, limit: int) -> None:
+        """Size the ring to the staleness the schedule reaches (``capacity``), growing up to ``limit``;
+        only before the first update (the ring is empty)."""
+        if self.keeps_ring and not self._ring.pushed:
+            self._ring.refit(capacity, limit)
+
     def _uses_ema(self) -> bool:
         """Whether λ is tuned from v_r, v_a (and so whether they are allocated)."""
         return self.settings.eta_lambda > 0
