@@ -329,7 +329,38 @@ def compensation(rows: Rows) -> str:
             markdown(columns, table),
             compensation_goals(table, budget),
         ]
+    parts.append(correction_sizes(rows, columns))
     return "\n\n".join(parts)
+
+
+def correction_sizes(rows: Rows, columns: Sequence[str]) -> str:
+    """Per setting and budget: each compensator's mean relative correction ‖c‖/‖g‖ per stage (over seeds;
+    Step-Aware's is 1 − 1/τ by construction) and the fixed plan's staleness histogram (τ:gradients per
+    stage, the schedule's: alike for every seed and compensator)."""
+    lines = [
+        "### Relative correction ‖c‖/‖g‖ per stage (mean over seeds) and the plan's staleness histogram",
+        "",
+        "| Setting | budget | " + " | ".join(columns) + " | staleness histogram (τ:gradients) per stage |",
+        "|---|---|" + "---|" * len(columns) + "---|",
+    ]
+    for setting in settings_of(rows):
+        for budget in ("M+", "M"):
+            cells, histogram = [], ""
+            for c in columns:
+                runs = seeds_of(rows, setting, f"ferret-{budget}", budget=budget, compensator=c).values()
+                texts = [str(r["relative_correction"]) for r in runs if r.get("relative_correction")]
+                per_run = [[float(v) for v in text.split(";")] for text in texts]
+                hists = [r["staleness_histogram"] for r in runs if r.get("staleness_histogram")]
+                histogram = histogram or next(iter(hists), "")
+                if not per_run:
+                    cells.append("—")
+                    continue
+                means = [sum(v[j] for v in per_run) / len(per_run) for j in range(len(per_run[0]))]
+                cells.append("[" + ", ".join(f"{m:.2g}" for m in means) + "]")
+            if any(cell != "—" for cell in cells):
+                shown = " / ".join(histogram.split(";")) if histogram else "—"
+                lines.append(f"| {setting} | {budget} | " + " | ".join(cells) + f" | {shown} |")
+    return "\n".join(lines)
 
 
 def compensation_goals(table: Sequence[Row], budget: str) -> str:
