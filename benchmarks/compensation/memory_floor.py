@@ -31,10 +31,11 @@ PROFILES = (
     ("benchmarks/profiles/mlp-digits-batches.json", "digits MLP", 406_616),
 )
 COMPENSATORS = ("none", "fisher", "iter-fisher", "iter-fisher-lean", "dc-asgd-a")
+IN_FLIGHT = "schedule"  # as the bench plans (services/bench/budgets.py): the virtual clock's items in flight
 
 
 def plan_json(profile: str, compensator: str, budget: int | None) -> dict[str, Any]:
-    argv = ["plan", "--profile", str(REPO / profile), "--compensator", compensator, "--json"]
+    argv = ["plan", "--profile", str(REPO / profile), "--compensator", compensator, "--in-flight", IN_FLIGHT, "--json"]
     if budget is not None:
         argv += ["--budget", str(budget)]
     out = io.StringIO()
@@ -54,7 +55,8 @@ def main() -> None:
         "# The planner's memory floor (M−'s lower end) per compensator, engine memory model",
         "",
         f"Command: `python -m benchmarks.compensation.memory_floor` (commit {commit}). Bytes are the planner's "
-        "predicted bytes (`ferret plan --budget <min> --json`); ÷ 1-Skip is against 1-Skip's measured peak.",
+        f"predicted bytes (`ferret plan --in-flight {IN_FLIGHT} --budget <min> --json`, as the bench plans); "
+        "÷ 1-Skip is against 1-Skip's measured peak.",
     ]
     for profile, label, one_skip in PROFILES:
         lines += [
