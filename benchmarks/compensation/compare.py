@@ -34,9 +34,15 @@ COMPENSATORS = ("none", "fisher", "iter-fisher", "dc-asgd-a")
 
 
 def argv(dataset: str, compensator: str, seed: int, args: argparse.Namespace) -> list[str]:
+    """``compensator`` may carry settings, ``NAME@FIELD=VALUE[,FIELD=VALUE]`` (run through simulate_with.py)."""
+    name, _, fields = compensator.partition("@")
+    prefix = [sys.executable, "-m", "services.cli.main"]
+    if fields:
+        sets = [x for field in fields.split(",") for x in ("--set", field)]
+        prefix = [sys.executable, "-m", "benchmarks.compensation.simulate_with", *sets, "--"]
     return [
-        sys.executable, "-m", "services.cli.main", "simulate", "--dataset", dataset, "--profile", str(PROFILE),
-        "--method", "ferret", "--plan", str(args.plan), "--compensator", compensator, "--items", str(args.items),
+        *prefix, "simulate", "--dataset", dataset, "--profile", str(PROFILE),
+        "--method", "ferret", "--plan", str(args.plan), "--compensator", name, "--items", str(args.items),
         "--seed", str(seed), "--lr", f"{args.lr:g}", "--test-items", str(args.test_items),
         "--cache-dir", str(DECODED_CACHE), "--json",
     ]  # fmt: skip
@@ -109,7 +115,7 @@ def table(rows: list[dict[str, Any]], settings: list[str], compensators: list[st
                 diff_cell = f"{d:+.2f} ± {d_se:.2f} (n={len(diffs)})"
                 above = d > 2 * d_se
                 verdict = "yes" if above else "no"
-                met += int(above and c == "dc-asgd-a")
+                met += int(above and c.startswith("dc-asgd-a"))
             lam_cell = "[" + ", ".join("—" if v is None else f"{v:.9g}" for v in lam) + "]"
             mb = runs[0]["compensator_bytes"] / 2**20
             lines.append(
