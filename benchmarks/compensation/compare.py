@@ -106,7 +106,12 @@ def table(rows: list[dict[str, Any]], settings: list[str], compensators: list[st
             o, o_se = mean_se([r["oacc"] for r in runs])
             t, t_se = mean_se([r["tacc"] for r in runs])
             stages = len(runs[0]["relative_correction"])
-            corr = [sum(r["relative_correction"][j] for r in runs) / len(runs) for j in range(stages)]
+            # None (JSON null): a run whose correction sum was not finite (a diverged compensator)
+            corr = [
+                sum(math.nan if r["relative_correction"][j] is None else r["relative_correction"][j] for r in runs)
+                / len(runs)
+                for j in range(stages)
+            ]
             lam = runs[0]["lambda"]
             diff_cell, verdict = "—", ""
             if c != "none":
@@ -160,15 +165,15 @@ def main() -> None:
         "at a time on the shared 2-core VM (other engineers' tests may have shared the CPU: accuracies do "
         "not depend on it, the virtual clock is deterministic).",
     ]
-    lines = header + table(rows, args.settings, args.compensators)
-    print("\n".join(lines))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    with (RESULTS / f"{args.name}.csv").open("w", newline="") as f:
+    with (RESULTS / f"{args.name}.csv").open("w", newline="") as f:  # the rows first: the table reads them
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         for row in rows:
             writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in row.items()})
+    lines = header + table(rows, args.settings, args.compensators)
+    print("\n".join(lines))
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
