@@ -141,13 +141,15 @@ def main() -> None:
     parser.add_argument("--compensators", nargs="+", default=list(COMPENSATORS))
     parser.add_argument("--plan", type=Path, default=PLAN)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds − 1")
     parser.add_argument("--items", type=int, default=250)
     parser.add_argument("--test-items", type=int, default=300)
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--name", default="compare", help="results/<name>.md and .csv")
     args = parser.parse_args()
-    jobs = [(s, c, seed) for s in args.settings for c in args.compensators for seed in range(args.seeds)]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    jobs = [(s, c, seed) for s in args.settings for c in args.compensators for seed in seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda job: run_one(*job, args), jobs))
     commit = subprocess.run(
