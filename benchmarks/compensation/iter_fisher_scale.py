@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import statistics
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -139,13 +142,16 @@ class FisherProbe(_Probe, FisherCompensator):
 PROBES = {"iter-fisher": IterFisherProbe, "dc-asgd-a": DcAsgdProbe, "fisher": FisherProbe}
 
 
-def run(compensator: str, dataset: str, plan: Path, items: int, seed: int, lr: float) -> list[list[dict[str, Any]]]:
-    """The probe's records per stage of one ``ferret simulate`` run."""
+def run(
+    compensator: str, dataset: str, plan: Path, items: int, seed: int, lr: float, fields: dict[str, float]
+) -> list[list[dict[str, Any]]]:
+    """The probe's records per stage of one ``ferret simulate`` run (``fields``: CompensatorSettings
+    fields replacing the CLI's defaults)."""
     built: list[_Probe] = []
     probe = PROBES[compensator]
 
     def factory(params: Sequence[Tensor], settings: CompensatorSettings, capacity: int) -> StageCompensator:
-        comp = probe(params, settings, capacity)
+        comp = probe(params, dataclasses.replace(settings, **fields), capacity)
         built.append(comp)
         return comp
 
@@ -194,17 +200,26 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=250)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=0.02)
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a CompensatorSettings field")
     args = parser.parse_args()
+    fields = {k: float(v) for k, _, v in (item.partition("=") for item in args.set)}
     torch.set_num_threads(1)
-    stages = run(args.compensator, args.dataset, args.plan, args.items, args.seed, args.lr)
+    stages = run(args.compensator, args.dataset, args.plan, args.items, args.seed, args.lr, fields)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    settings = dataclasses.replace(CompensatorSettings(), **fields)
     lines = [f"`{args.compensator}` on {args.dataset}, plan {args.plan.name}, {args.items} items, seed {args.seed}, "
-             f"lr {args.lr:g}"]
+             f"lr {args.lr:g}; {settings}", "",
+             f"Command: `python -m benchmarks.compensation.iter_fisher_scale {' '.join(sys.argv[1:])}` "
+             f"(commit {commit})"]
     for j, records in enumerate(stages):
         lines += ["", f"stage {j}: {len(records)} compensated calls", ""]
         lines += summary(records) if records else ["(no stale gradient)"]
     print("\n".join(lines))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = f"scale_{args.compensator}_{args.dataset}_s{args.seed}"
+    suffix = "".join(f"_{k}{v:g}" for k, v in fields.items())
+    name = f"scale_{args.compensator}{suffix}_{args.dataset}_s{args.seed}"
     (RESULTS / f"{name}.json").write_text(json.dumps(stages, separators=(",", ":")) + "\n")
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
 

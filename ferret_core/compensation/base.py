@@ -49,7 +49,7 @@ class CompensatorSettings:
     nu: float = 1e-3
     fisher_lambda: float = 0.2
     gap_eps: float = 1e-12
-    dc_lambda0: float = 2.0
+    dc_lambda0: float = 10.0  # ours, not the paper's 2 (its lr was ~25 × ours): docs/compensation.md §4
     dc_momentum: float = 0.95
     dc_eps: float = 1e-12
 
