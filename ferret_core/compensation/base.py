@@ -39,6 +39,8 @@ class CompensatorSettings:
     paper's "μ"; 0 fixes λ = λ⁰ and allocates no v_r/v_a. ``alpha``: EMA coefficient of v_r, v_a (and of
     Gap-Aware's average step C). ``nu``: ℓ2 weight on λ in eq. lambda-objective-v1. ``fisher_lambda``:
     the manual λ of the one-shot Fisher compensator. ``gap_eps``: floor added to Gap-Aware's C.
+    ``dc_lambda0``, ``dc_momentum``, ``dc_eps``: λ₀, the mean square's momentum m and the ε under its
+    square root of DC-ASGD-a (``dc-asgd-a``, :mod:`ferret_core.compensation.dc_asgd`).
     """
 
     lambda0: float = 0.2
@@ -47,9 +49,14 @@ class CompensatorSettings:
     nu: float = 1e-3
     fisher_lambda: float = 0.2
     gap_eps: float = 1e-12
+    dc_lambda0: float = 10.0  # ours, not the paper's 2 (its lr was ~25 × ours): docs/compensation.md §4
+    dc_momentum: float = 0.95
+    dc_eps: float = 1e-12
 
     def __post_init__(self) -> None:
-        for key in ("lambda0", "eta_lambda", "alpha", "nu", "fisher_lambda", "gap_eps"):
+        for key in (
+            "lambda0", "eta_lambda", "alpha", "nu", "fisher_lambda", "gap_eps", "dc_lambda0", "dc_momentum", "dc_eps"
+        ):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"compensator setting {key} must be a finite number, got {value!r}")
@@ -61,6 +68,12 @@ class CompensatorSettings:
             raise ConfigError(f"nu is an ℓ2 weight and must be >= 0, got {self.nu}")
         if self.gap_eps <= 0:
             raise ConfigError(f"gap_eps must be > 0 (it keeps Gap-Aware's division finite), got {self.gap_eps}")
+        if self.dc_lambda0 < 0:
+            raise ConfigError(f"dc_lambda0 must be >= 0 (0 turns DC-ASGD-a's correction off), got {self.dc_lambda0}")
+        if not 0 <= self.dc_momentum < 1:
+            raise ConfigError(f"dc_momentum is an EMA coefficient and must lie in [0, 1), got {self.dc_momentum}")
+        if self.dc_eps <= 0:
+            raise ConfigError(f"dc_eps must be > 0 (it keeps DC-ASGD-a's division finite), got {self.dc_eps}")
 
 
 def relative_change(new: Sequence[Tensor], old: Sequence[Tensor]) -> Tensor:
@@ -148,6 +161,12 @@ class StageCompensator(ABC):
         """Where the compensator keeps deltas for the staleness bound: let that store grow, up to ``limit``
         deltas, to the staleness reached (the wall clock, which does not enforce the schedule's bound).
         A no-op for compensators that keep none."""
+        return None
+
+    def fit_ring(self, capacity: int, limit: int) -> None:
+        """Before the first update: keep ``capacity`` deltas (the staleness the schedule reaches), growing
+        up to ``limit`` (the plan's bound) if a staler gradient comes. A no-op for compensators that keep
+        no delta ring."""
         return None
 
     @property

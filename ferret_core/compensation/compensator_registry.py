@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from torch import Tensor
 
 from ferret_core.compensation.base import CompensatorSettings, StageCompensator
+from ferret_core.compensation.dc_asgd import DcAsgdAdaptiveCompensator
 from ferret_core.compensation.fisher import FisherCompensator
 from ferret_core.compensation.iter_fisher import IterFisherClosedFormCompensator, IterFisherCompensator
 from ferret_core.compensation.lean import IterFisherLeanCompensator
@@ -18,11 +19,12 @@ _Factory = Callable[[Sequence[Tensor], CompensatorSettings, int], StageCompensat
 _FACTORIES: dict[str, _Factory] = {
     "none": lambda params, settings, _capacity: NoCompensator(params, settings),
     "step-aware": lambda params, settings, _capacity: StepAwareCompensator(params, settings),
-    "gap-aware": lambda params, settings, _capacity: GapAwareCompensator(params, settings),
+    "gap-aware": GapAwareCompensator,
     "fisher": lambda params, settings, _capacity: FisherCompensator(params, settings),
     "iter-fisher": IterFisherCompensator,
     "iter-fisher-cf": IterFisherClosedFormCompensator,
     "iter-fisher-lean": IterFisherLeanCompensator,
+    "dc-asgd-a": DcAsgdAdaptiveCompensator,
 }
 
 COMPENSATOR_NAMES: tuple[str, ...] = (
@@ -33,6 +35,7 @@ COMPENSATOR_NAMES: tuple[str, ...] = (
     "iter-fisher",
     "iter-fisher-cf",
     "iter-fisher-lean",
+    "dc-asgd-a",
 )
 
 
@@ -43,9 +46,11 @@ def make_compensator(
     ring_capacity: int,
 ) -> StageCompensator:
     """A fresh compensator for one stage whose parameters are ``params`` (shapes, dtypes and device of
-    the state it allocates; no reference to them is kept). ``ring_capacity`` is the number of deltas the
-    iterative compensators keep: the stage's staleness bound from the schedule (DESIGN §3.13); the other
-    compensators ignore it."""
+    the state it allocates; no reference to them is kept). ``ring_capacity`` is the stage's staleness bound
+    under the plan (DESIGN §3.13): the number of deltas the iterative compensators keep, and, when it is 0
+    (no gradient of the stage is ever stale), the sign that the compensator allocates no per-parameter
+    state at all (Iter-Fisher's v_r, v_a, Gap-Aware's C, DC-ASGD-a's MeanSquare: they would never be
+    read)."""
     factory = _FACTORIES.get(name)
     if factory is None:
         raise ConfigError(f"unknown compensator {name!r}: expected one of {', '.join(COMPENSATOR_NAMES)}")

@@ -34,8 +34,9 @@ v_a that of their g⊙g⊙Δ_1. So a plan in which nothing is stale (one worker,
 has τ = 0) pays nothing for compensation, and λ stays λ⁰ there.
 
 With η_λ = 0, λ stays λ⁰ and v_r, v_a are not allocated (paper: "eliminates the need for
-v_r and v_a"). ``iter-fisher-cf`` replaces the gradient step by the closed form λ* = ⟨Δv_r, v_a⟩ /
-(‖v_a‖² + ν) — a different algorithm, offered separately.
+v_r and v_a"); nor are they on a stage whose staleness bound is 0 (``ring_capacity`` = 0: nothing there
+is stale, so Alg. 1 never runs and they would stay zero). ``iter-fisher-cf`` replaces the gradient step
+by the closed form λ* = ⟨Δv_r, v_a⟩ / (‖v_a‖² + ν) — a different algorithm, offered separately.
 
 All scalars stay on the stage's device (λ as a 0-dim float64 tensor when tuned): no host sync per call.
 """
@@ -43,7 +44,7 @@ All scalars stay on the stage's device (λ as a 0-dim float64 tensor when tuned)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -69,10 +70,14 @@ class IterFisherCompensator(StageCompensator):
 
     name = "iter-fisher"
 
+    keeps_ring: ClassVar[bool] = True  # Alg. 1 walks the per-update deltas (the lean form does not)
+
     def __init__(self, params: Sequence[Tensor], settings: CompensatorSettings, ring_capacity: int) -> None:
         super().__init__(params, settings)
-        self._ring = DeltaRing(ring_capacity)
-        self._tuned = self._uses_ema()
+        self._ring = DeltaRing(ring_capacity if self.keeps_ring else 0)
+        # v_r, v_a only where the stage can be stale (its staleness bound ``ring_capacity`` > 0): a fresh
+        # gradient never enters Alg. 1, so on a stage that is never stale they would never change
+        self._tuned = ring_capacity > 0 and self._uses_ema()
         self._lam: float | Tensor = float(settings.lambda0)
         self._v_r: list[Tensor] = []
         self._v_a: list[Tensor] = []
@@ -96,6 +101,12 @@ class IterFisherCompensator(StageCompensator):
     def follow_staleness(self, limit: int) -> None:
         """Let the ring grow, up to ``limit`` deltas, to the staleness a cut-short call had."""
         self._ring.limit = max(self._ring.capacity, limit)
+
+    def fit_ring(self, capacity: int, limit: int) -> None:
+        """Size the ring to the staleness the schedule reaches (``capacity``), growing up to ``limit``;
+        only before the first update (the ring is empty)."""
+        if self.keeps_ring and not self._ring.pushed:
+            self._ring.refit(capacity, limit)
 
     def _uses_ema(self) -> bool:
         """Whether λ is tuned from v_r, v_a (and so whether they are allocated)."""

@@ -37,13 +37,15 @@ from ferret_core.compensation.iter_fisher import IterFisherCompensator
 
 class IterFisherLeanCompensator(IterFisherCompensator):
     """Ferret (CVPR 2025), Alg. 1 in its one-step form: ``g + λ·g⊙g⊙(θ_now − θ_then)`` with λ tuned per
-    stage as Alg. 1 tunes it (see the module docstring). ``ring_capacity`` is ignored: no ring."""
+    stage as Alg. 1 tunes it (see the module docstring). ``ring_capacity`` (the stage's staleness bound)
+    keeps no ring; 0 means the stage is never stale, and then v_r, v_a are not allocated."""
 
     name = "iter-fisher-lean"
     needs_deltas = False
+    keeps_ring = False
 
-    def __init__(self, params: Sequence[Tensor], settings: CompensatorSettings, ring_capacity: int = 0) -> None:
-        super().__init__(params, settings, 0)
+    def __init__(self, params: Sequence[Tensor], settings: CompensatorSettings, ring_capacity: int = 1) -> None:
+        super().__init__(params, settings, ring_capacity)  # the bound: > 0 keeps v_r, v_a; no ring either way
 
     def _observe(self, delta: Sequence[Tensor]) -> None:
         return None  # θ_now − θ_then comes from the versions, not from a record of updates

@@ -63,6 +63,16 @@ class DeltaRing:
         self._head = 0
         self.capacity = capacity
 
+    def refit(self, capacity: int, limit: int) -> None:
+        """Before anything was pushed: hold ``capacity`` deltas, and let :meth:`grow` go up to ``limit``
+        (the engine: the staleness its schedule reaches, replayed, and the plan's bound)."""
+        if self.pushed or self._slots:
+            raise ConfigError(f"refit a delta ring before its first push, got one with {self.pushed} pushed")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+            raise ConfigError(f"delta ring capacity must be an int >= 0, got {capacity!r}")
+        self.capacity = capacity
+        self.limit = max(capacity, limit)
+
     def recent(self, count: int) -> list[list[Tensor]]:
         """The most recent ``min(count, len(self))`` deltas, OLDEST FIRST.
 
@@ -105,6 +115,8 @@ class DeltaRing:
         capacity = int(state["capacity"])
         if capacity > self.capacity and self._growth_allowed(capacity):
             self.grow(capacity)  # a ring that grew on the wall clock (``grow``) restores as large
+        if capacity < self.capacity and not self.pushed and not self._slots:
+            self.refit(capacity, self.limit)  # one the engine fitted to the staleness reached (``refit``)
         if capacity != self.capacity:
             raise ConfigError(
                 f"delta ring snapshot has capacity {capacity}, this ring {self.capacity}; build the "

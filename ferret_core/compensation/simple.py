@@ -71,19 +71,27 @@ class GapAwareCompensator(StageCompensator):
     average steps gets its gradient divided by k (for τ consistent steps in one direction, G ≈ τ, i.e.
     Step-Aware's penalty; parameters that barely moved are not over-penalised — the paper's argument).
     α is ``settings.alpha``. Before any update has been observed there is no step scale, and the
-    gradient is returned unchanged. State: one tensor C per parameter.
+    gradient is returned unchanged. State: one tensor C per parameter, only where the stage's staleness
+    bound (``ring_capacity``) is > 0.
     """
 
     name = "gap-aware"
 
-    def __init__(self, params: Sequence[Tensor], settings: CompensatorSettings) -> None:
+    def __init__(self, params: Sequence[Tensor], settings: CompensatorSettings, ring_capacity: int = 1) -> None:
         super().__init__(params, settings)
-        self._avg_step = [torch.zeros_like(p.detach(), memory_format=torch.preserve_format) for p in params]
+        # C only where the stage can be stale (``ring_capacity``, its staleness bound, > 0): a stage whose
+        # gradients are never stale would update C and never read it
+        self.active = ring_capacity > 0
+        self._avg_step = (
+            [torch.zeros_like(p.detach(), memory_format=torch.preserve_format) for p in params] if self.active else []
+        )
         self._updates = 0
 
     needs_deltas = True
 
     def _observe(self, delta: Sequence[Tensor]) -> None:
+        if not self.active:
+            return
         torch._foreach_lerp_(self._avg_step, torch._foreach_abs(list(delta)), 1.0 - self.settings.alpha)
         self._updates += 1
 
@@ -94,6 +102,8 @@ class GapAwareCompensator(StageCompensator):
         theta_then: Sequence[Tensor],
         theta_now: Sequence[Tensor],
     ) -> list[Tensor]:
+        if staleness > 0 and not self.active:
+            self._truncated += 1  # no C kept where the plan has no staleness: applied as is
         if staleness == 0 or self._updates == 0:
             return grads
         bias = 1.0 - self.settings.alpha**self._updates
@@ -110,9 +120,14 @@ class GapAwareCompensator(StageCompensator):
         return list(self._avg_step)
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"avg_step": [t.clone() for t in self._avg_step], "updates": self._updates}
+        return {"avg_step": [t.clone() for t in self._avg_step] if self.active else None, "updates": self._updates}
 
     def _load_extra_state(self, state: Mapping[str, Any]) -> None:
+        if not self.active or state["avg_step"] is None:  # C not kept on one side: it restarts
+            for t in self._avg_step:
+                t.zero_()
+            self._updates = 0
+            return
         avg_step = list(state["avg_step"])
         if [tuple(t.shape) for t in avg_step] != [tuple(t.shape) for t in self._avg_step]:
             raise ConfigError(

@@ -11,8 +11,11 @@ compensators load, keeping what they can use:
 * **λ per stage**: as is when the partition is unchanged; otherwise each new stage takes the mean of the
   old stages' λ weighted by the parameter elements it took from each (a new stage whose parameters all
   come from one old stage keeps that λ exactly; a stage without parameters keeps λ⁰);
-* **Gap-Aware's update count n** (its bias correction 1 − α^n belongs to C): as is, or the smallest n of
-  the old stages a new stage's parameters came from (the larger correction, never a smaller one);
+* **Gap-Aware's update count n** (its bias correction 1 − α^n belongs to C; likewise DC-ASGD-a's ``seen``
+  for MeanSquare): as is, or the smallest n of the old stages a new stage's parameters came from (the
+  larger correction, never a smaller one);
+* a stage that keeps no per-parameter state on one side (its staleness bound is 0 in that plan, so the
+  compensator allocated none) starts that state fresh;
 * **statistics** (calls, compensated, truncated, correction sum): as is when the partition is unchanged;
   otherwise they restart (a new stage has no history).
 
@@ -35,7 +38,7 @@ from ferret_core.errors import ConfigError
 
 STATISTICS = ("calls", "compensated", "truncated", "correction_sum")
 _LAMBDA = "lambda"
-_UPDATES = "updates"  # Gap-Aware's EMA step count
+_COUNTS = ("updates", "seen")  # EMA step counts of the bias corrections: Gap-Aware's C, DC-ASGD-a's MeanSquare
 
 
 def _per_parameter(value: object) -> bool:
@@ -71,6 +74,14 @@ def carry_compensator_states(
     sizes = [len(next((state[k] for k in keys if _per_parameter(state.get(k))), [])) for state in fresh]
     out = [dict(state) for state in fresh]
     for key in keys:
+        if same_partition:  # stage by stage: a stage that keeps none on one side (never stale) starts fresh
+            for state, previous in zip(out, old, strict=True):
+                mine, theirs = state.get(key), previous.get(key)
+                if _per_parameter(mine) and _per_parameter(theirs):
+                    assert isinstance(mine, list) and isinstance(theirs, list)
+                    if [tuple(t.shape) for t in mine] == [tuple(t.shape) for t in theirs]:
+                        state[key] = theirs
+            continue
         if not all(_per_parameter(state.get(key)) for state in old):
             continue  # the old compensator did not keep it (e.g. λ fixed): the new one starts fresh
         flat = [t for state in old for t in state[key]]
@@ -83,7 +94,7 @@ def carry_compensator_states(
             start += size
     if same_partition:
         for state, previous in zip(out, old, strict=True):
-            for key in (_LAMBDA, _UPDATES, *STATISTICS):
+            for key in (_LAMBDA, *_COUNTS, *STATISTICS):
                 if key in state and key in previous:
                     state[key] = previous[key]
         return out
@@ -97,8 +108,9 @@ def carry_compensator_states(
             continue
         if _LAMBDA in state:
             state[_LAMBDA] = _weighted_lambda(old, taken, default=state[_LAMBDA])
-        if _UPDATES in state and all(_UPDATES in old[j] for j, _ in taken):
-            state[_UPDATES] = min(int(old[j][_UPDATES]) for j, _ in taken)
+        for count in _COUNTS:
+            if count in state and all(count in old[j] for j, _ in taken):
+                state[count] = min(int(old[j][count]) for j, _ in taken)
     return out
 
 

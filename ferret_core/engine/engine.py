@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,10 @@ from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
 from ferret_core.profile import ModelProfile
 from ferret_core.schedule.stage_times import StageTimes
+from ferret_core.schedule.staleness_replay import replay_staleness
 from ferret_core.staleness import ring_capacity
+
+REPLAY_HORIZON = 2000  # arrivals replayed to size the delta rings (a stream of unknown length: this many)
 
 
 @dataclass(frozen=True)
@@ -198,11 +201,26 @@ class StreamEngine:
             times = StageTimes.instant(self.pipeline.num_stages)
         if times is None:
             raise ConfigError(f"method {self.setup.method!r} needs stage times (StageTimes.from_profile)")
+        self._fit_rings(items, times, arrival_interval)
         started = time.perf_counter()
         VirtualClock(self.pipeline, times, arrival_interval).run(items, on_arrival)
         elapsed = time.perf_counter() - started
         self._validate()
         return self.result(wall_seconds=elapsed, test=test)
+
+    def _fit_rings(self, items: Iterable[Sample], times: StageTimes, arrival_interval: float) -> None:
+        """Size the delta rings to the staleness this run's schedule reaches (a tensor-free replay of the
+        virtual clock, :mod:`ferret_core.schedule.staleness_replay`), not to the plan's bound, which holds on
+        any clock (1 stage × 5 workers: 4 deltas, not 8); a staler gradient still grows a ring up to the
+        bound (counted as truncated). Only for the engine's own pipeline with single-item steps (the
+        replay's model of the schedule) and before the first update; otherwise the rings keep the bound."""
+        s, p = self.setup, self.pipeline
+        if s.pipeline_type is not None or s.feeder is not None or p.algorithm.name != "vanilla" or p.counters.items:
+            return
+        count = min(len(items), REPLAY_HORIZON) if isinstance(items, Sized) else REPLAY_HORIZON
+        reached = replay_staleness(s.plan, times, arrival_interval, count, s.rules)
+        for j, compensator in enumerate(p.compensators):
+            compensator.fit_ring(reached.compensated_max[j], ring_capacity(s.plan, j))
 
     def _validate(self) -> None:
         p = self.pipeline
@@ -265,6 +283,11 @@ class StreamEngine:
         with p.lock:
             return sum(sum(row) for row in p.counters.updates)
 
+    def compensator_stats(self) -> list[dict[str, float]]:
+        """Each stage's compensator statistics (λ, mean relative correction, calls; it synchronises with the
+        device: call it off the hot path)."""
+        return [comp.stats() for comp in self.pipeline.compensators]
+
     def compensator_state(self) -> list[dict[str, Any]]:
         """Per stage, the compensator's ``state_dict()`` (copies): for snapshots. Take it drained."""
         return self.pipeline.compensator_states()
@@ -303,6 +326,7 @@ class StreamEngine:
             memory_breakdown={} if meter is None else dict(meter.peak_breakdown),
             mean_staleness=p.mean_staleness(),
             max_staleness=tuple(c.staleness_max),
+            staleness_histogram=tuple(dict(h) for h in c.staleness_histogram),
             staleness_bound=p.trace_semantics.bounds or plan_bounds(self.setup.plan),
             lambdas=tuple(s["lambda"] for s in stats),
             relative_correction=tuple(s["relative_correction_mean"] for s in stats),

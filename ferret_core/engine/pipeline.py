@@ -575,9 +575,7 @@ class Pipeline:
         with self.lock:
             c = self.counters
             c.updates[n][j] += 1
-            c.staleness_sum[j] += sum(stalenesses)
-            c.staleness_count[j] += len(stalenesses)
-            c.staleness_max[j] = max(c.staleness_max[j], *stalenesses)
+            c.add_staleness(j, stalenesses)
             self._record(Kind.U, a, read, written.version, t0, stamps.end())
             if self.meter is not None and not same_storages:
                 self.meter.invalidate()

@@ -44,7 +44,9 @@ class SimulationResult:
     every item is predicted whether skipped or not, so ``items = trained_any_stage + Σ skipped`` once the
     run has drained. Per-stage tuples are indexed by stage; grids by [worker][stage].
     ``lambdas``/``relative_correction``: the compensator's final λ (``None`` where it has none) and mean
-    relative correction ‖g_τ − g‖/‖g‖ over its calls with τ > 0, per stage.
+    relative correction ‖g_τ − g‖/‖g‖ over its calls with τ > 0, per stage. ``staleness_histogram``: per
+    stage, how many applied gradients had each staleness τ. ``lambda_trace``: (items arrived, λ per stage)
+    sampled along the run by a caller that asks for it (``ferret simulate``: every tenth of the stream).
     """
 
     method: str
@@ -75,6 +77,8 @@ class SimulationResult:
     wall_seconds: float
     trace: tuple[TraceEvent, ...] | None = None
     algorithm: str = "vanilla"
+    staleness_histogram: tuple[Mapping[int, int], ...] = ()
+    lambda_trace: tuple[tuple[int, tuple[float | None, ...]], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready values; the trace is left out (``ferret simulate --trace FILE`` writes it as CSV)."""
@@ -98,6 +102,11 @@ class SimulationResult:
             "staleness_bound": list(self.staleness_bound),
             "lambda": [None if v is None or not math.isfinite(v) else v for v in self.lambdas],
             "relative_correction": list(self.relative_correction),
+            "staleness_histogram": [{str(k): h[k] for k in sorted(h)} for h in self.staleness_histogram],
+            "lambda_trace": [
+                {"items": n, "lambda": [None if v is None or not math.isfinite(v) else v for v in lams]}
+                for n, lams in self.lambda_trace
+            ],
             "num_stages": self.num_stages,
             "num_workers": self.num_workers,
             "admitted": list(self.admitted),

@@ -137,6 +137,7 @@ class Counters:
     staleness_sum: list[int] = field(init=False)
     staleness_count: list[int] = field(init=False)
     staleness_max: list[int] = field(init=False)
+    staleness_histogram: list[dict[int, int]] = field(init=False)  # per stage: τ → applied gradients
 
     def __post_init__(self) -> None:
         n, p = self.num_workers, self.num_stages
@@ -148,6 +149,16 @@ class Counters:
         self.staleness_sum = [0] * p
         self.staleness_count = [0] * p
         self.staleness_max = [0] * p
+        self.staleness_histogram = [{} for _ in range(p)]
+
+    def add_staleness(self, stage: int, stalenesses: Sequence[int]) -> None:
+        """Count the staleness of the gradients one update of ``stage`` applied (under the caller's lock)."""
+        self.staleness_sum[stage] += sum(stalenesses)
+        self.staleness_count[stage] += len(stalenesses)
+        self.staleness_max[stage] = max(self.staleness_max[stage], *stalenesses)
+        hist = self.staleness_histogram[stage]
+        for tau in stalenesses:
+            hist[tau] = hist.get(tau, 0) + 1
 
     def updates_per_stage(self) -> tuple[int, ...]:
         return tuple(sum(row[j] for row in self.updates) for j in range(self.num_stages))

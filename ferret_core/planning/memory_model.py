@@ -36,9 +36,11 @@ Two variants (``MemorySettings.variant``):
   engine keeps and is not a bound on measured memory (MobileNet-224 measured 1.97× a plan it "fit").
 
 Extras (both variants, counted once, not per worker): optimizer state (slots × ΣW), compensator state
-(any compensator but ``none``: 8 bytes per stage of statistics; Iter-Fisher: v_r, v_a = 2ΣW when λ is
-tuned plus the delta ring Σ_i bound_i·|w_i| sized by the staleness bound; ``iter-fisher-lean``: v_r, v_a
-only, nothing with η_λ = 0; Gap-Aware: ΣW), the transient terms above (``paper``: their sum, with
+**only at the stages the plan can make stale** (staleness bound_i > 0, DESIGN §3.13; a stage whose
+gradients are never stale allocates nothing, ``make_compensator``): per such stage i, 8 bytes of
+statistics for any compensator but ``none``; Iter-Fisher: v_r, v_a = 2|w_i| when λ is tuned plus the
+delta ring bound_i·|w_i|; ``iter-fisher-lean``: v_r, v_a only, nothing with η_λ = 0; Gap-Aware and
+DC-ASGD-a: |w_i| (:meth:`MemoryModel.stage_compensator_parts`), the transient terms above (``paper``: their sum, with
 max_j |w_j| as the gradient), and the OCL algorithm's state (replay buffer items, LwF's teacher ΣW, MAS
 importances and anchor 2ΣW).
 
@@ -49,9 +51,10 @@ prediction's pin) + 1 (the slot being written), :func:`process_version_slots`. C
 ``shared_version_slots`` = 3·ΣW and, per live worker, ``version_slots`` = Σ_j (1 + P − j)·|w_j| in place of
 ``versions`` (a re-plan that removes a worker starts a new clock, whose slots fit its live workers). Each
 executor keeps its own compensator state, so ``compensator_moments`` and ``compensator_counters`` become
-per-worker terms (a removed worker frees them). Activations, accumulation buffers, pending gradients and
-the queue are counted as on threads. Not counted: each process's own runtime (the interpreter and torch,
-~100 MB resident per process before its first tensor; the budget excludes it, docs/processes.md "Memory").
+per-worker copies (counted in the shared compensator term, once per live worker: a removed worker frees
+them). Activations, accumulation buffers, pending gradients and the queue are counted as on threads. Not
+counted: each process's own runtime (the interpreter and torch, ~100 MB resident per process before its
+first tensor; the budget excludes it, docs/processes.md "Memory").
 
 **Plus the admission queue (ours, not in the paper).** With ``MemorySettings.admission_queue`` set (the
 trainer's planner), every live worker adds K × (input + label) elements, K = max(⌈(W + D)/(N·t^d)⌉,
@@ -87,6 +90,10 @@ from ferret_core.staleness import bound_for_workers
 MEMORY_VARIANTS = ("engine", "paper")
 IN_FLIGHT_MODES = ("cap", "schedule")
 COMPENSATORS_WITH_RING = ("iter-fisher", "iter-fisher-cf")
+# copies of a stage's parameters a compensator keeps besides its ring, where the stage can be stale
+# (Iter-Fisher's v_r and v_a only while λ is tuned: :meth:`MemoryModel.moment_copies`)
+COMPENSATOR_MOMENTS = {"gap-aware": 1, "dc-asgd-a": 1, "iter-fisher-cf": 2}
+TUNED_MOMENTS = {"iter-fisher": 2, "iter-fisher-lean": 2}
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
 EXECUTOR_KINDS = ("threads", "processes")
 PER_EXECUTOR_EXTRAS = ("compensator_moments", "compensator_counters")  # kept by each executor process
@@ -220,9 +227,6 @@ class MemoryModel:
         )
         self._fixed = self._fixed_extras(profile) if settings.extras else {}
         self._processes = self._engine and settings.executors == "processes"
-        # on executor processes each (worker, stage) executor keeps its own compensator state: per worker
-        kept = [k for k in PER_EXECUTOR_EXTRAS if self._processes and k in self._fixed]
-        self._executor_state = {k: self._fixed.pop(k) for k in kept}
         # ``cap`` (the wall clock): every live worker's stages run their B and update concurrently, so each
         # worker can hold one gradient per stage, Σ_j |w_j|, waiting for its update at once (measured: a 2 × 2
         # MNISTNet plan held 9.45 MB of gradients, 2 × ΣW; one shared Σ_j |w_j| under-counted it by ΣW).
@@ -238,6 +242,7 @@ class MemoryModel:
                 )
             self.queue_slots = settings.admission_queue.slots(arrival_interval, num_slots)
         self._ring = settings.extras and settings.compensator in COMPENSATORS_WITH_RING
+        self._stateful = settings.extras and settings.compensator != "none"
         self._residency: dict[tuple[bool, tuple[int, ...]], Residency] = {}
 
     @classmethod
@@ -287,8 +292,7 @@ class MemoryModel:
                 "version_slots": slots,
                 "activations": self.residency(worker).peak,
                 "accumulation_buffers": buffers,
-            }
-            parts.update(self._executor_state)
+            }  # the executors' compensator state: :meth:`compensator_breakdown`, one per live worker
             if self._per_worker_gradients:
                 parts["pending_gradients"] = g.total_weights
         else:
@@ -322,13 +326,6 @@ class MemoryModel:
         if self._engine and s.executors == "processes":  # K_j's shared slots: master, prediction, write
             extras["shared_version_slots"] = SHARED_VERSION_SLOTS * total_w
         extras["optimizer_state"] = OPTIMIZER_SLOTS[s.optimizer] * total_w
-        tuned = s.compensator in (*COMPENSATORS_WITH_RING, "iter-fisher-lean") and s.lambda_tuning
-        if tuned or s.compensator == "iter-fisher-cf":
-            extras["compensator_moments"] = 2 * total_w  # v_r, v_a of Alg. 1
-        if s.compensator == "gap-aware":
-            extras["compensator_moments"] = total_w
-        if s.compensator != "none":  # each stage's float64 sum of relative corrections, on the device
-            extras["compensator_counters"] = g.num_stages * -(-CORRECTION_SUM_BYTES // dtype_bytes(s.dtype))
         if s.replay_items:
             extras["replay_buffer"] = s.replay_items * profile.input_elements
         if s.teacher_copy:
@@ -380,16 +377,66 @@ class MemoryModel:
         return self._ring
 
     @property
+    def has_compensator_state(self) -> bool:
+        """Whether the compensator's bytes depend on the configuration (any compensator but ``none``)."""
+        return self._stateful
+
+    def moment_copies(self) -> int:
+        """Copies of a stage's parameters the compensator keeps besides its ring, at a stage that can be
+        stale: v_r, v_a of Alg. 1 (while λ is tuned), Gap-Aware's C, DC-ASGD-a's MeanSquare."""
+        s = self.settings
+        if s.compensator in TUNED_MOMENTS:
+            return TUNED_MOMENTS[s.compensator] if s.lambda_tuning else 0
+        return COMPENSATOR_MOMENTS.get(s.compensator, 0)
+
+    def stage_compensator_parts(self, stage: int, bound: int, live_workers: int = 1) -> dict[str, int]:
+        """Elements the compensator of ``stage`` holds when the stage's staleness bound is ``bound``: nothing
+        at ``bound`` = 0 (no gradient there is ever stale: the compensators allocate nothing, ``make_compensator``),
+        else its moments, its float64 correction accumulator and (Alg. 1) a ring of ``bound`` deltas. On
+        executor processes every live worker's executor keeps its own moments and accumulator."""
+        if not self._stateful or bound <= 0:
+            return {}
+        w = self.geometry.weights[stage]
+        copies = self.live_copies(live_workers)
+        parts = {"compensator_counters": copies * -(-CORRECTION_SUM_BYTES // dtype_bytes(self.settings.dtype))}
+        if self.moment_copies():
+            parts["compensator_moments"] = copies * self.moment_copies() * w
+        if self._ring:
+            parts["compensator_ring"] = bound * w
+        return parts
+
+    def live_copies(self, live_workers: int) -> int:
+        """Copies of the per-stage compensator state: one per live worker on executor processes, else one."""
+        return max(1, live_workers) if self._processes else 1
+
+    def stage_compensator_elements(self, stage: int, bound: int, live_workers: int = 1) -> int:
+        return sum(self.stage_compensator_parts(stage, bound, live_workers).values())
+
+    def compensator_breakdown(self, workers: Sequence[WorkerConfig]) -> dict[str, int]:
+        """The compensators' elements by component, over the stages the workers can make stale (DESIGN
+        §3.13's bound per stage, :func:`ferret_core.staleness.bound_for_workers`)."""
+        if not self._stateful:
+            return {}
+        p = self.geometry.num_stages
+        live = sum(1 for w in workers if w.live)
+        parts: dict[str, int] = {}
+        for i in range(p):
+            for name, value in self.stage_compensator_parts(i, bound_for_workers(workers, i, p), live).items():
+                parts[name] = parts.get(name, 0) + value
+        return parts
+
+    @property
     def fixed_elements(self) -> int:
         """Extras that do not depend on the configuration."""
         return sum(self._fixed.values())
 
     def ring_elements(self, workers: Sequence[WorkerConfig]) -> int:
         """Iter-Fisher delta ring: Σ_i bound_i·|w_i| (DESIGN §3.4, sized by the staleness bound)."""
-        if not self._ring:
-            return 0
-        p = self.geometry.num_stages
-        return sum(bound_for_workers(workers, i, p) * self.geometry.weights[i] for i in range(p))
+        return self.compensator_breakdown(workers).get("compensator_ring", 0)
+
+    def compensator_elements(self, workers: Sequence[WorkerConfig]) -> int:
+        """Every compensator's state: moments, accumulators and ring, at the stages that can be stale."""
+        return sum(self.compensator_breakdown(workers).values())
 
     def recompute_graph_elements(self, recompute: bool) -> int:
         """``schedule`` mode with T1: the largest graph a recompute builds, max_j (internal_j + output_j),
@@ -401,7 +448,7 @@ class MemoryModel:
 
     def shared_elements(self, workers: Sequence[WorkerConfig]) -> int:
         recompute = any(w.live and w.recompute for w in workers)
-        return self.fixed_elements + self.ring_elements(workers) + self.transient_elements(recompute)
+        return self.fixed_elements + self.compensator_elements(workers) + self.transient_elements(recompute)
 
     # -- totals -----------------------------------------------------------------------------------
     def total(self, workers: Sequence[WorkerConfig]) -> int:
@@ -426,6 +473,5 @@ class MemoryModel:
                 parts["transient_max"] = max(transients.values(), default=0) * unit
         else:
             parts.update({name: value * unit for name, value in self.transient_parts(recompute).items()})
-        if self._ring:
-            parts["compensator_ring"] = self.ring_elements(workers) * unit
+        parts.update({name: value * unit for name, value in self.compensator_breakdown(workers).items()})
         return parts

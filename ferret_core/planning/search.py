@@ -134,7 +134,7 @@ def search_path(rate_model: RateModel, memory_model: MemoryModel, num_workers: i
     rates = [rate_model.worker_rate(w.recompute, w.accumulation, w.omission) for w in workers]
     elems = [memory_model.worker_elements(w) for w in workers]
     paper = [paper_worker_elements(geometry, w.recompute, w.accumulation, w.omission) for w in workers]
-    ring = _RingAccount(memory_model, workers) if memory_model.has_ring else None
+    ring = _RingAccount(memory_model, workers) if memory_model.has_compensator_state else None
     fixed = memory_model.fixed_elements + memory_model.transient_elements(recompute)  # c^r is the path's
     shared = fixed + (ring.elements if ring else 0)
     cache: dict[int, list[_Candidate]] = {}
@@ -225,15 +225,17 @@ def _ring_terms(
 
 
 class _RingAccount:
-    """The compensator ring's elements for the current workers, and with one worker changed.
+    """The compensators' elements for the current workers, and with one worker changed.
 
-    Per stage i the ring holds bound_i = max_n own_n + Σ_{m≠n} (⌈L_n/q_m⌉ + 1) deltas of |w_i|
-    (:func:`ferret_core.staleness.bound_for_workers`). Keeping, per stage and worker n, the sum
-    S_n = Σ_{m≠n} ⌈L_n/q_m⌉ prices a candidate that changes one worker in O(N) per changed stage.
+    Per stage i they depend on bound_i = max_n own_n + Σ_{m≠n} (⌈L_n/q_m⌉ + 1)
+    (:func:`ferret_core.staleness.bound_for_workers`): nothing at bound_i = 0, else the moments, the
+    accumulator and (Alg. 1) a ring of bound_i deltas of |w_i|
+    (:meth:`~ferret_core.planning.memory_model.MemoryModel.stage_compensator_elements`). Keeping, per stage
+    and worker n, the sum S_n = Σ_{m≠n} ⌈L_n/q_m⌉ prices a candidate that changes one worker in O(N) per changed stage.
     """
 
     def __init__(self, memory_model: MemoryModel, workers: Sequence[WorkerConfig]) -> None:
-        self.weights = memory_model.geometry.weights
+        self.model = memory_model
         self.p = memory_model.geometry.num_stages
         self.terms = {w.index: _ring_terms(self.p, w.accumulation, w.omission) for w in workers if w.live}
         self.sums: list[dict[int, int]] = []
@@ -245,7 +247,7 @@ class _RingAccount:
             }
             self.sums.append(sums)
             bound = max((self.terms[n][i][0] + s for n, s in sums.items()), default=None)
-            self.stage_elements.append(0 if bound is None else (bound + count - 1) * self.weights[i])
+            self.stage_elements.append(0 if bound is None else self._stage(i, bound + count - 1, count))
         self.elements = sum(self.stage_elements)
 
     def elements_with(self, changed: WorkerConfig) -> int:
@@ -272,7 +274,7 @@ class _RingAccount:
                 value = new[i][0] + s_k
                 best = value if best is None or value > best else best
             bound = 0 if best is None else best + count - 1
-            total += bound * self.weights[i] - self.stage_elements[i]
+            total += self._stage(i, bound, count) - self.stage_elements[i]
         return total
 
     def apply(self, changed: WorkerConfig) -> None:
@@ -294,8 +296,11 @@ class _RingAccount:
             if new is not None:
                 sums[k] = sum(-(-new[i][2] // self.terms[m][i][1]) for m in self.terms if m != k)
             bound = max((self.terms[n][i][0] + s for n, s in sums.items()), default=None)
-            self.stage_elements[i] = 0 if bound is None else (bound + count - 1) * self.weights[i]
+            self.stage_elements[i] = 0 if bound is None else self._stage(i, bound + count - 1, count)
         self.elements = sum(self.stage_elements)
+
+    def _stage(self, stage: int, bound: int, live: int) -> int:
+        return self.model.stage_compensator_elements(stage, bound, live)
 
 
 def _rank(d_rate: float, d_elements: int) -> tuple[float, ...]:

@@ -7,7 +7,8 @@
   (setting, algorithm) and Ferret at M plans with the same state inside the same bytes.
 - ``M-``: the smallest budget at which the planner still keeps M's partition (bisection over budgets
   between the planner's minimum feasible bytes and M; the minimum itself is reported as ``absolute_min``),
-  planned for the same algorithm.
+  planned for the same algorithm and **per compensator** (the arm's, Iter-Fisher where it names none):
+  compensator state counts in the planner's bytes at the stages a plan can make stale.
 - ``sweep2`` / ``sweep4``: halfway between M- and M, and between M and the planner's predicted bytes at
   M+: with M-, M and M+ the five budgets of the pipelines sweep.
 
@@ -44,6 +45,7 @@ class Budgets:
     absolute_min: int
     planner_m_plus: int  # the planner's predicted bytes without a budget
     algorithm: str = "vanilla"  # the OCL algorithm M was measured (and M- planned) under
+    compensator: str = "iter-fisher"  # the compensator M- was planned with (its state counts in the bytes)
 
     def bytes_for(self, label: str) -> int | None:
         """The ``--budget`` of a budget label; ``None`` for ``M+`` and ``none`` (no budget)."""
@@ -71,12 +73,15 @@ class Budgets:
             absolute_min=int(data["absolute_min"]),
             planner_m_plus=int(data["planner_m_plus"]),
             algorithm=str(data.get("algorithm", "vanilla")),
+            compensator=str(data.get("compensator", "iter-fisher")),
         )
 
 
-def resolve_budgets(setting: Setting, plan: PlanFn, measure: MeasureFn, algorithm: str = "vanilla") -> Budgets:
+def resolve_budgets(
+    setting: Setting, plan: PlanFn, measure: MeasureFn, algorithm: str = "vanilla", compensator: str = "iter-fisher"
+) -> Budgets:
     """M from ``measure`` (PipeDream-2BW's measured bytes), M- by bisection over ``plan``; both for
-    ``algorithm`` (``measure`` and ``plan`` run under it)."""
+    ``algorithm`` (``measure`` and ``plan`` run under it), ``plan`` with ``compensator`` (recorded)."""
     unconstrained = plan(setting, None)
     if unconstrained is None:
         raise ConfigError(f"{setting.id}: the planner found no plan without a budget")
@@ -104,6 +109,7 @@ def resolve_budgets(setting: Setting, plan: PlanFn, measure: MeasureFn, algorith
         absolute_min=int(unconstrained["min_feasible_bytes"]),
         planner_m_plus=int(unconstrained["planned_bytes"]),
         algorithm=algorithm,
+        compensator=compensator,
     )
 
 

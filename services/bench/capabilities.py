@@ -34,6 +34,7 @@ PROVIDERS: dict[str, str] = {
     "pipedream": "the pipeline schedules (ferret_core/engine/schedules, ferret_core/engine/method_registry.py)",
     "pipedream-2bw": "the pipeline schedules (ferret_core/engine/schedules, ferret_core/engine/method_registry.py)",
     "iter-fisher-lean": "the lean Iter-Fisher compensator (ferret_core/compensation/lean.py)",
+    "dc-asgd-a": "the DC-ASGD-a compensator (ferret_core/compensation/dc_asgd.py)",
     "--plan": "the compensator ablation on a fixed plan (ferret simulate --plan FILE)",
 }
 

@@ -20,6 +20,7 @@ from services.bench.experiments import Preset, describe, experiment
 from services.bench.progress import Progress
 from services.bench.results_csv import RunsCsv
 from services.bench.runner import (
+    PAPER_COMPENSATOR,
     REPO,
     load_budgets,
     measure_m,
@@ -103,7 +104,9 @@ def run_experiment(name: str, options: BenchOptions, capabilities: Capabilities,
     def task(run: RunSpec) -> tuple[str, Callable[[], None]]:
         def call() -> None:
             budget = (
-                budgets[_budget_key(run.setting, run.items, run.arm.algorithm_id)].bytes_for(run.arm.budget)
+                budgets[
+                    _budget_key(run.setting, run.items, run.arm.algorithm_id, _arm_compensator(run.arm))
+                ].bytes_for(run.arm.budget)
                 if run.arm.budget in (PLANNED_LABELS - {"M+"})
                 else None
             )
@@ -134,11 +137,18 @@ def _with_profile(spec: ExperimentSpec, profile: Path | None) -> ExperimentSpec:
     return dataclasses.replace(spec, settings=settings)
 
 
-def _budget_key(setting: Setting, items: int, algorithm: str = "vanilla") -> str:
+def _budget_key(setting: Setting, items: int, algorithm: str = "vanilla", compensator: str = PAPER_COMPENSATOR) -> str:
     """The key of a setting's budgets in ``budgets.json``; per OCL algorithm (vanilla: no suffix, the key
-    the budgets measured before M was per algorithm were kept under)."""
+    the budgets measured before M was per algorithm were kept under) and per compensator M- was planned with
+    (Iter-Fisher: no suffix, the key of budgets made before M- was per compensator)."""
     base = f"{setting.id}|{setting.profile}|{items}"
-    return base if algorithm == "vanilla" else f"{base}|{algorithm}"
+    base = base if algorithm == "vanilla" else f"{base}|{algorithm}"
+    return base if compensator == PAPER_COMPENSATOR else f"{base}|c={compensator}"
+
+
+def _arm_compensator(arm: Arm) -> str:
+    """The compensator an arm's run plans with: its own, or the paper's (:data:`PAPER_COMPENSATOR`)."""
+    return arm.compensator or PAPER_COMPENSATOR
 
 
 def _budgets(spec: ExperimentSpec, folder: Path, options: BenchOptions, cli: CliFn) -> dict[str, Budgets]:
@@ -147,7 +157,17 @@ def _budgets(spec: ExperimentSpec, folder: Path, options: BenchOptions, cli: Cli
     path = folder / "budgets.json"
     known = load_budgets(path)
     arms = [Arm("M", "pipedream-2bw", algorithm=a, refresh_every=e) for a, e in spec.budgeted_algorithms()]
-    wanted = [(s, a) for s in spec.settings for a in arms if _budget_key(s, spec.items, a.algorithm_id) not in known]
+    compensators = {
+        a.algorithm_id: spec.budgeted_compensators(a.algorithm, a.refresh_every, PAPER_COMPENSATOR) for a in arms
+    }
+    missing = [
+        (s, a, c)
+        for s in spec.settings
+        for a in arms
+        for c in compensators[a.algorithm_id]
+        if _budget_key(s, spec.items, a.algorithm_id, c) not in known
+    ]
+    wanted = list(dict.fromkeys((s, a) for s, a, _ in missing))  # M: measured once per setting and algorithm
     measured: dict[tuple[str, str], int] = {}
 
     def measure(setting: Setting, arm: Arm) -> tuple[str, Callable[[], None]]:
@@ -165,12 +185,13 @@ def _budgets(spec: ExperimentSpec, folder: Path, options: BenchOptions, cli: Cli
         )
         if failed:
             raise ConfigError(f"measuring budget M failed for {failed} setting(s): see {folder / 'failures.log'}")
-        for setting, arm in wanted:
-            known[_budget_key(setting, spec.items, arm.algorithm_id)] = resolve_budgets(
+        for setting, arm, compensator in missing:
+            known[_budget_key(setting, spec.items, arm.algorithm_id, compensator)] = resolve_budgets(
                 setting,
-                plan_with_cli(cli, algorithm=arm.algorithm),
+                plan_with_cli(cli, compensator=compensator, algorithm=arm.algorithm),
                 functools.partial(_measured, measured, arm.algorithm_id),
                 arm.algorithm_id,
+                compensator,
             )
         save_budgets(path, known)
     return known
@@ -194,7 +215,8 @@ def _fixed_plans(
         out[(setting.id, label)] = path
         if path.exists():  # made once and kept, as budgets.json: a resumed run uses the plan its rows ran on
             continue
-        budget = budgets[_budget_key(setting, spec.items)].bytes_for(label) if label != "M+" else None
+        key = _budget_key(setting, spec.items, compensator="none")  # the plan is made with compensator none
+        budget = budgets[key].bytes_for(label) if label != "M+" else None
         made = plan(setting, budget)
         if made is None:
             raise ConfigError(f"{setting.id}: no plan at budget {label} = {budget} B with compensator none")

@@ -33,7 +33,11 @@ COLUMNS: tuple[str, ...] = (
     "num_stages",
     "num_workers",
     "wall_seconds",
+    "relative_correction",  # per stage, ';'-separated: the compensator's mean ‖c‖/‖g‖ over stale gradients
+    "staleness_histogram",  # per stage, ';'-separated, each 'τ:count' joined by spaces
 )
+# the columns of folders written before the per-stage compensator columns (read and resumed as they are)
+LEGACY_COLUMNS: tuple[str, ...] = COLUMNS[:-2]
 FLOATS = frozenset({"oacc", "tacc", "adaptation_rate", "wall_seconds"})
 INTS = frozenset({"budget_bytes", "seed", "items", "peak_bytes", "planned_bytes", "num_stages", "num_workers"})
 
@@ -44,6 +48,7 @@ class RunsCsv:
     def __init__(self, path: Path, *, resume: bool) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self.columns = COLUMNS
         if path.exists() and not resume:
             raise ConfigError(
                 f"{path} exists: pass --resume to continue it (runs already there are skipped) or choose "
@@ -56,10 +61,11 @@ class RunsCsv:
         else:
             with path.open(newline="") as handle:
                 header = next(csv.reader(handle), None)
-            if header != list(COLUMNS):
+            if header not in (list(COLUMNS), list(LEGACY_COLUMNS)):
                 raise ConfigError(
                     f"{path}: expected the bench's columns {','.join(COLUMNS)}, got {header}; choose another --out"
                 )
+            self.columns = tuple(header)
 
     def keys(self) -> set[str]:
         return {row["key"] for row in self.rows()}
@@ -69,11 +75,11 @@ class RunsCsv:
             return [_typed(row) for row in csv.DictReader(handle)]
 
     def append(self, row: Mapping[str, Any]) -> None:
-        missing = set(COLUMNS) - set(row)
+        missing = set(self.columns) - set(row)
         if missing:
             raise ConfigError(f"run row lacks {sorted(missing)}")
         with self._lock, self.path.open("a", newline="") as handle:
-            csv.writer(handle).writerow(["" if row[c] is None else row[c] for c in COLUMNS])
+            csv.writer(handle).writerow(["" if row[c] is None else row[c] for c in self.columns])
 
 
 def _typed(row: dict[str, str]) -> dict[str, Any]:

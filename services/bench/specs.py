@@ -147,3 +147,15 @@ class ExperimentSpec:
         the sweep's points): M is measured per setting and algorithm."""
         planned = PLANNED_LABELS - {"M+"}
         return tuple(dict.fromkeys((a.algorithm, a.refresh_every) for a in self.arms if a.budget in planned))
+
+    def budgeted_compensators(self, algorithm: str, refresh_every: int | None, default: str) -> tuple[str, ...]:
+        """The compensators (``default`` where an arm names none) of the arms under ``algorithm`` that run
+        at a measured budget: M- is bisected per compensator (its state is part of the planner's bytes)."""
+        planned = PLANNED_LABELS - {"M+"}
+        return tuple(
+            dict.fromkeys(
+                a.compensator or default
+                for a in self.arms
+                if a.budget in planned and (a.algorithm, a.refresh_every) == (algorithm, refresh_every)
+            )
+        )

@@ -99,6 +99,7 @@ from services.config.data_root import default_data_root
 from services.models import build_model_for, is_factory
 
 MOMENTUM = 0.9  # --optimizer momentum
+LAMBDA_SAMPLES = 10  # λ per stage sampled this many times along a run (``lambda_trace`` in --json)
 
 
 def register(subparsers: Any) -> None:
@@ -406,9 +407,14 @@ def simulate_dataset(
             stream_tasks.append(item.task)
             yield item
 
+    lambdas: list[tuple[int, tuple[float | None, ...]]] = []
+    every = max(1, -(-total // LAMBDA_SAMPLES))
+
     def on_arrival(index: int) -> None:
         if tasks is not None:  # at a new task's first arrival, before it is trained on
             tasks.observe(stream_tasks[index])
+        if index % every == 0:  # λ per stage before this arrival (a device sync: LAMBDA_SAMPLES per run)
+            lambdas.append((index, tuple(s["lambda"] for s in engine.compensator_stats())))
         bar.update(1)
 
     times = StageTimes.from_profile(profile, setup.plan.partition)
@@ -420,7 +426,8 @@ def simulate_dataset(
     for x, y in test_batches(dataset, model.input_shape):
         correct += engine.evaluate(x, y) * len(y)
         seen += len(y)
-    return dataclasses.replace(result, tacc=correct / seen if seen else None), tasks
+    lambdas.append((result.items, result.lambdas))
+    return dataclasses.replace(result, tacc=correct / seen if seen else None, lambda_trace=tuple(lambdas)), tasks
 
 
 def run_compensator(args: argparse.Namespace) -> str:
@@ -515,6 +522,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"bound {report['staleness_bound']}",
         f"  λ                {fmt(report['lambda'])}",
         f"  rel. correction  {fmt(report['relative_correction'])}",
+        f"  staleness hist.  {report.get('staleness_histogram', [])}",
         f"  wall time        {report['wall_seconds']:.2f} s",
     ]
     tasks = report.get("task_accuracy")

@@ -299,7 +299,8 @@ def test_budget_m_is_measured_under_each_arms_algorithm(tmp_path: Path) -> None:
     assert er.m >= vanilla.m + buffer_bytes
     plan_er = plan_with_cli(main, algorithm="er")
     assert plan_er(SPLIT_MNIST, er.m) is not None  # Ferret at M under ER: feasible
-    assert plan_er(SPLIT_MNIST, vanilla.m) is None  # the old reading: infeasible
+    # (at Vanilla's M it was infeasible while Iter-Fisher's v_r, v_a were counted at every stage; counted only
+    # where a stage can be stale, a 2-stage plan fits there now, so that reading no longer separates them)
     assert er.absolute_min <= er.m_minus <= er.m
     assert _budgets(spec, tmp_path / "algorithms", options, main) == budgets  # kept, not measured again
 

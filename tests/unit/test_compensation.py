@@ -71,7 +71,7 @@ def test_settings_defaults_are_the_papers() -> None:
 
 def test_registry_builds_every_name() -> None:
     assert COMPENSATOR_NAMES == (
-        "none", "step-aware", "gap-aware", "fisher", "iter-fisher", "iter-fisher-cf", "iter-fisher-lean"
+        "none", "step-aware", "gap-aware", "fisher", "iter-fisher", "iter-fisher-cf", "iter-fisher-lean", "dc-asgd-a"
     )
     for name in COMPENSATOR_NAMES:
         comp = _make(name)

@@ -29,7 +29,7 @@ def _tensors(seed: int, scale: float = 1.0) -> list[Tensor]:
 def _pair(settings: CompensatorSettings, tau: int) -> tuple[StageCompensator, StageCompensator]:
     params = _tensors(0)
     iterated = make_compensator("iter-fisher", params, settings, tau)
-    return iterated, make_compensator("iter-fisher-lean", params, settings, 0)
+    return iterated, make_compensator("iter-fisher-lean", params, settings, tau)
 
 
 def _versions(tau: int, step: float, seed: int) -> list[list[Tensor]]:

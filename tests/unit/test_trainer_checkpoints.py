@@ -127,17 +127,19 @@ def test_a_snapshot_of_another_compensator_leaves_the_compensators_fresh(
 
 
 def test_a_replan_keeps_lambda_and_moments_and_restarts_the_ring(learners: list[EngineLearner]) -> None:
-    learner = trained_learner(stages=2, workers=2)
+    # workers 3 → 2 → 2: every stage of every plan can be stale, so every stage keeps v_r, v_a (one worker's
+    # last stage, never stale, keeps none: tests/unit/test_memory_compensator_state.py)
+    learner = trained_learner(stages=2, workers=3)
     learners.append(learner)
     before = learner.compensator_state()
-    learner.apply_plan(make_plan(2, 1, num_units=learner.model.num_units))  # same stages, one worker
+    learner.apply_plan(make_plan(2, 2, num_units=learner.model.num_units))  # same stages, one worker fewer
     after = learner.compensator_state()
     for old, new in zip(before, after, strict=True):
         assert new["lambda"] == old["lambda"]
         assert_same(old["v_r"], new["v_r"])
         assert_same(old["v_a"], new["v_a"])
         assert new["ring"]["deltas"] == []  # docs/service.md: no later gradient reads a pre-drain delta
-    learner.apply_plan(make_plan(1, 1, num_units=learner.model.num_units))  # the stages merge
+    learner.apply_plan(make_plan(1, 2, num_units=learner.model.num_units))  # the stages merge
     [merged] = learner.compensator_state()
     assert_same([t for s in before for t in s["v_r"]], merged["v_r"])  # every parameter keeps its moments
     assert min(s["lambda"] for s in before) <= merged["lambda"] <= max(s["lambda"] for s in before)

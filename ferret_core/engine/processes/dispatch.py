@@ -149,9 +149,7 @@ class Dispatch:
             master_read, written, tu0, tu1, stalenesses = update
             busy += tu1 - tu0
             c.updates[n][j] += 1
-            c.staleness_sum[j] += sum(stalenesses)
-            c.staleness_count[j] += len(stalenesses)
-            c.staleness_max[j] = max(c.staleness_max[j], *stalenesses)
+            c.add_staleness(j, stalenesses)
             self._record(Kind.U, n, j, item, master_read, written, tu0, tu1)
         self.service_times.record(n, j, busy, forward=False)
         if non_finite and item not in self._non_finite:
