@@ -45,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )  # fmt: skip
     source.add_argument(
         "--from-trainer", default=None, metavar="HOST:PORT",
-        help="the control plane of a running trainer: take a snapshot there now and export that version",
+        help="a running trainer's control plane: take a snapshot there now and export that version "
+        "(default: none, read Redis only)",
     )  # fmt: skip
     parser.add_argument("--redis-url", default=None, metavar="URL", help="snapshot store (default: redis.url)")
     parser.add_argument(
@@ -60,8 +61,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="with --from-trainer: PEM CA file, connect with TLS (default: plaintext)",
     )  # fmt: skip
     parser.add_argument(
-        "--timeout", type=positive_float, default=60.0, help="with --from-trainer: seconds for the snapshot call"
-    )
+        "--timeout", type=positive_float, default=60.0,
+        help="with --from-trainer: seconds for the snapshot call (default 60)",
+    )  # fmt: skip
     parser.add_argument(
         "--torch-export", action="store_true",
         help="also write OUT/model.pt2: the model as a torch.export ExportedProgram (batch dimension dynamic)",
