@@ -88,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
     r = settings.redis
     instance = args.instance_id or settings.kafka.resolved_instance_id()
     version = args.snapshot_version
+    if args.tls_ca is not None and args.from_trainer is None:
+        print("ferret export: --tls-ca is for the control plane of --from-trainer HOST:PORT; pass both, or neither",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     if args.from_trainer is not None:
         taken = trainer_snapshot(args)
         if taken is None:
