@@ -16,9 +16,11 @@ Measured, in the same run:
    ``latency_ms``: the way to get a prediction before ``ferret serve``).
 3. **bytes per update** (full safetensors weights) and what a delta would cost: for consecutive updates the
    elements that changed (a dense delta is the full size; a sparse one 8 bytes per changed element).
-4. **export round trip**: 1,000 MNIST test items sent unlabelled (predicted, never trained), a snapshot,
-   ``ferret export``, the export loaded in a fresh process: its classes and confidences against the trainer's
-   own predictions of those items; and ``ferret serve``'s Predict on the same items.
+4. **export round trip**: 1,000 MNIST test items sent unlabelled (predicted, never trained), then
+   ``ferret export --from-trainer HOST:PORT --torch-export`` (the trainer takes the snapshot it exports), the
+   export loaded in a fresh process: its classes and confidences against the trainer's own predictions of
+   those items; the same for its ``model.pt2`` loaded by ``torch.export.load`` alone (no project code on the
+   path); and ``ferret serve``'s Predict on the same items.
 
     .venv/bin/python -m benchmarks.serving.freshness              # → results/freshness.{md,json}
     .venv/bin/python -m benchmarks.serving.freshness --interval 0.25 --out freshness-250ms
@@ -215,11 +217,10 @@ def round_trip(service: ServingService, target: str, dataset: Any, work: Path) -
                              ROUND_TRIP_ITEMS)  # fmt: skip
     versions = sorted({p.model_version for p in trainer})
     assert service.client is not None
-    service.client.save_snapshot({"bench": "serving"})
     out = work / "export"
     env = {**os.environ, **service.env}
-    done = subprocess.run([*FERRET, "export", "--out", str(out)], env=env, cwd=ROOT, capture_output=True, text=True,
-                          check=False, timeout=300)  # fmt: skip
+    command = [*FERRET, "export", "--from-trainer", service.client.target, "--torch-export", "--out", str(out)]
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"ferret export failed: {done.stderr}")
     exported = json.loads(done.stdout)
@@ -240,6 +241,23 @@ def round_trip(service: ServingService, target: str, dataset: Any, work: Path) -
     if fresh.returncode != 0:
         raise RuntimeError(f"loading the export failed: {fresh.stderr}")
     loaded = json.loads(fresh.stdout)
+    torch.save(torch.from_numpy(xs).float() / 255, work / "inputs.pt")
+    program_script = (
+        "import json, sys, torch\n"
+        "program = torch.export.load(sys.argv[1]).module()\n"
+        "with torch.no_grad():\n"
+        "    p = torch.softmax(program(torch.load(sys.argv[2])), dim=1)\n"
+        "print(json.dumps({'classes': p.argmax(1).tolist(), 'confidences': p.max(1).values.tolist(),\n"
+        "                  'ours': [m for m in sys.modules if m.split('.')[0] in ('services', 'ferret_core')]}))\n"
+    )
+    fresh = subprocess.run([sys.executable, "-c", program_script, str(out / "model.pt2"), str(work / "inputs.pt")],
+                           cwd=work, env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, check=False,
+                           timeout=300)  # fmt: skip
+    if fresh.returncode != 0:
+        raise RuntimeError(f"loading model.pt2 failed: {fresh.stderr}")
+    program = json.loads(fresh.stdout)
+    if program["ours"]:
+        raise RuntimeError(f"loading model.pt2 imported project modules: {program['ours']}")
     classes = [p.predicted_class for p in trainer]
     confidences = np.array([p.confidence for p in trainer])
     served_classes: list[int] = []
@@ -261,6 +279,9 @@ def round_trip(service: ServingService, target: str, dataset: Any, work: Path) -
         "export_version": loaded["version"],
         "export_classes_equal": sum(a == b for a, b in zip(loaded["classes"], classes, strict=True)),
         "export_max_abs_conf_diff": float(np.max(np.abs(np.array(loaded["confidences"]) - confidences))),
+        "pt2_bytes": (out / "model.pt2").stat().st_size,
+        "pt2_classes_equal": sum(a == b for a, b in zip(program["classes"], classes, strict=True)),
+        "pt2_max_abs_conf_diff": float(np.max(np.abs(np.array(program["confidences"]) - confidences))),
         "serve_versions": sorted(served_versions),
         "serve_classes_equal": sum(a == b for a, b in zip(served_classes, classes, strict=True)),
         "serve_max_abs_conf_diff": float(np.max(np.abs(np.array(served_conf) - confidences))),
@@ -389,14 +410,18 @@ def render(r: dict[str, Any]) -> str:
         "## Export round trip",
         "",
         f"{t['items']} MNIST test items sent unlabelled after the stream (predicted by the trainer at versions "
-        f"{t['trainer_versions']}, never trained); snapshot v{t['export']['snapshot_version']} exported by `ferret "
-        f"export` (model version {t['export']['model_version']}, {t['export']['weights_bytes']:,} bytes), loaded in a "
-        "fresh process (no Redis, Kafka or gRPC imported):",
+        f"{t['trainer_versions']}, never trained); snapshot v{t['export']['snapshot_version']}, taken by the trainer "
+        f"when `ferret export --from-trainer HOST:PORT --torch-export` asked, exported (model version "
+        f"{t['export']['model_version']}, {t['export']['weights_bytes']:,} bytes of safetensors, {t['pt2_bytes']:,} "
+        "bytes of model.pt2), loaded in a fresh process (the safetensors export: no Redis, Kafka or gRPC imported; "
+        "model.pt2: `torch.export.load` alone, no project module on the path):",
         "",
         "| predictor | model version | classes equal to the trainer's | max abs confidence difference |",
         "|---|---|---|---|",
         f"| exported model (fresh process) | {t['export_version']} | **{t['export_classes_equal']} / {t['items']}** | "
         f"{t['export_max_abs_conf_diff']:.2e} |",
+        f"| model.pt2 via torch.export.load (fresh process) | {t['export']['model_version']} | "
+        f"**{t['pt2_classes_equal']} / {t['items']}** | {t['pt2_max_abs_conf_diff']:.2e} |",
         f"| `ferret serve` Predict (batches of 250) | {t['serve_versions']} | **{t['serve_classes_equal']} / "
         f"{t['items']}** | {t['serve_max_abs_conf_diff']:.2e} |",
         "",

@@ -5,10 +5,14 @@
     manifest.json       format, the model card (spec, input shape, classes, input contract), the model
                         version, the plan, the stream offsets the weights cover, the snapshot version and
                         instance it came from, and the sha256 of model.safetensors
+    model.pt2           optional (``--torch-export``): the model as a ``torch.export`` ExportedProgram
+                        (graph + weights, batch dimension dynamic), saved with ``torch.export.save``;
+                        ``torch.export.load(path).module()`` runs it without Ferret's code
     model.onnx          optional (``--onnx``), where torch.onnx can export the model here
 
-:func:`load_export` checks the checksum and rebuilds the model from the card alone: no Redis, Kafka or
-trainer. The manifest is written last, so a directory without one is an interrupted export.
+The manifest's ``files`` lists the files the export holds. :func:`load_export` checks the checksums and
+rebuilds the model from the card alone: no Redis, Kafka or trainer. The manifest is written last, so a
+directory without one is an interrupted export.
 """
 
 from __future__ import annotations
@@ -33,6 +37,30 @@ EXPORT_FORMAT = 1
 WEIGHTS_FILE = "model.safetensors"
 MANIFEST_FILE = "manifest.json"
 ONNX_FILE = "model.onnx"
+TORCH_EXPORT_FILE = "model.pt2"
+
+
+@dataclass(frozen=True)
+class TorchExportFile:
+    """``manifest.json``'s ``torch_export``: the ``model.pt2`` file, its checksum and size, and the torch
+    version that wrote it (an ExportedProgram loads in that torch version and, as a rule, newer ones)."""
+
+    sha256: str
+    size: int
+    torch_version: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": TORCH_EXPORT_FILE, "sha256": self.sha256, "bytes": self.size, "torch": self.torch_version}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TorchExportFile:
+        if data["file"] != TORCH_EXPORT_FILE:
+            raise ValueError(f"torch_export file {data['file']!r}, expected {TORCH_EXPORT_FILE!r}")
+        return cls(sha256=str(data["sha256"]), size=int(data["bytes"]), torch_version=str(data["torch"]))
+
+    @classmethod
+    def of(cls, data: bytes) -> TorchExportFile:
+        return cls(sha256=sha256_hex(data), size=len(data), torch_version=str(torch.__version__))
 
 
 @dataclass(frozen=True)
@@ -50,6 +78,13 @@ class ExportManifest:
     instance_id: str = ""
     created_time_ms: int = 0
     onnx: bool = False
+    torch_export: TorchExportFile | None = None
+
+    @property
+    def files(self) -> list[str]:
+        """The files of the export directory, the manifest included."""
+        extra = [TORCH_EXPORT_FILE] if self.torch_export is not None else []
+        return [WEIGHTS_FILE, *extra, *([ONNX_FILE] if self.onnx else []), MANIFEST_FILE]
 
     def to_json(self) -> str:
         document = {
@@ -65,6 +100,8 @@ class ExportManifest:
             "instance_id": self.instance_id,
             "created_time_ms": self.created_time_ms,
             "onnx": ONNX_FILE if self.onnx else None,
+            "torch_export": None if self.torch_export is None else self.torch_export.to_dict(),
+            "files": self.files,
         }
         return json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
@@ -85,6 +122,7 @@ class ExportManifest:
                 instance_id=str(doc.get("instance_id", "")),
                 created_time_ms=int(doc.get("created_time_ms", 0)),
                 onnx=bool(doc.get("onnx")),
+                torch_export=TorchExportFile.from_dict(doc["torch_export"]) if doc.get("torch_export") else None,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ExportError(f"{where} is not a Ferret export manifest: {exc}") from exc
@@ -116,14 +154,29 @@ def decode_weights(data: bytes, where: str) -> dict[str, torch.Tensor]:
 
 
 def write_export(
-    directory: Path, manifest: ExportManifest, weights_data: bytes, onnx_data: bytes | None = None
+    directory: Path,
+    manifest: ExportManifest,
+    weights_data: bytes,
+    onnx_data: bytes | None = None,
+    torch_export_data: bytes | None = None,
 ) -> Path:
-    """Write the weights (and ONNX), then the manifest; return the manifest's path. ``manifest.sha256`` must
-    be the weights' checksum (:func:`sha256_hex`)."""
+    """Write the weights (and the ExportedProgram, ONNX), then the manifest; return the manifest's path.
+    ``manifest.sha256`` must be the weights' checksum (:func:`sha256_hex`), ``manifest.torch_export``
+    describe ``torch_export_data`` (:meth:`TorchExportFile.of`)."""
     if hashlib.sha256(weights_data).hexdigest() != manifest.sha256:
         raise ExportError("export: the manifest's sha256 is not the weights' (a bug: compute it from the bytes)")
+    wanted = None if torch_export_data is None else TorchExportFile.of(torch_export_data)
+    if (wanted is None) != (manifest.torch_export is None) or (
+        wanted is not None and manifest.torch_export is not None and wanted.sha256 != manifest.torch_export.sha256
+    ):
+        raise ExportError(
+            f"export: the manifest's torch_export does not describe the {TORCH_EXPORT_FILE} bytes given "
+            "(a bug: build it with TorchExportFile.of(data))"
+        )
     directory.mkdir(parents=True, exist_ok=True)
     (directory / WEIGHTS_FILE).write_bytes(weights_data)
+    if torch_export_data is not None:
+        (directory / TORCH_EXPORT_FILE).write_bytes(torch_export_data)
     if onnx_data is not None:
         (directory / ONNX_FILE).write_bytes(onnx_data)
     path = directory / MANIFEST_FILE
@@ -152,8 +205,67 @@ def load_export(directory: str | Path) -> LoadedModel:
             f"{directory / WEIGHTS_FILE}: sha256 {sha256_hex(data)[:12]}…, the manifest says {manifest.sha256[:12]}… "
             "(a modified or truncated file: export again)"
         )
+    if manifest.torch_export is not None:
+        check_torch_export_file(directory, manifest.torch_export)
     weights = decode_weights(data, str(directory / WEIGHTS_FILE))
     return LoadedModel(rebuild(manifest.card, weights), manifest)
+
+
+def check_torch_export_file(directory: Path, described: TorchExportFile) -> None:
+    """The manifest's ``model.pt2`` is there with its checksum (its graph is checked when exported)."""
+    path = directory / TORCH_EXPORT_FILE
+    try:
+        digest = sha256_hex(path.read_bytes())
+    except OSError as exc:
+        raise ExportError(
+            f"{path}: the manifest lists it but it cannot be read ({exc.strerror or exc}): export again"
+        ) from exc
+    if digest != described.sha256:
+        raise ExportError(
+            f"{path}: sha256 {digest[:12]}…, the manifest says {described.sha256[:12]}… (a modified or truncated "
+            "file: export again)"
+        )
+
+
+def torch_export_bytes(model: nn.Module, card: ModelCard) -> bytes:
+    """The model as a ``torch.export`` ExportedProgram (batch dimension dynamic) in ``torch.export.save``'s
+    format, checked before returning: loaded back, it must predict as ``model`` does on a random batch.
+    Raises :class:`ExportError` naming the model and torch's reason when torch.export refuses the model
+    (data-dependent control flow, unsupported Python in ``forward``)."""
+    import io
+
+    generator = torch.Generator().manual_seed(0)
+    example = torch.rand((2, *card.input_shape), generator=generator)
+    batch = torch.export.Dim("batch", min=1)
+    try:
+        program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},), strict=False)
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+    except Exception as exc:  # torch.export raises many types (UserError, Unsupported, GuardOnDataDependent…)
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")[:500]
+        raise ExportError(
+            f"torch.export cannot export model {card.model!r}: {type(exc).__name__}: {reason} (the safetensors "
+            f"export works without --torch-export)"
+        ) from exc
+    data = buffer.getvalue()
+    _check_program(data, model, card, torch.rand((3, *card.input_shape), generator=generator))
+    return data
+
+
+def _check_program(data: bytes, model: nn.Module, card: ModelCard, xs: torch.Tensor) -> None:
+    import io
+
+    program = torch.export.load(io.BytesIO(data))
+    with torch.no_grad():
+        got = torch.softmax(program.module()(xs).float(), dim=1)
+        expected = torch.softmax(model(xs).float(), dim=1)
+    if got.shape != expected.shape or not torch.allclose(got, expected, rtol=0, atol=1e-5):
+        error = (got - expected).abs().max().item() if got.shape == expected.shape else float("nan")
+        raise ExportError(
+            f"torch.export's program of model {card.model!r} does not predict as the model does (max probability "
+            f"difference {error:.3g}, shapes {list(got.shape)} vs {list(expected.shape)}, expected within 1e-5): "
+            "export without --torch-export"
+        )
 
 
 def onnx_bytes(model: nn.Module, card: ModelCard) -> bytes:

@@ -1,6 +1,8 @@
 """A snapshot version as ``ferret export``'s files (:mod:`.export_files`): from the trainer's snapshot
 store in Redis (the newest valid version by default), verified as a restore verifies it (chunk checksums,
-the signature with ``redis.hmac_key``, finite tensors).
+the signature with ``redis.hmac_key``, finite tensors). ``torch_export`` also writes the model as a
+``torch.export`` program (``model.pt2``); a model torch.export refuses fails the export before anything
+is written, naming the model and torch's reason.
 
 The model card comes from the snapshot (``meta.model_card``, written by trainers since the export
 existed); for an older snapshot, from the settings the trainer ran with (``trainer.model``,
@@ -18,10 +20,12 @@ from pathlib import Path
 from services.serving.errors import ExportError
 from services.serving.export_files import (
     ExportManifest,
+    TorchExportFile,
     encode_weights,
     load_export,
     onnx_bytes,
     sha256_hex,
+    torch_export_bytes,
     write_export,
 )
 from services.serving.model_card import ModelCard, model_version, rebuild, unit_weights
@@ -59,6 +63,7 @@ def export_snapshot(
     version: int | None = None,
     fallback_card: ModelCard | None = None,
     onnx: bool = False,
+    torch_export: bool = False,
 ) -> ExportResult:
     """Export snapshot ``version`` (None: the newest valid one) of ``store`` into ``out``; the written
     directory is read back with :func:`load_export` before returning (a broken export fails here)."""
@@ -67,6 +72,8 @@ def export_snapshot(
     weights = unit_weights(payload.tensors)
     model = rebuild(card, weights)  # the weights fit the card, or ExportError
     data = encode_weights(weights)
+    program = torch_export_bytes(model, card) if torch_export else None  # refused: nothing written
+    onnx_data = onnx_bytes(model, card) if onnx else None
     manifest = ExportManifest(
         card=card,
         model_version=model_version(payload.tensors),
@@ -78,7 +85,8 @@ def export_snapshot(
         instance_id=str(payload.meta.get("instance_id", store.instance_id)),
         created_time_ms=time.time_ns() // 1_000_000,
         onnx=onnx,
+        torch_export=None if program is None else TorchExportFile.of(program),
     )
-    write_export(out, manifest, data, onnx_bytes(model, card) if onnx else None)
+    write_export(out, manifest, data, onnx_data, program)
     load_export(out)
     return ExportResult(out, manifest)

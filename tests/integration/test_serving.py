@@ -18,7 +18,7 @@ import pytest
 import redis
 import torch
 
-from services.control.client import ControlClient
+from services.control.client import ControlCallError, ControlClient
 from services.kafka.admin import TopicNames, ensure_topics
 from services.localstack.ports import free_port
 from services.serving.client import PredictCallError, ServingClient
@@ -178,3 +178,75 @@ def test_serve_follows_the_trainer_and_export_round_trips(env: dict[str, str], t
     assert result["classes"] == [p.predicted_class for p in predictions]
     np.testing.assert_allclose(result["confidences"], [p.confidence for p in predictions], rtol=0, atol=1e-6)
     assert not {"redis", "confluent_kafka", "grpc"} & set(result["modules"])  # nothing of the services' clients
+
+
+def log_tail(tmp_path: Path) -> str:
+    return (tmp_path / "trainer.log").read_text()[-3000:]
+
+
+def test_export_from_a_running_trainer_as_a_torch_export_program(env: dict[str, str], tmp_path: Path) -> None:
+    """``ferret export --from-trainer`` with the control plane's token: the trainer takes a snapshot, exactly
+    that version is exported, and its ``model.pt2``, loaded in a fresh process by ``torch.export.load``
+    alone, predicts as the trainer did (classes exact, confidences within 1e-5)."""
+    token = "export-test-token"
+    env = {**env, "FERRET_CONTROL_TOKEN": token}
+    topics = TopicNames(env["FERRET_KAFKA_TOPIC_PREFIX"])
+    bootstrap, control = env["FERRET_KAFKA_BOOTSTRAP_SERVERS"], env["FERRET_CONTROL_LISTEN"]
+    trainer = start(env, tmp_path / "trainer.log", "run")
+    client = ControlClient(control, token=token)
+    without_token = {k: v for k, v in env.items() if k != "FERRET_CONTROL_TOKEN"}
+    out = tmp_path / "export"
+    command = [*FERRET, "export", "--from-trainer", control, "--torch-export", "--out", str(out)]
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert trainer.poll() is None and time.monotonic() < deadline, log_tail(tmp_path)
+            try:
+                if client.health() == "SERVING":
+                    break
+            except ControlCallError:
+                pass
+            time.sleep(0.2)
+        produce_digits(bootstrap, topics.samples, 300)
+        while client.get_status().predictions_published < 300:
+            assert time.monotonic() < deadline, log_tail(tmp_path)
+            time.sleep(0.2)
+        version = settled_version(client)
+        produce_digits(bootstrap, topics.samples, 50, start=300, labels=False)  # predicted, never trained
+        predictions = sorted(
+            (p for p in read_predictions(bootstrap, topics.predictions, 350) if p.sequence >= 300),
+            key=lambda p: p.sequence,
+        )
+        assert len(predictions) == 50 and {p.model_version for p in predictions} == {version}
+
+        refused = subprocess.run(command, env=without_token, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                                 check=False)  # fmt: skip
+        assert refused.returncode == 1 and "took no snapshot: UNAUTHENTICATED" in refused.stderr, refused.stderr
+        before = client.get_status().last_snapshot_version
+        exported = subprocess.run([*command, "--token", token], env=without_token, cwd=ROOT, capture_output=True,
+                                  text=True, timeout=180, check=False)  # fmt: skip
+        assert exported.returncode == 0, exported.stderr
+        reply = json.loads(exported.stdout)
+        assert reply["snapshot_version"] == client.get_status().last_snapshot_version > before  # the one it took
+    finally:
+        client.close()
+        assert stop(trainer) == 0
+    assert reply["model_version"] == version
+    assert reply["files"] == ["model.safetensors", "model.pt2", "manifest.json"]
+    torch.save(torch.from_numpy(digits(300, 50)).float() / 255, tmp_path / "xs.pt")  # as the trainer decodes
+    script = (
+        "import json, sys, torch\n"
+        "program = torch.export.load(sys.argv[1]).module()\n"
+        "with torch.no_grad():\n"
+        "    p = torch.softmax(program(torch.load(sys.argv[2])), dim=1)\n"
+        "print(json.dumps({'classes': p.argmax(1).tolist(), 'confidences': p.max(1).values.tolist(),\n"
+        "                  'ours': [m for m in sys.modules if m.split('.')[0] in ('services', 'ferret_core')]}))\n"
+    )
+    fresh = subprocess.run([sys.executable, "-c", script, str(out / "model.pt2"), str(tmp_path / "xs.pt")],
+                           cwd=tmp_path, env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=120,
+                           check=False)  # fmt: skip
+    assert fresh.returncode == 0, fresh.stderr
+    result = json.loads(fresh.stdout)
+    assert result["ours"] == []
+    assert result["classes"] == [p.predicted_class for p in predictions]
+    np.testing.assert_allclose(result["confidences"], [p.confidence for p in predictions], rtol=0, atol=1e-5)
