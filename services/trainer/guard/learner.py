@@ -20,7 +20,7 @@ same :class:`~services.trainer.learner.Learner` contract and adds
    returned, and the pre-burst model was gone. With it, the pre-burst shadow is still there when the
    labels return and wins the discordant pairs against the flip-trained live model; under a permanent
    drift the live model keeps winning, the test stays quiet and promotion is only delayed. Candidates on
-   probation are kept as copies of the weights (at most probation_items / window + 1 of them);
+   probation are kept as copies of the weights (at most ⌈probation_items / window⌉ of them);
 4. **drift detection** (:mod:`.drift`, River's ADWIN or Page-Hinkley) on the live model's correctness
    (labelled items) and confidence (unlabelled ones), with an optional reaction;
 5. **a rollback on divergence**: a :class:`~services.trainer.learner.ModelDivergedError` (a non-finite
