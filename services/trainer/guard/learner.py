@@ -274,7 +274,9 @@ class GuardedLearner:
 
     def _judged(self, item: int, passed: bool, detail: str) -> None:
         """The window that ended at ``item`` judged: the candidate goes on probation if it ``passed`` (or is
-        promoted at once with ``guard.probation_items: 0``), the live weights become the next candidate."""
+        promoted at once with ``guard.probation_items: 0``), the live weights become the next candidate. The
+        probation counts from now: a verdict is carried out between consumer batches, up to one batch after
+        the window's end."""
         candidate, self._candidate = self._candidate, cloned(self.inner.state_tensors())
         if not passed:
             log.info("no promotion at item %d: %s", item, detail)
