@@ -14,8 +14,10 @@ shuffled per seed, ``--items`` long; from item ``--at`` on, one scenario:
 
 Arms: ``unguarded`` (``guard.enabled: false``, ``guard.max_step_ratio: null``: the trainer before the
 guard), ``norm-only`` (the norm guard at its default, no shadow), ``guard`` (the defaults: norm guard,
-shadow, CUSUM rollback, ADWIN). Accuracy is scored against the label the stream gives (for fuzz items a
-random one; for ``drift`` the permuted one). A prediction the learner refuses as non-finite
+shadow, CUSUM rollback, promotion on probation, ADWIN), ``guard-fa1e-2`` (the same with
+``guard.false_alarm: 0.01``: h = 4.6 nats instead of 9.2, the more sensitive test; flip and drift only).
+Accuracy is scored against the label the stream gives (for fuzz items a random one; for ``drift`` the
+permuted one). A prediction the learner refuses as non-finite
 (``ModelDivergedError``: the trainer dead-letters it instead of publishing a NaN confidence) counts as a
 NaN prediction and as wrong.
 
@@ -49,8 +51,13 @@ ARMS = {
     "unguarded": {"FERRET_GUARD_ENABLED": "false", "FERRET_GUARD_MAX_STEP_RATIO": "null"},
     "norm-only": {"FERRET_GUARD_ENABLED": "false"},
     "guard": {},
+    "guard-fa1e-2": {"FERRET_GUARD_FALSE_ALARM": "0.01"},
 }
-SCENARIO_ARMS = {"fuzz": list(ARMS), "flip": list(ARMS), "drift": ["unguarded", "guard"]}
+SCENARIO_ARMS = {
+    "fuzz": ["unguarded", "norm-only", "guard"],
+    "flip": list(ARMS),
+    "drift": ["unguarded", "guard", "guard-fa1e-2"],
+}
 WINDOW = 100
 
 
@@ -150,7 +157,7 @@ def summarise(runs: list[Run], at: int, burst: int) -> str:
         before = sum(1 for i in r.rollbacks if i < at)
         back = recovery(r, at, burst if r.scenario != "drift" else 0, level)
         drift = [i - at for i in r.drifts if i >= at]
-        guarded = r.arm == "guard"
+        guarded = r.arm.startswith("guard")
         none = "none" if guarded else "—"
         cells = [
             r.scenario, r.arm, r.seed, f"{level:.1f}", after[0] if after else none, before if guarded else "—",

@@ -511,6 +511,9 @@ class GuardSettings(Section):
     worse_share: float = field(default=0.75, metadata=meta(check=between(0.51, 0.999, "a share")))
     # Labelled items the shadow predicts per promotion window; the live model becomes last-good one window late.
     window: int = field(default=200, metadata=meta(check=between(10, None, "a number of items")))
+    # Compared items a passing window's weights wait, with the test never firing, before they become last-good
+    # (promotion on probation: a temporary label flip is rolled back to the weights from before it); 0: at once.
+    probation_items: int = field(default=500, metadata=meta(check=between(0, None, "a number of items")))
     # The shadow predicts every k-th labelled item (1: all of them).
     shadow_every: int = field(default=1, metadata=meta(check=between(1, None, "an integer")))
     # River drift detector on the correctness (labelled items) and the confidence (unlabelled ones).

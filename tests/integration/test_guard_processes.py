@@ -5,6 +5,8 @@ wrong weights behind the guard's back (a stand-in for a poisoning burst), is rol
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -21,7 +23,8 @@ pytestmark = pytest.mark.integration
 def test_a_learner_on_processes_is_rolled_back_to_the_last_good_weights() -> None:
     settings = _settings()
     inner, _, _ = _learner()
-    guarded = GuardedLearner(inner, build_zoo_model(settings), settings.guard)
+    guard = replace(settings.guard, probation_items=100)  # promoted within the 600 items (windows of 200)
+    guarded = GuardedLearner(inner, build_zoo_model(settings), guard)
     ds = load_dataset("digits", None)
     xs, ys = normalise(ds.x_train), [int(y) for y in ds.y_train]
     try:

@@ -141,7 +141,10 @@ def stack(bootstrap_servers: str, redis_url: str, topic_prefix: str) -> Iterator
 def test_a_rollback_shows_in_the_predictions_and_on_the_events_topic(stack: tuple[str, str, str]) -> None:
     bootstrap, redis_url, prefix = stack
     topics = TopicNames(prefix)
-    settings = settings_for(bootstrap, redis_url, prefix, FERRET_KAFKA_SAMPLE_PARTITIONS="1", FERRET_GUARD_WINDOW="50")
+    settings = settings_for(
+        bootstrap, redis_url, prefix, FERRET_KAFKA_SAMPLE_PARTITIONS="1", FERRET_GUARD_WINDOW="50",
+        FERRET_GUARD_PROBATION_ITEMS="0",
+    )  # fmt: skip  (probation 0: promoted at the verdict, before the sabotage; probation: test_guard_probation.py)
     model = digits_model()
     learner = GuardedLearner(TurningLearner(model), model, settings.guard)
     parts = assemble(settings, learner, SampleDecoder((1, 8, 8), 10), None)

@@ -121,7 +121,7 @@ def items(n: int, seed: int, noise: float = 0.0, permute: bool = False) -> list[
 def guarded(**overrides: Any) -> tuple[GuardedLearner, FakeLearner]:
     model = linear_model()
     inner = FakeLearner(model)
-    settings = GuardSettings(**{"window": 50, **overrides})
+    settings = GuardSettings(**{"window": 50, "probation_items": 100, **overrides})
     return GuardedLearner(inner, model, settings), inner
 
 
@@ -130,8 +130,8 @@ def feed(learner: GuardedLearner, data: list[tuple[torch.Tensor, int]], start: i
 
 
 def test_a_clearly_worse_live_model_is_rolled_back_and_its_version_goes_back() -> None:
-    learner, inner = guarded()
-    feed(learner, items(200, seed=1), 0)  # live as good as the shadow: promoted, one window late
+    learner, inner = guarded(probation_items=50)
+    feed(learner, items(200, seed=1), 0)  # live as good as the shadow: promoted one window late + probation
     last_good = learner.stats().guard
     assert last_good is not None and last_good.promotions >= 2 and last_good.rollbacks == 0
     inner.set_weight(-GOOD)  # poisoned: wrong on every item the shadow gets right

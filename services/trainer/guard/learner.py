@@ -6,12 +6,21 @@ same :class:`~services.trainer.learner.Learner` contract and adds
 2. **the test** (:mod:`.cusum`): a CUSUM of Wald's SPRT on the discordant pairs of live-vs-shadow
    correctness; when it says the live model is worse, the live model is **rolled back** to the shadow's
    weights (its model version goes back to the shadow's, so the predictions that follow carry it);
-3. **promotion, one window late**: every ``guard.window`` compared items the live model is judged on the
-   window (live correct ≥ shadow correct: at least as good). The weights that *started* a passing window
-   (kept at the window's start, the candidate) become last-good; the live weights at its end become the
-   next candidate, to be judged by the next window. Promoting the weights that were followed by a whole
-   window at least as good as the shadow, rather than the weights at the moment of the verdict, keeps a
-   poisoning burst that began late in a window (its damage not yet visible) out of the last-good copy;
+3. **promotion, one window late, on probation**: every ``guard.window`` compared items the live model is
+   judged on the window (live correct ≥ shadow correct: at least as good). The weights that *started* a
+   passing window (kept at the window's start, the candidate) go on probation; the live weights at its end
+   become the next candidate, to be judged by the next window. Promoting the weights that were followed by
+   a whole window at least as good as the shadow, rather than the weights at the moment of the verdict,
+   keeps a poisoning burst that began late in a window (its damage not yet visible) out of the last-good
+   copy. A candidate on probation becomes last-good only after ``guard.probation_items`` further compared
+   items during which the test (against the *current* last-good) never fired; if it fires, the live model
+   is rolled back and every candidate on probation is dropped. Why: while a burst of flipped labels lasts,
+   the live model fits them better than the shadow (as under a genuine change of concept), so the windows
+   of the burst pass; without probation the flip-trained weights became last-good before the true labels
+   returned, and the pre-burst model was gone. With it, the pre-burst shadow is still there when the
+   labels return and wins the discordant pairs against the flip-trained live model; under a permanent
+   drift the live model keeps winning, the test stays quiet and promotion is only delayed. Candidates on
+   probation are kept as copies of the weights (at most ⌈probation_items / window⌉ of them);
 4. **drift detection** (:mod:`.drift`, River's ADWIN or Page-Hinkley) on the live model's correctness
    (labelled items) and confidence (unlabelled ones), with an optional reaction;
 5. **a rollback on divergence**: a :class:`~services.trainer.learner.ModelDivergedError` (a non-finite
@@ -55,6 +64,15 @@ log = logging.getLogger("ferret.trainer.guard")
 MAX_QUEUED_EVENTS = 1000  # events not yet taken by the record path (the oldest are dropped beyond)
 
 
+@dataclass(frozen=True, slots=True)
+class _OnProbation:
+    """A candidate whose window passed: last-good once ``due`` compared items have been seen quietly."""
+
+    tensors: dict[str, torch.Tensor]
+    due: int  # the count of compared items at which it is promoted
+    account: str  # the window's verdict, for the promotion's event
+
+
 @dataclass(slots=True)
 class _Window:
     """The current promotion window's counts."""
@@ -77,12 +95,15 @@ class GuardedLearner:
         self._fresh_compensators = inner.compensator_state() if settings.drift_reaction == "reset-compensator" else None
         self._drift = None if settings.drift_detector == "none" else DriftMonitor(settings.drift_detector)
         self._window = _Window()
+        self._compared = 0  # labelled items the shadow and the live model both predicted (the test's clock)
+        self._probation: deque[_OnProbation] = deque()  # oldest first
         self._labelled = 0
         self._queued: list[tuple[int, torch.Tensor]] = []  # (item, x) waiting for the shadow's forward
         self._shadow_says: dict[int, int] = {}  # item -> the shadow's class
         self._outstanding = 0
         self._rollback_due: tuple[int, str] | None = None  # (deciding item, why)
-        self._promotion_due: tuple[int, bool, str] | None = None  # (deciding item, window passed, account)
+        self._verdict_due: tuple[int, bool, str] | None = None  # (deciding item, window passed, account)
+        self._promotion_due: tuple[int, _OnProbation] | None = None  # (item, the candidate whose probation ended)
         self._reset_due = False  # a drift asked for the compensators' reset (guard.drift_reaction)
         self._events: deque[ModelEvent] = deque(maxlen=MAX_QUEUED_EVENTS)
         self._counts = GuardCounts(last_good_version=self._shadow.version)
@@ -193,13 +214,17 @@ class GuardedLearner:
         w.items += 1
         w.live_correct += live_correct
         w.shadow_correct += shadow_correct
+        self._compared += 1
         if self._test.observe(live_correct, shadow_correct) is Verdict.WORSE:
             self._rollback_due = (item, self._test.describe())
-        elif w.items >= self.settings.window:  # judged now, carried out between batches; the next window starts
+            return
+        if w.items >= self.settings.window:  # judged now, carried out between batches; the next window starts
             passed = w.live_correct >= w.shadow_correct
             account = f"window of {w.items}: live {w.live_correct} vs shadow {w.shadow_correct} right"
-            self._promotion_due = (item, passed, account)
+            self._verdict_due = (item, passed, account)
             self._window = _Window()
+        if self._probation and self._probation[0].due <= self._compared and self._promotion_due is None:
+            self._promotion_due = (item, self._probation.popleft())
 
     def _shadow_class(self, item: int) -> int | None:
         """The shadow's class for ``item``; the first call after a submission predicts every queued item in
@@ -225,12 +250,15 @@ class GuardedLearner:
         if self._reset_due:
             self._reset_due = False
             self._reset_compensators()
-        rollback, promotion = self._rollback_due, self._promotion_due
-        self._rollback_due = self._promotion_due = None
-        if rollback is not None:  # a promotion judged before it is moot: the candidate is dropped
+        rollback, verdict, promotion = self._rollback_due, self._verdict_due, self._promotion_due
+        self._rollback_due = self._verdict_due = self._promotion_due = None
+        if rollback is not None:  # verdicts and promotions decided before it are moot: the candidates dropped
             self._rollback(*rollback)
-        elif promotion is not None:
+            return
+        if promotion is not None:  # before the verdict: a candidate it puts on probation is younger
             self._promote(*promotion)
+        if verdict is not None:
+            self._judged(*verdict)
 
     def _rollback(self, item: int, detail: str) -> None:
         before = self.inner.stats().model_version
@@ -244,31 +272,45 @@ class GuardedLearner:
         )
         self._event(ModelEvent("rollback", self._shadow.version, item, now_ms(), before, detail=detail))
 
-    def _promote(self, item: int, passed: bool, detail: str) -> None:
-        """The window that ended at ``item`` judged; the candidate made last-good if it ``passed``, the live
-        weights the next candidate. The test goes on (its evidence is against the shadow of that window: a
-        shadow win then is a shadow win against the older candidate too, more often than not)."""
-        live = self.inner.state_tensors()
-        before = self._shadow.version
-        if passed:
-            self._shadow.load(self._candidate)
-        self._candidate = cloned(live)
-        self._queued.clear()  # predicted by the shadow being replaced (none are: called between batches)
-        self._shadow_says.clear()
+    def _judged(self, item: int, passed: bool, detail: str) -> None:
+        """The window that ended at ``item`` judged: the candidate goes on probation if it ``passed`` (or is
+        promoted at once with ``guard.probation_items: 0``), the live weights become the next candidate. The
+        probation counts from now: a verdict is carried out between consumer batches, up to one batch after
+        the window's end."""
+        candidate, self._candidate = self._candidate, cloned(self.inner.state_tensors())
         if not passed:
             log.info("no promotion at item %d: %s", item, detail)
             return
+        on_probation = _OnProbation(candidate, self._compared + self.settings.probation_items, detail)
+        if self.settings.probation_items == 0:
+            self._promote(item, on_probation)
+        else:
+            self._probation.append(on_probation)
+
+    def _promote(self, item: int, candidate: _OnProbation) -> None:
+        """``candidate`` becomes last-good. The test goes on (its evidence is against the previous last-good,
+        an older model: a shadow win then is a shadow win against the candidate too, more often than not)."""
+        before = self._shadow.version
+        self._shadow.load(candidate.tensors)
+        self._queued.clear()  # predicted by the shadow being replaced (none are: called between batches)
+        self._shadow_says.clear()
+        detail = candidate.account
+        if self.settings.probation_items:
+            detail += f"; then {self.settings.probation_items} compared items on probation with no rollback"
         c = self._counts
         self._counts = replace(c, promotions=c.promotions + 1, last_good_version=self._shadow.version)
         log.info("promotion at item %d: last-good v%d -> v%d (%s)", item, before, self._shadow.version, detail)
         self._event(ModelEvent("promotion", self._shadow.version, item, now_ms(), before, detail=detail))
 
     def _restart(self, tensors: Mapping[str, torch.Tensor], *, promote: bool = True) -> None:
-        """After a rollback (the shadow stays) or a restore (``promote``: the weights become last-good)."""
+        """After a rollback (the shadow stays) or a restore (``promote``: the weights become last-good). The
+        candidates on probation are dropped: they descend from the condemned (or replaced) weights."""
         if promote:
             self._shadow.load(tensors)
             self._counts = replace(self._counts, last_good_version=self._shadow.version)
         self._candidate = cloned(tensors)
+        self._probation.clear()
+        self._verdict_due = self._promotion_due = None
         self._window = _Window()
         self._test.reset()
         self._queued.clear()
