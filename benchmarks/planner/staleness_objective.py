@@ -6,16 +6,22 @@ the same initial weights and stream). Each run is one ``ferret simulate --json``
 (:func:`services.bench.runner.simulate_argv`); the accuracy arm calibrates the cost on the stream's head
 once per setting (cached under ``out/cache/staleness``; the first seed's run does it, before the others
 start). ``--at-m`` adds both objectives at budget M (the committed `standard` overall experiment's
-measured M, ``benchmarks/paper/results/standard/overall/budgets.json``). Writes
-``results/staleness_objective.{md,json}``.
+measured M, ``benchmarks/paper/results/standard/overall/budgets.json``). ``--compensator NAME``: both
+Ferret arms apply NAME instead of the paper's Iter-Fisher (the Oracle has no staleness and applies none);
+``--calibrate-with-compensator`` adds a third Ferret arm whose accuracy objective plans with the cost
+calibrated under NAME (``ferret simulate --calibration-compensator``) rather than uncompensated. Writes
+``results/staleness_objective.{md,json}`` (``staleness_objective-NAME.{md,json}`` for another
+compensator), rewritten after each setting, so an interrupted run keeps the settings it finished.
 
-    flock /tmp/ferret-bench.lock .venv/bin/python -m benchmarks.planner.staleness_objective [--jobs 2] \\
-        [--settings mnist split-mnist fashion-mnist split-fashion-mnist] [--seeds 5] [--at-m]
+    nice .venv/bin/python -m benchmarks.planner.staleness_objective [--jobs 2] \\
+        [--settings mnist split-mnist fashion-mnist split-fashion-mnist] [--seeds 5] [--at-m] \\
+        [--compensator dc-asgd-a [--calibrate-with-compensator]]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -25,8 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ferret_core.compensation import COMPENSATOR_NAMES
 from services.bench.experiments import S_FMNIST, S_MNIST, S_SPLIT_FMNIST, S_SPLIT_MNIST, preset
-from services.bench.runner import REPO, run_simulate, simulate_argv
+from services.bench.runner import PAPER_COMPENSATOR, REPO, run_simulate, simulate_argv
 from services.bench.specs import Arm, RunSpec, Setting
 
 HERE = Path(__file__).resolve().parent
@@ -44,10 +51,22 @@ AT_M: tuple[tuple[str, Arm, tuple[str, ...]], ...] = (
     ("ferret-M accuracy", Arm("ferret-M", "ferret", "M"), ("--objective", "accuracy")),
 )
 BUDGETS = REPO / "benchmarks" / "paper" / "results" / "standard" / "overall" / "budgets.json"
+CALIBRATED = "ferret-M+ accuracy, cost compensated"  # --calibrate-with-compensator's arm
 GOALS = {"mnist": 1.5, "fashion-mnist": 1.5, "split-mnist": 3.0, "split-fashion-mnist": 3.0}  # issue 24
 
 
 Arms = tuple[str, Arm, tuple[str, ...]]
+
+
+def with_compensator(arms: tuple[Arms, ...], compensator: str) -> tuple[Arms, ...]:
+    """``arms`` with their Ferret arms applying ``compensator`` (the paper's: the arms as they are, so the
+    committed default results stay the same command)."""
+    if compensator == PAPER_COMPENSATOR:
+        return arms
+    return tuple(
+        (name, dataclasses.replace(spec, compensator=compensator) if spec.method == "ferret" else spec, extra)
+        for name, spec, extra in arms
+    )
 
 
 def budget_m(setting: Setting, items: int) -> int:
@@ -66,6 +85,7 @@ def run_one(setting: Setting, arm: Arms, seed: int, items: int, tests: int) -> d
     return {
         "setting": setting.id,
         "arm": name,
+        "compensator": report.get("compensator"),
         "seed": seed,
         "oacc": report["oacc"],
         "tacc": report["tacc"],
@@ -108,17 +128,22 @@ def plan_of(runs: dict[int, dict[str, Any]], seeds: list[int], with_discount: bo
     return text if same else text + " (seed 0; others differ)"
 
 
-def table(rows: list[dict[str, Any]], settings: list[Setting]) -> str:
+def table(rows: list[dict[str, Any]], settings: list[Setting], calibrated: bool = False) -> str:
+    names = [name for name, _, _ in ARMS] + ([CALIBRATED] if calibrated else [])
     out = [
         "| setting | Oracle | M+ rate (R_F) | M+ accuracy | accuracy − rate (paired) | rate − Oracle "
         "| accuracy − Oracle | goal: ≥ Oracle − | met (accuracy) | plan rate: P × N, τ̄ "
         "| plan accuracy: P × N, τ̄, discount |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
     ]
+    extra = [
+        "| setting | M+ accuracy, cost compensated | − M+ accuracy (paired) | − Oracle | met "
+        "| plan: P × N, τ̄, discount |",
+        "|---|---:|---:|---:|---|---|",
+    ]
     for setting in settings:
         by = {
-            name: {r["seed"]: r for r in rows if r["setting"] == setting.id and r["arm"] == name}
-            for name, _, _ in ARMS
+            name: {r["seed"]: r for r in rows if r["setting"] == setting.id and r["arm"] == name} for name in names
         }
         seeds = sorted(set.intersection(*(set(v) for v in by.values())))
         if not seeds:
@@ -131,6 +156,15 @@ def table(rows: list[dict[str, Any]], settings: list[Setting]) -> str:
             f"| {cell(minus(ac, o))} | {goal:.1f} | {'yes' if met else 'no'} "
             f"| {plan_of(by['ferret-M+ rate'], seeds, False)} | {plan_of(by['ferret-M+ accuracy'], seeds, True)} |"
         )
+        if calibrated:
+            cc = [by[CALIBRATED][s]["oacc"] for s in seeds]
+            met = mean_se(minus(cc, o))[0] >= -goal
+            extra.append(
+                f"| {setting.id} | {cell(cc)} | {cell(minus(cc, ac))} | {cell(minus(cc, o))} "
+                f"| {'yes' if met else 'no'} | {plan_of(by[CALIBRATED], seeds, True)} |"
+            )
+    if calibrated:
+        out += ["", "The accuracy objective planning with the cost calibrated under the same compensator:", "", *extra]
     return "\n".join(out)
 
 
@@ -160,9 +194,11 @@ def m_table(rows: list[dict[str, Any]], settings: list[Setting]) -> str:
 def cost_table(rows: list[dict[str, Any]], settings: list[Setting]) -> str:
     out = ["| setting | d(τ) at τ = 0 / 1 / 2 / 3 / 4 / 6 / 8 | source |", "|---|---|---|"]
     for setting in settings:
-        costs = [r["staleness_cost"] for r in rows if r["setting"] == setting.id and r["staleness_cost"]]
-        if costs:
-            c = costs[0]
+        sources: dict[str, Any] = {}
+        for r in rows:
+            if r["setting"] == setting.id and r["staleness_cost"]:
+                sources.setdefault(r["staleness_cost"]["source"], r["staleness_cost"])
+        for c in sources.values():
             out.append(f"| {setting.id} | {' / '.join(f'{w:.3f}' for w in c['worth'])} | {c['source']} |")
     return "\n".join(out)
 
@@ -173,40 +209,58 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--at-m", action="store_true", help="also run both objectives at budget M")
+    parser.add_argument("--compensator", choices=COMPENSATOR_NAMES, default=PAPER_COMPENSATOR,
+                        help=f"the compensator the Ferret arms apply (default {PAPER_COMPENSATOR}, the paper's)")
+    parser.add_argument("--calibrate-with-compensator", action="store_true",
+                        help="add an accuracy arm whose cost is calibrated under --compensator (not none)")
     args = parser.parse_args()
     standard = preset("standard")
-    assert standard.test_items is not None
+    tests = standard.test_items
+    assert tests is not None
     settings = [SETTINGS[name] for name in args.settings]
     seeds = list(range(args.seeds))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
-    rows: list[dict[str, Any]] = []
-    for setting in settings:  # calibrate once per setting (the first accuracy run), before the pool
-        print(f"{setting.id}: calibrating (seed 0's accuracy run)", file=sys.stderr, flush=True)
-        rows.append(run_one(setting, ARMS[2], seeds[0], standard.items, standard.test_items))
-    arms = ARMS + (AT_M if args.at_m else ())
-    todo = [(s, a, seed) for s in settings for a in arms for seed in seeds if not (a is ARMS[2] and seed == seeds[0])]
+    arms = with_compensator(ARMS + (AT_M if args.at_m else ()), args.compensator)
+    if args.calibrate_with_compensator:
+        _, spec, extra = arms[2]
+        arms += ((CALIBRATED, spec, (*extra, "--calibration-compensator", args.compensator)),)
+    # each cost is calibrated once per setting, by seed 0's run, before the runs that read it from the cache
+    calibrating = [arms[2], *(a for a in arms if a[0] == CALIBRATED)]
+    suffix = "" if args.compensator == PAPER_COMPENSATOR else f"-{args.compensator}"
+    command = "nice .venv/bin/python -m benchmarks.planner.staleness_objective " + " ".join(sys.argv[1:])
 
     def one(task: tuple[Setting, Arms, int]) -> dict[str, Any]:
         setting, arm, seed = task
-        row = run_one(setting, arm, seed, standard.items, standard.test_items)
+        row = run_one(setting, arm, seed, standard.items, tests)
         print(f"{setting.id} {arm[0]} seed {seed}: oacc {row['oacc']:.1f}", file=sys.stderr, flush=True)
         return row
 
+    rows: list[dict[str, Any]] = []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        rows += list(pool.map(one, todo))
-    command = "flock /tmp/ferret-bench.lock .venv/bin/python -m benchmarks.planner.staleness_objective " + " ".join(
-        sys.argv[1:]
-    )
+        for setting in settings:
+            print(f"{setting.id}: calibrating (seed 0's accuracy runs)", file=sys.stderr, flush=True)
+            rows += list(pool.map(one, [(setting, a, seeds[0]) for a in calibrating]))
+            todo = [(setting, a, seed) for a in arms for seed in seeds if not (a in calibrating and seed == seeds[0])]
+            rows += list(pool.map(one, todo))
+            write(rows, [s for s in settings if any(r["setting"] == s.id for r in rows)], args, suffix,
+                  f"Command: `{command.strip()}` (commit {commit.strip()}); ", len(seeds))
+    return 0
+
+
+def write(rows: list[dict[str, Any]], settings: list[Setting], args: argparse.Namespace, suffix: str,
+          command: str, seeds: int) -> None:
+    standard = preset("standard")
+    compensator = "" if not suffix else f" (Ferret with compensator `{args.compensator}`)"
     text = "\n".join(
         [
-            "# Ferret M+: the rate objective (R_F) vs the accuracy objective (R_F × d(τ)) vs the Oracle",
+            f"# Ferret M+{compensator}: the rate objective (R_F) vs the accuracy objective (R_F × d(τ)) vs the Oracle",
             "",
-            f"Command: `{command.strip()}` (commit {commit.strip()}); {len(seeds)} seeds, {standard.items} items, "
+            f"{command}{seeds} seeds, {standard.items} items, "
             f"online accuracy in % (mean ± s.e. over seeds; differences paired by seed); test accuracy on "
             f"{standard.test_items} test items. Timing is virtual (the committed profile), so other engineers' "
             "processes sharing the CPU change nothing in these numbers.",
             "",
-            table(rows, settings),
+            table(rows, settings, args.calibrate_with_compensator),
             "",
             *(
                 ["At budget M (the committed standard overall experiment's measured M; R_F-only vs accuracy):", "",
@@ -220,10 +274,9 @@ def main() -> int:
         ]
     )
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "staleness_objective.md").write_text(text + "\n")
-    (RESULTS / "staleness_objective.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print(text)
-    return 0
+    (RESULTS / f"staleness_objective{suffix}.md").write_text(text + "\n")
+    (RESULTS / f"staleness_objective{suffix}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    print(text, flush=True)
 
 
 if __name__ == "__main__":

@@ -88,6 +88,7 @@ from services import strict_json
 from services.cli.args import existing_file, non_negative_int, positive_float, positive_int
 from services.cli.calibration import DEFAULT_CALIBRATION_ITEMS, calibrated_cost, stream_head
 from services.cli.plan_cmd import (
+    COMPENSATOR_CHOICES,
     PLANNER_COMPENSATOR,
     add_planning_arguments,
     add_replay_arguments,
@@ -172,6 +173,13 @@ def register(subparsers: Any) -> None:
         default=DEFAULT_CALIBRATION_ITEMS,
         help="--objective accuracy: calibrate the cost of staleness on this many items of the stream's head "
         f"(default {DEFAULT_CALIBRATION_ITEMS}; cached under --cache-dir)",
+    )
+    parser.add_argument(
+        "--calibration-compensator",
+        choices=COMPENSATOR_CHOICES,
+        default="none",
+        help="--objective accuracy: the compensator the staleness calibration runs apply (default none: the cost "
+        "of uncompensated staleness; the run's own compensator measures what staleness costs once compensated)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(handler=run)
@@ -300,8 +308,10 @@ def _calibrate(args: argparse.Namespace, dataset: Dataset, model: ZooModel) -> P
     def build_units(seed: int) -> Sequence[torch.nn.Module]:
         return _model(argparse.Namespace(**{**vars(args), "seed": seed}), dataset).units
 
-    settings = CalibrationSettings(lr=args.lr)
+    settings = CalibrationSettings(lr=args.lr, compensator=args.calibration_compensator)
     source = f"{args.dataset} head of {len(head)} items, {model.name}, lr {args.lr:g}, seeds {list(settings.seeds)}"
+    if settings.compensator != "none":
+        source += f", compensator {settings.compensator}"
     cost, path = calibrated_cost(
         model=model.name, build_units=build_units, head=head, settings=settings, source=source,
         cache_dir=args.cache_dir,

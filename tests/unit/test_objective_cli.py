@@ -101,6 +101,27 @@ def test_simulate_calibrates_on_the_streams_head_and_caches_it(
     assert json.loads(capsys.readouterr().out)["workers"] == report["plan"]["workers"]
 
 
+def test_simulate_calibrates_under_the_compensator_it_is_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    layers = (
+        LayerProfile("fc1", 2e-4, 4e-4, 64 * 256 + 256, 256),
+        LayerProfile("fc2", 1e-4, 2e-4, 256 * 128 + 128, 128),
+        LayerProfile("fc3", 5e-5, 1e-4, 128 * 10 + 10, 10),
+    )
+    profile = tmp_path / "mlp.json"
+    ModelProfile("mlp", (1, 8, 8), layers).save(profile)
+    argv = ["simulate", "--model", "mlp", "--dataset", "digits", "--method", "ferret", "--items", "40",
+            "--profile", str(profile), "--lr", "0.05", "--objective", "accuracy", "--cache-dir", str(tmp_path),
+            "--compensator", "dc-asgd-a", "--calibration-compensator", "dc-asgd-a", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    cost = report["staleness_cost"]
+    assert cost["measurements"]["settings"]["compensator"] == "dc-asgd-a"
+    assert cost["source"].endswith(", compensator dc-asgd-a")
+    assert Path(report["staleness_cost_file"]).parent == tmp_path / "staleness"
+
+
 def test_bench_plans_ferret_by_the_objective_it_is_given() -> None:
     from services.bench.experiments import experiment, preset
     from services.bench.runner import simulate_argv
