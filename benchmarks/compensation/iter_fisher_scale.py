@@ -80,6 +80,14 @@ class _Probe:
             }
         )
 
+    def _compensate(
+        self, grads: list[Tensor], staleness: int, theta_then: Sequence[Tensor], theta_now: Sequence[Tensor]
+    ) -> list[Tensor]:
+        out: list[Tensor] = super()._compensate(grads, staleness, theta_then, theta_now)  # type: ignore[misc]
+        if staleness > 0:
+            self._record(grads, staleness, theta_then, theta_now, out)
+        return out
+
 
 class IterFisherProbe(_Probe, IterFisherCompensator):
     """Iter-Fisher (Alg. 1) with its λ step recorded."""
@@ -104,9 +112,8 @@ class IterFisherProbe(_Probe, IterFisherCompensator):
     def _compensate(
         self, grads: list[Tensor], staleness: int, theta_then: Sequence[Tensor], theta_now: Sequence[Tensor]
     ) -> list[Tensor]:
-        out = super()._compensate(grads, staleness, theta_then, theta_now)
+        out = super()._compensate(grads, staleness, theta_then, theta_now)  # the probe's record first
         if staleness > 0:
-            self._record(grads, staleness, theta_then, theta_now, out)
             self.records[-1].update(self._pending, **{"lambda": self._lambda()})
         return out
 
@@ -116,27 +123,11 @@ class DcAsgdProbe(_Probe, DcAsgdAdaptiveCompensator):
         super().__init__(params, settings, ring_capacity)
         self.records = []
 
-    def _compensate(
-        self, grads: list[Tensor], staleness: int, theta_then: Sequence[Tensor], theta_now: Sequence[Tensor]
-    ) -> list[Tensor]:
-        out = super()._compensate(grads, staleness, theta_then, theta_now)
-        if staleness > 0:
-            self._record(grads, staleness, theta_then, theta_now, out)
-        return out
-
 
 class FisherProbe(_Probe, FisherCompensator):
     def __init__(self, params: Sequence[Tensor], settings: CompensatorSettings, ring_capacity: int) -> None:
         super().__init__(params, settings)
         self.records = []
-
-    def _compensate(
-        self, grads: list[Tensor], staleness: int, theta_then: Sequence[Tensor], theta_now: Sequence[Tensor]
-    ) -> list[Tensor]:
-        out = super()._compensate(grads, staleness, theta_then, theta_now)
-        if staleness > 0:
-            self._record(grads, staleness, theta_then, theta_now, out)
-        return out
 
 
 PROBES = {"iter-fisher": IterFisherProbe, "dc-asgd-a": DcAsgdProbe, "fisher": FisherProbe}

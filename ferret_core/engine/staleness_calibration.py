@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import nn
 
 from ferret_core.engine.engine import EngineSettings, StreamEngine
-from ferret_core.engine.policies import FerretPolicy
+from ferret_core.engine.policies import FerretPolicy, sequential_plan
 from ferret_core.engine.result import SimulationResult
 from ferret_core.engine.virtual_clock import Sample
 from ferret_core.errors import ConfigError
-from ferret_core.plan import Partition, Plan, WorkerConfig
+from ferret_core.plan import Plan, WorkerConfig
 from ferret_core.planning.staleness_cost import StalenessCost
 from ferret_core.schedule.stage_times import StageTimes
 
@@ -72,22 +72,14 @@ class CalibrationSettings:
 
 
 def calibration_plan(model: str, num_units: int, workers: int) -> Plan:
-    """One stage, ``workers`` live workers without T1–T3: the calibration's pipeline."""
-    return Plan(
-        model=model,
-        partition=Partition((0, num_units)),
+    """One stage, ``workers`` live workers without T1–T3: the calibration's pipeline (the sequential plan
+    with more workers, unit stage times and the engine's byte model)."""
+    return replace(
+        sequential_plan(model, num_units, ARRIVAL),
         workers=tuple(WorkerConfig(n, True, False, (1,), (0,)) for n in range(workers)),
-        arrival_interval=ARRIVAL,
-        decay=0.0,
         stage_forward_time=1.0,
         stage_backward_time=2.0,
-        adaptation_rate=0.0,
-        planned_bytes=0,
-        paper_memory_elements=0,
-        min_feasible_bytes=0,
-        budget_bytes=None,
         memory_model="engine",
-        dtype="float32",
     )
 
 
