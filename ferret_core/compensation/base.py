@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from ferret_core.errors import ConfigError
+from ferret_core.compensation.ring import DeltaRing
+from ferret_core.errors import ConfigError, NotImplementedFeatureError
 
 _TINY = 1e-30  # floor of ‖g_0‖ in the relative correction (a zero gradient has zero correction)
 
@@ -104,6 +105,9 @@ class StageCompensator(ABC):
     name: ClassVar[str]
     # Whether observe_update needs θ_new − θ_old; callers may skip computing deltas otherwise.
     needs_deltas: ClassVar[bool] = False
+    # Whether the deltas it needs are kept in a DeltaRing and nothing else (then :meth:`share_ring` can
+    # hand it a ring other processes push to: executor processes)
+    keeps_ring: ClassVar[bool] = False
 
     def __init__(self, params: Sequence[Tensor], settings: CompensatorSettings) -> None:
         if not isinstance(settings, CompensatorSettings):
@@ -162,6 +166,17 @@ class StageCompensator(ABC):
         deltas, to the staleness reached (the wall clock, which does not enforce the schedule's bound).
         A no-op for compensators that keep none."""
         return None
+
+    def share_ring(self, ring: DeltaRing) -> None:
+        """Before the first update: walk ``ring``, storage another owner allocated and pushes to (the
+        executor processes' shared ring of the stage, :mod:`ferret_core.engine.processes.deltas`), instead
+        of a ring of its own. A no-op for compensators that need no deltas; one that needs them but keeps
+        them otherwise than in a ring refuses."""
+        if self.needs_deltas and not self.keeps_ring:
+            raise NotImplementedFeatureError(
+                f"compensator {self.name!r} keeps its own record of the master's updates, not a delta ring, so it "
+                "cannot walk a shared ring; run it on the thread executors (or use iter-fisher)"
+            )
 
     def fit_ring(self, capacity: int, limit: int) -> None:
         """Before the first update: keep ``capacity`` deltas (the staleness the schedule reaches), growing

@@ -102,6 +102,21 @@ class IterFisherCompensator(StageCompensator):
         """Let the ring grow, up to ``limit`` deltas, to the staleness a cut-short call had."""
         self._ring.limit = max(self._ring.capacity, limit)
 
+    def share_ring(self, ring: DeltaRing) -> None:
+        """Before the first update: walk ``ring`` (the stage's ring that every executor process of the
+        stage reads and the updater pushes to) instead of a ring of its own; it must hold as many deltas
+        as this compensator was built for. λ, v_r and v_a stay this object's own."""
+        if not self.keeps_ring:
+            return  # the lean form reads the versions, not the deltas
+        if self._ring.pushed or len(self._ring):
+            raise ConfigError(f"{self.name}: share a ring before the first update, this one holds {len(self._ring)}")
+        if ring.capacity != self._ring.capacity:
+            raise ConfigError(
+                f"{self.name}: the shared ring holds {ring.capacity} deltas, this compensator was built for "
+                f"ring_capacity={self._ring.capacity}; size the shared ring to the stage's staleness bound"
+            )
+        self._ring = ring
+
     def fit_ring(self, capacity: int, limit: int) -> None:
         """Size the ring to the staleness the schedule reaches (``capacity``), growing up to ``limit``;
         only before the first update (the ring is empty)."""

@@ -38,6 +38,7 @@ knows it, the item; executors also exit when the coordinator's process is gone (
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 import math
 import multiprocessing.connection as mpc
@@ -55,9 +56,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ferret_core.engine.policies import PolicySetup
+from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.dispatch import Dispatch, Executor
 from ferret_core.engine.processes.executor import ExecutorSpec, executor_main
-from ferret_core.engine.processes.settings import ProcessSettings, ProcessUsage, check_supported
+from ferret_core.engine.processes.settings import (
+    CompensationReport,
+    ProcessSettings,
+    ProcessUsage,
+    check_supported,
+    shares_deltas,
+)
 from ferret_core.engine.processes.slots import SharedStageVersions, stage_versions
 from ferret_core.engine.result import EngineStats
 from ferret_core.engine.stage_exec import build_stages, predict_logits, unit_state
@@ -101,7 +109,9 @@ class ProcessClock:
         self._error: BaseException | None = None
         self._started = False
         self._stopping = False
-        self._usage: dict[Executor, ProcessUsage] = {}
+        self._replies: dict[Executor, tuple[Any, ...]] = {}  # answers to the last _ask
+        self._shares_deltas = shares_deltas(s)
+        self.deltas: list[SharedDeltas | None] = []  # per stage: its shared delta ring (Alg. 1), if any
         self._live = [w.index for w in plan.workers if w.live]
         self._executors = [(n, j) for n in self._live for j in range(plan.num_stages)]  # rank order
         self.stages: list[SharedStageVersions] = []
@@ -153,6 +163,14 @@ class ProcessClock:
         self.stages = stage_versions(self._initial, self._slot_workers, ctx.Lock)
         for stage in self.stages:
             stage.watch(lambda: self._error is not None)
+        # the shared delta rings, sized to each stage's staleness bound (none where the bound is 0: no
+        # gradient there is stale under the plan), kept as allocated through re-plans
+        self.deltas = [
+            SharedDeltas(j, self._initial[j].params, ring_capacity(self.plan, j))
+            if self._shares_deltas and ring_capacity(self.plan, j) > 0
+            else None
+            for j in range(self.plan.num_stages)
+        ]
         if self.plan.num_stages > 1:
             self._store = tempfile.mkdtemp(prefix="ferret-gloo-")
         for executor in self._executors:
@@ -183,7 +201,7 @@ class ProcessClock:
             lr=s.lr,
             compensator=s.compensator,
             compensator_settings=s.compensator_settings,
-            ring_capacity=ring_capacity(self.plan, j),
+            ring_capacity=self._ring_capacity(j),
             threads=s.threads,
             flush_denormal=s.flush_denormal,
             rank=rank[executor],
@@ -192,15 +210,28 @@ class ProcessClock:
             prev_rank=rank.get((n, j - 1)),
             next_rank=rank.get((n, j + 1)),
             max_step_ratio=s.max_step_ratio,
+            record_compensations=s.record_compensations,
         )
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
-            target=executor_main, args=(child, spec, self.stages[j]), name=f"ferret-w{n}s{j}", daemon=True
+            target=executor_main,
+            args=(child, spec, self.stages[j], self.deltas[j]),
+            name=f"ferret-w{n}s{j}",
+            daemon=True,
         )
         process.start()
         child.close()
         self._conns[executor] = parent
         self._processes[executor] = process
+
+    def _ring_capacity(self, stage: int) -> int:
+        """The ``ring_capacity`` an executor's compensator is built with: the shared ring's where the
+        compensator walks the master's deltas (0 at a stage without one: a re-plan keeps the rings as
+        allocated), else the plan's staleness bound (which also says whether the stage can be stale)."""
+        if self._shares_deltas:
+            deltas = self.deltas[stage]
+            return 0 if deltas is None else deltas.capacity
+        return ring_capacity(self.plan, stage)
 
     def replan(self, setup: PolicySetup, timeout: float = 60.0, *, queue_slots: int | None = None) -> float:
         """Run ``setup``'s plan from here on, keeping the executor processes: drain (every admitted item
@@ -401,23 +432,42 @@ class ProcessClock:
             return self.dispatch.measured_service_times()
 
     def shared_bytes(self) -> int:
-        """Bytes of the shared version slots (each counted once, however many processes map it)."""
-        return sum(stage.nbytes() for stage in self.stages)
+        """Bytes of the shared version slots and delta rings (each counted once, however many processes
+        map it)."""
+        rings = sum(d.nbytes() for d in self.deltas if d is not None)
+        return sum(stage.nbytes() for stage in self.stages) + rings
 
     def usage(self, timeout: float = 5.0) -> list[ProcessUsage]:
         """CPU seconds and peak RSS of every executor process (asked over their pipes; call drained)."""
+        replies = self._ask("stats", timeout)
+        return [
+            ProcessUsage(n, j, self._processes[(n, j)].pid, cpu, rss)
+            for (n, j), (_, cpu, rss) in sorted(replies.items())
+        ]
+
+    def compensations(self, timeout: float = 5.0) -> list[CompensationReport]:
+        """Every executor's compensator stats and recorded calls (``ProcessSettings.record_compensations``),
+        asked over their pipes; call drained."""
+        replies = self._ask("compensation", timeout)
+        return [
+            CompensationReport(n, j, stats, torch.load(io.BytesIO(payload), weights_only=True))
+            for (n, j), (_, stats, payload) in sorted(replies.items())
+        ]
+
+    def _ask(self, kind: str, timeout: float) -> dict[Executor, tuple[Any, ...]]:
+        """Send ``(kind,)`` to every executor and wait for each one's answer (the router stores them)."""
         with self._lock:
-            self._usage.clear()
+            self._replies.clear()
             for conn in self._conns.values():
-                conn.send(("stats",))
+                conn.send((kind,))
             deadline = time.perf_counter() + timeout
-            while len(self._usage) < len(self._conns) and self._error is None:
+            while len(self._replies) < len(self._conns) and self._error is None:
                 left = deadline - time.perf_counter()
                 if left <= 0:
-                    raise ScheduleError(f"executors did not report their usage within {timeout} s")
+                    raise ScheduleError(f"executors did not answer {kind!r} within {timeout} s")
                 self._lock.wait(left)
             self._raise_if_failed()
-            return [self._usage[e] for e in sorted(self._usage)]
+            return dict(self._replies)
 
     def ordered_trace(self) -> list[TraceEvent]:
         """The trace in the order its events ended (executors report concurrently; their stamps come from
@@ -554,9 +604,8 @@ class ProcessClock:
                 for e in changed:
                     self._kick(*e)
                 self._lock.notify_all()
-            elif kind == "stats":
-                _, cpu, rss = message
-                self._usage[executor] = ProcessUsage(n, j, self._processes[executor].pid, cpu, rss)
+            elif kind in ("stats", "compensation"):  # an answer to _ask
+                self._replies[executor] = message
                 self._lock.notify_all()
             elif kind == "error":
                 _, item, text, tb = message

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import resource
 import time
 import traceback
@@ -42,6 +43,7 @@ from torch import Tensor
 
 from ferret_core.compensation import CompensatorSettings, make_compensator
 from ferret_core.engine.pipeline import all_finite
+from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.slots import SharedStageVersions
 from ferret_core.engine.stage_exec import StageGraph, StageProgram, backward, forward_no_grad, forward_with_grad
 from ferret_core.engine.state import GradientBuffer
@@ -78,6 +80,7 @@ class ExecutorSpec:
     prev_rank: int | None = None
     next_rank: int | None = None
     max_step_ratio: float | None = None  # the norm guard (ferret_core.engine.step_guard)
+    record_compensations: int = 0  # keep the first this-many stale compensations (ProcessSettings)
 
 
 @dataclass
@@ -94,13 +97,17 @@ def _tag(item: int) -> int:
 
 
 class _Executor:
-    def __init__(self, spec: ExecutorSpec, stage: SharedStageVersions) -> None:
+    def __init__(self, spec: ExecutorSpec, stage: SharedStageVersions, deltas: SharedDeltas | None) -> None:
         self.spec = spec
         self.stage = stage
         self.runner = spec.program.runner()
         self.compensator = make_compensator(
             spec.compensator, stage.params[0], spec.compensator_settings, spec.ring_capacity
         )
+        self.deltas = deltas  # the stage's shared delta ring (Alg. 1's compensators), else None
+        if deltas is not None:
+            self.compensator.share_ring(deltas.ring())
+        self.records: list[dict[str, Any]] = []  # spec.record_compensations' stale compensations
         self.buffer = GradientBuffer()
         self.replica = spec.replica
         self.items: dict[int, _Item] = {}
@@ -191,12 +198,7 @@ class _Executor:
         with stage.update_lock:
             if finite:
                 now_slot, now_version = stage.current()
-                fixed = self.compensator.compensate(
-                    list(grads),
-                    staleness=now_version - version,
-                    theta_then=view.params,
-                    theta_now=stage.params[now_slot],
-                )
+                fixed = self._compensate(list(grads), now_version - version, view.params, stage.params[now_slot])
                 unchanged = all(f is g for f, g in zip(fixed, grads, strict=True))
                 finite = unchanged or all_finite(fixed)
                 if finite:
@@ -206,11 +208,41 @@ class _Executor:
         update = self._update() if self.buffer.count >= self.spec.accumulation else None
         return ("B", index, version, t0, t_recompute, t_end, update, not finite)
 
+    def _compensate(
+        self, grads: list[Tensor], staleness: int, theta_then: Sequence[Tensor], theta_now: Sequence[Tensor]
+    ) -> list[Tensor]:
+        """The compensator's call (under the stage's update lock: the shared ring is not pushed meanwhile),
+        recorded with its inputs and state while ``spec.record_compensations`` asks for more."""
+        record = staleness > 0 and len(self.records) < self.spec.record_compensations
+        before = self.compensator.state_dict() if record else None
+        fixed = self.compensator.compensate(grads, staleness=staleness, theta_then=theta_then, theta_now=theta_now)
+        if before is not None:
+            self.records.append(
+                {
+                    "staleness": staleness,
+                    "grads": [g.clone() for g in grads],
+                    "theta_then": [t.clone() for t in theta_then],
+                    "theta_now": [t.clone() for t in theta_now],
+                    "state": before,
+                    "out": [f.clone() for f in fixed],
+                }
+            )
+        return fixed
+
+    def compensation_report(self) -> tuple[dict[str, float], bytes]:
+        """The compensator's stats and the recorded calls, serialised (``torch.save``: plain tensors, not
+        shared-memory handles, travel over the pipe)."""
+        payload = io.BytesIO()
+        torch.save(self.records, payload)
+        return self.compensator.stats(), payload.getvalue()
+
     def _update(self) -> tuple[int, int, float, float, list[int]]:
         """T2's update point: plain SGD (DESIGN §3.11), θ − lr·g from the buffer's sum (within the norm
         guard's bound, :mod:`ferret_core.engine.step_guard`), as the next master
         version: in place where only this worker's replica reads the master, else written once into a
-        free slot and published; the worker's replica moves to it."""
+        free slot and published; the worker's replica moves to it. Where the compensator walks the
+        master's deltas, the update is always written into a free slot (as the thread engine's) and
+        θ_new − θ_old is pushed to the stage's shared ring before the new master is published."""
         stage = self.stage
         lr = self.spec.lr
         with stage.update_lock:
@@ -226,21 +258,26 @@ class _Executor:
                         param.sub_(grad, alpha=lr)
 
             own = int(self.replica[0] == now_slot)
-            if own and stage.write_in_place(now_slot, own, in_place, written):
+            if own and self.deltas is None and stage.write_in_place(now_slot, own, in_place, written):
                 self.replica = (now_slot, written)
             else:
                 out = stage.free_slot()
                 with torch.no_grad():
                     for new, old, grad in zip(stage.params[out], stage.params[now_slot], grads, strict=True):
                         torch.sub(old, grad, alpha=lr, out=new)
+                if self.deltas is not None:
+                    self.deltas.ring().push_difference(stage.params[out], stage.params[now_slot])
                 stage.publish(out, written, replica=self.replica[0])
                 self.replica = (out, written)
             t_end = time.perf_counter()
         return (now_version, written, t0, t_end, [now_version - r for r in reads])
 
 
-def executor_main(conn: Connection, spec: ExecutorSpec, stage: SharedStageVersions) -> None:
-    """Serve actions from ``conn`` until it sends ``None`` or closes; report a failure and stop."""
+def executor_main(
+    conn: Connection, spec: ExecutorSpec, stage: SharedStageVersions, deltas: SharedDeltas | None = None
+) -> None:
+    """Serve actions from ``conn`` until it sends ``None`` or closes; report a failure and stop.
+    ``deltas``: the stage's shared delta ring where the compensator walks the master's deltas."""
     torch.set_num_threads(spec.threads)
     torch.set_flush_denormal(spec.flush_denormal)
     executor: _Executor | None = None
@@ -251,7 +288,7 @@ def executor_main(conn: Connection, spec: ExecutorSpec, stage: SharedStageVersio
             dist.init_process_group(
                 "gloo", init_method=f"file://{spec.store}", rank=spec.rank, world_size=spec.world_size
             )
-        executor = _Executor(spec, stage)
+        executor = _Executor(spec, stage, deltas)
         while True:
             try:
                 message = conn.recv()
@@ -281,6 +318,8 @@ def executor_main(conn: Connection, spec: ExecutorSpec, stage: SharedStageVersio
             elif kind == "stats":
                 usage = resource.getrusage(resource.RUSAGE_SELF)
                 conn.send(("stats", time.process_time(), usage.ru_maxrss * 1024))
+            elif kind == "compensation":
+                conn.send(("compensation", *executor.compensation_report()))
             else:
                 raise ScheduleError(f"executor {spec.worker}/{spec.stage} got an unknown message {kind!r}")
     except BaseException as exc:  # reported to the coordinator, which raises it in its caller

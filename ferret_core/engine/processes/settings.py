@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -20,7 +21,9 @@ class ProcessSettings:
     (validation). ``top_k``: classes an :class:`Arrival` reports. ``queue_slots``: items that may wait per
     worker before an arrival is skipped ``busy`` (0: only an idle worker takes one; ``None``: the schedule
     rules' ``wait_slots``). ``max_step_ratio``: the norm guard's bound on each SGD step relative to the stage's
-    weight norm (:mod:`ferret_core.engine.step_guard`; None: unbounded)."""
+    weight norm (:mod:`ferret_core.engine.step_guard`; None: unbounded). ``record_compensations``: each executor
+    keeps the inputs, state and output of its first this-many compensations of a stale gradient
+    (:meth:`ProcessClock.compensations`; for tests that check them against the in-process compensator)."""
 
     lr: float = 1e-3
     compensator: str = "none"
@@ -31,6 +34,21 @@ class ProcessSettings:
     top_k: int = 1
     queue_slots: int | None = None
     max_step_ratio: float | None = None
+    record_compensations: int = 0
+
+
+@dataclass(frozen=True)
+class CompensationReport:
+    """One executor's compensator, read when asked (:meth:`ProcessClock.compensations`): its ``stats()``
+    (λ, calls, compensated, truncated, …) and, where ``ProcessSettings.record_compensations`` > 0, its
+    first such many compensations of a stale gradient, each a dict of ``staleness``, ``grads``,
+    ``theta_then``, ``theta_now``, ``state`` (the compensator's ``state_dict()`` before the call: its ring's
+    deltas, λ, v_r, v_a) and ``out`` (what it returned)."""
+
+    worker: int
+    stage: int
+    stats: dict[str, float]
+    records: list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -56,9 +74,19 @@ def check_supported(setup: PolicySetup, settings: ProcessSettings) -> None:
         raise ConfigError(f"queue_slots must be >= 0 (or None: the rules' wait_slots), got {settings.queue_slots}")
     if settings.threads < 1:
         raise ConfigError(f"threads per executor must be >= 1, got {settings.threads}")
+    if settings.record_compensations < 0:
+        raise ConfigError(f"record_compensations must be >= 0, got {settings.record_compensations}")
     compensator = make_compensator(settings.compensator, [torch.zeros(1)], settings.compensator_settings, 0)
-    if compensator.needs_deltas:
+    if compensator.needs_deltas and not compensator.keeps_ring:
         raise NotImplementedFeatureError(
-            f"compensator {settings.compensator!r} observes every master update, which executor processes do "
-            "not share; use none, step-aware, fisher or iter-fisher-lean on process executors"
+            f"compensator {settings.compensator!r} folds every master update into state of its own (not a delta "
+            "ring), which executor processes do not share; use none, step-aware, fisher, iter-fisher, "
+            "iter-fisher-cf or iter-fisher-lean on process executors, or run it on the thread executors"
         )
+
+
+def shares_deltas(settings: ProcessSettings) -> bool:
+    """Whether the compensator walks the master's deltas (Alg. 1's ring): then every stage that can be
+    stale gets a delta ring in shared memory (:mod:`ferret_core.engine.processes.deltas`)."""
+    compensator = make_compensator(settings.compensator, [torch.zeros(1)], settings.compensator_settings, 0)
+    return compensator.needs_deltas and compensator.keeps_ring
