@@ -52,9 +52,11 @@ prediction's pin) + 1 (the slot being written), :func:`process_version_slots`. C
 ``versions`` (a re-plan that removes a worker starts a new clock, whose slots fit its live workers). Each
 executor keeps its own compensator state, so ``compensator_moments`` and ``compensator_counters`` become
 per-worker copies (counted in the shared compensator term, once per live worker: a removed worker frees
-them). Activations, accumulation buffers, pending gradients and the queue are counted as on threads. Not
-counted: each process's own runtime (the interpreter and torch, ~100 MB resident per process before its
-first tensor; the budget excludes it, docs/processes.md "Memory").
+them); Alg. 1's delta ring is shared by the stage's executors (``ferret_core.engine.processes.deltas``),
+so ``compensator_ring`` stays once per stage, bound_j·|w_j| plus the ring's three int64 counters.
+Activations, accumulation buffers, pending gradients and the queue are counted as on threads. Not counted:
+each process's own runtime (the interpreter and torch, ~100 MB resident per process before its first tensor;
+the budget excludes it, docs/processes.md "Memory").
 
 **Plus the admission queue (ours, not in the paper).** With ``MemorySettings.admission_queue`` set (the
 trainer's planner), every live worker adds K × (input + label) elements, K = max(⌈(W + D)/(N·t^d)⌉,
@@ -79,6 +81,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ferret_core.compensation.ring import COUNTERS as RING_COUNTERS
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan, WorkerConfig
 from ferret_core.planning.admission_queue import AdmissionQueue, queue_bytes
@@ -401,9 +404,13 @@ class MemoryModel:
         parts = {"compensator_counters": copies * -(-CORRECTION_SUM_BYTES // dtype_bytes(self.settings.dtype))}
         if self.moment_copies():
             parts["compensator_moments"] = copies * self.moment_copies() * w
-        if self._ring:
-            parts["compensator_ring"] = bound * w
+        if self._ring:  # one ring per stage (on executor processes: the shared ring, with its counters)
+            parts["compensator_ring"] = bound * w + (self._ring_counter_elements() if self._processes else 0)
         return parts
+
+    def _ring_counter_elements(self) -> int:
+        """The shared ring's int64 counters (pushed, head, held) in elements of the model's dtype."""
+        return -(-RING_COUNTERS * 8 // dtype_bytes(self.settings.dtype))
 
     def live_copies(self, live_workers: int) -> int:
         """Copies of the per-stage compensator state: one per live worker on executor processes, else one."""

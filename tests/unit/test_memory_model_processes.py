@@ -1,16 +1,19 @@
 """The byte model of executor processes (``MemorySettings.executors="processes"``, memory_model.py
 "Executor processes"): the shared version slots the process clock allocates, counted exactly; compensator
-state per executor; planned bytes of the search equal to the model's total; a removed worker frees its
-slots and state."""
+state per executor, Iter-Fisher's shared delta ring once per stage; planned bytes of the search equal to
+the model's total; a removed worker frees its slots and state."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ferret_core.compensation.ring import COUNTERS
+from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.slots import slots_needed
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
@@ -18,6 +21,7 @@ from ferret_core.planning.cost_model import StageGeometry
 from ferret_core.planning.memory_model import MemoryModel, MemorySettings, process_version_slots
 from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
+from ferret_core.staleness import ring_capacity
 from tests.unit.test_engine_support import make_plan
 
 PROFILES = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles"
@@ -78,3 +82,19 @@ def test_processes_are_an_engine_variant() -> None:
         MemorySettings(variant="paper", executors="processes")
     with pytest.raises(ConfigError, match="executors must be one of"):
         MemorySettings(executors="gpus")
+
+
+@pytest.mark.parametrize(("stages", "workers"), [(1, 2), (2, 2), (3, 1)])
+def test_the_shared_delta_ring_is_counted_once_per_stage_as_the_clock_allocates_it(stages: int, workers: int) -> None:
+    plan = make_plan(stages, workers, num_units=MNISTNET.num_units)
+    processes = _model(plan, compensator="iter-fisher").breakdown(plan.workers)
+    threads = _model(plan, compensator="iter-fisher", executors="threads").breakdown(plan.workers)
+    weights = StageGeometry.from_profile(MNISTNET, plan.partition).weights
+    rings = [  # what ProcessClock.start allocates: one per stage that can be stale
+        SharedDeltas(j, [torch.zeros(w)], ring_capacity(plan, j))
+        for j, w in enumerate(weights)
+        if ring_capacity(plan, j) > 0
+    ]
+    assert rings and processes["compensator_ring"] == sum(r.nbytes() for r in rings)
+    assert processes["compensator_ring"] == threads["compensator_ring"] + len(rings) * COUNTERS * 8  # + counters
+    assert processes["compensator_moments"] == workers * threads["compensator_moments"]  # λ, v_r, v_a per executor

@@ -14,20 +14,24 @@ interpreter's 1–2 s), and the caller's process is the **coordinator**:
   trace events the validator reads (:func:`ferret_core.engine.trace.validate_trace`), and starts the next;
 * the master's versions live in shared slots with reader counts (:mod:`.slots`): weight stashing,
   replicas refreshed at a worker's own update points and out-of-place updates, as on the other clocks;
+* where the compensator walks the master's deltas (Alg. 1: ``iter-fisher``, ``iter-fisher-cf``), each
+  stage that can be stale has one delta ring in shared memory (:mod:`.deltas`), sized to the stage's
+  staleness bound: the updater pushes θ_new − θ_old, every executor of the stage compensates from it;
 * with several stages, a worker's stage executors are ranks of one gloo process group (rendezvous through
   a file store: one host) and pass activations forward and their gradients backward point to point,
   tagged by item; the coordinator only says which action runs next.
 
-**What runs here today.** Any plan's N workers × P stages on one host's CPUs, T1–T4 included. Refused
-with :class:`~ferret_core.errors.NotImplementedFeatureError` (run them on the wall clock): buffering
-methods, flushing schedules, instant methods, and compensators that observe every master update
-(``iter-fisher``, ``iter-fisher-cf``, ``gap-aware``); the engine has no OCL algorithm or SGD momentum
-option here (vanilla, plain SGD). Each executor keeps its own compensator state (the thread engine
-shares one per stage): a stateful compensator (Fisher's moments, lean Iter-Fisher's λ) learns from its
-executor's gradients only. A script that starts process executors needs the ``if __name__ ==
-"__main__":`` guard (the forkserver imports the main module by path, as torch's DataLoader workers do).
-Each executor keeps its own compensator state (the thread engine shares one per stage): a stateful
-compensator (Fisher's moments, lean Iter-Fisher's λ) learns from its worker's gradients only.
+**What runs here today.** Any plan's N workers × P stages on one host's CPUs, T1–T4 included, with
+every compensator but ``gap-aware``. Refused with :class:`~ferret_core.errors.NotImplementedFeatureError`
+(run them on the wall clock): buffering methods, flushing schedules, instant methods, and compensators
+that fold every master update into state of their own (``gap-aware``'s average step); the engine has no
+OCL algorithm or SGD momentum option here (vanilla, plain SGD). Each executor keeps its own compensator
+state (the thread engine shares one per stage): a stateful compensator (Fisher's moments, Iter-Fisher's
+λ, v_r, v_a) learns from its worker's gradients only; only Alg. 1's deltas are shared. The delta rings
+hold the plan's bound, which this clock does not enforce: a staler gradient is compensated with the
+most recent deltas and counted as truncated (:meth:`ProcessClock.compensations`). A script that starts
+process executors needs the ``if __name__ == "__main__":`` guard (the forkserver imports the main module
+by path, as torch's DataLoader workers do).
 
 **Failures.** The first exception in an executor (sent with its traceback) or an executor process that
 dies (a signal, the OOM killer) stops every executor within the router's next wake-up and is raised in
@@ -241,7 +245,9 @@ class ProcessClock:
         drained pipeline to the new plan in force. The plan must keep the partition and the worker slots
         (N, the dispatch modulus), and no more live workers than the version slots were sized for; with
         several stages it must also keep the live workers (their gloo group stays as it is). Otherwise
-        build a new clock. ``queue_slots``: the new plan's admission queue K (None: the settings')."""
+        build a new clock. ``queue_slots``: the new plan's admission queue K (None: the settings'). The shared
+        delta rings stay as they were allocated for the first plan (a plan whose staleness bound is larger
+        has its staler gradients compensated with the deltas the ring holds, counted as truncated)."""
         plan = setup.plan
         check_supported(setup, self.settings)
         if plan.partition != self.plan.partition or plan.num_workers != self.plan.num_workers:

@@ -16,7 +16,9 @@ of Python-owned versions (:mod:`ferret_core.engine.processes.slots`):
   or the gradient received from the next stage, sends the input's gradient to the stage before (above
   the item's lowest back-propagated stage), compensates the parameter gradient to the current master
   (under the stage's update lock), adds it to the worker's buffer (T2) and releases the stash; once the
-  buffer holds c^a gradients, the **U** writes the step and publishes it as the next master version.
+  buffer holds c^a gradients, the **U** writes the step and publishes it as the next master version
+  (where the compensator walks the master's deltas, after pushing θ_new − θ_old to the stage's shared
+  delta ring, :mod:`ferret_core.engine.processes.deltas`, which every executor of the stage compensates from).
 
 A non-finite gradient (or compensated gradient) is dropped, never applied, and reported. An exception
 is sent to the coordinator with its traceback and ends the process; so does a closed pipe (the
