@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 SHAPE = (1, 8, 8)  # digits
 
 
-def _settings() -> Settings:
+def _settings(**extra: str) -> Settings:
     env = {
         "FERRET_TRAINER_DATASET": "digits",
         "FERRET_TRAINER_MODEL": "mlp",
@@ -36,12 +36,13 @@ def _settings() -> Settings:
         "FERRET_TRAINER_STREAM_RATE": "20000",  # faster than one worker: the planner wants two
         "FERRET_TRAINER_MAX_WORKERS": "2",  # allowed two (the default leaves a core to the record path)
         "FERRET_TRAINER_LR": "0.05",
+        **{f"FERRET_TRAINER_{k.upper()}": v for k, v in extra.items()},
     }
     return load_settings(None, env=env)
 
 
-def _learner() -> tuple[ProcessLearner, Plan, Planner]:
-    settings = _settings()
+def _learner(**extra: str) -> tuple[ProcessLearner, Plan, Planner]:
+    settings = _settings(**extra)
     model = build_zoo_model(settings)
     profile = load_profile(settings, model)
     planner = make_planner(settings, profile, ExecutorChoice("processes", "test", configured=True))
@@ -71,6 +72,25 @@ def test_a_queued_batch_is_predicted_together_and_every_item_gets_one_outcome() 
         assert stats.backward_passes == sum(o.dispatched for o in outcomes)
         assert stats.model_version == stats.backward_passes
         assert 0 < stats.measured_bytes <= stats.planned_bytes
+    finally:
+        learner.close()
+
+
+def test_iter_fisher_trains_two_worker_processes_over_the_shared_delta_ring() -> None:
+    learner, plan, _ = _learner(compensator="iter-fisher")
+    try:
+        assert plan.live_workers == 2
+        for burst in range(3):
+            waits = [learner.submit(burst * 20 + i, x, y) for i, (x, y) in enumerate(_items(20, seed=burst))]
+            for wait in waits:
+                wait()
+            learner.drain(30)
+        stats = learner.stats()
+        store = learner.clock.deltas[0]
+        assert store is not None and store.pushed == stats.model_version == stats.backward_passes > 0
+        assert 0 < stats.measured_bytes <= stats.planned_bytes  # the shared ring included, counted once
+        assert stats.measured_bytes == learner.clock.shared_bytes()
+        assert store.nbytes() > 0 and learner.clock.shared_bytes() > sum(s.nbytes() for s in learner.clock.stages)
     finally:
         learner.close()
 

@@ -90,7 +90,17 @@ def test_a_method_that_does_not_run_on_processes_falls_back_or_fails() -> None:
 
 def test_a_compensator_processes_do_not_share_falls_back_to_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.cpu_count", lambda: 2)
-    settings = _settings(compensator="iter-fisher", stream_rate="400", model="mnistnet", dataset="mnist")
+    settings = _settings(compensator="gap-aware", stream_rate="400", model="mnistnet", dataset="mnist")
     choice, _, plan = plan_executors(settings, build_zoo_model(settings), MNISTNET)
-    assert choice.kind == "threads" and "iter-fisher" in choice.reason
+    assert choice.kind == "threads" and "gap-aware" in choice.reason
     assert (plan.num_workers, plan.num_stages) == (1, 1)  # the thread caps
+
+
+@pytest.mark.parametrize("compensator", ["iter-fisher", "iter-fisher-cf"])
+def test_iter_fisher_runs_on_processes_over_the_shared_delta_ring(
+    monkeypatch: pytest.MonkeyPatch, compensator: str
+) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    settings = _settings(compensator=compensator, stream_rate="400", model="mnistnet", dataset="mnist")
+    choice, _, _ = plan_executors(settings, build_zoo_model(settings), MNISTNET)
+    assert choice.kind == "processes", choice.reason
