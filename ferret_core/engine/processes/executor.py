@@ -110,6 +110,8 @@ class _Executor:
         if deltas is not None:
             self.compensator.share_ring(deltas.ring())
         self.records: list[dict[str, Any]] = []  # spec.record_compensations' stale compensations
+        self.compensate_seconds = 0.0  # wall seconds in the compensator's calls (reported, not used)
+        self.push_seconds = 0.0  # wall seconds writing deltas to the shared ring
         self.buffer = GradientBuffer()
         self.replica = spec.replica
         self.items: dict[int, _Item] = {}
@@ -217,7 +219,9 @@ class _Executor:
         recorded with its inputs and state while ``spec.record_compensations`` asks for more."""
         record = staleness > 0 and len(self.records) < self.spec.record_compensations
         before = self.compensator.state_dict() if record else None
+        t0 = time.perf_counter()
         fixed = self.compensator.compensate(grads, staleness=staleness, theta_then=theta_then, theta_now=theta_now)
+        self.compensate_seconds += time.perf_counter() - t0
         if before is not None:
             self.records.append(
                 {
@@ -232,11 +236,17 @@ class _Executor:
         return fixed
 
     def compensation_report(self) -> tuple[dict[str, float], bytes]:
-        """The compensator's stats and the recorded calls, serialised (``torch.save``: plain tensors, not
-        shared-memory handles, travel over the pipe)."""
+        """The compensator's stats (with the wall seconds spent in its calls and in delta pushes) and the
+        recorded calls, serialised (``torch.save``: plain tensors, not shared-memory handles, travel over
+        the pipe)."""
         payload = io.BytesIO()
         torch.save(self.records, payload)
-        return self.compensator.stats(), payload.getvalue()
+        stats = {
+            **self.compensator.stats(),
+            "compensate_seconds": self.compensate_seconds,
+            "push_seconds": self.push_seconds,
+        }
+        return stats, payload.getvalue()
 
     def _update(self) -> tuple[int, int, float, float, list[int]]:
         """T2's update point: plain SGD (DESIGN §3.11), θ − lr·g from the buffer's sum (within the norm
@@ -268,7 +278,9 @@ class _Executor:
                     for new, old, grad in zip(stage.params[out], stage.params[now_slot], grads, strict=True):
                         torch.sub(old, grad, alpha=lr, out=new)
                 if self.deltas is not None:
+                    t_push = time.perf_counter()
                     self.deltas.ring().push_difference(stage.params[out], stage.params[now_slot])
+                    self.push_seconds += time.perf_counter() - t_push
                 stage.publish(out, written, replica=self.replica[0])
                 self.replica = (out, written)
             t_end = time.perf_counter()

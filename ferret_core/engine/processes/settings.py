@@ -40,7 +40,8 @@ class ProcessSettings:
 @dataclass(frozen=True)
 class CompensationReport:
     """One executor's compensator, read when asked (:meth:`ProcessClock.compensations`): its ``stats()``
-    (λ, calls, compensated, truncated, …) and, where ``ProcessSettings.record_compensations`` > 0, its
+    (λ, calls, compensated, truncated, …, plus ``compensate_seconds`` and ``push_seconds``: wall seconds in
+    its calls and in pushes to the shared delta ring) and, where ``ProcessSettings.record_compensations`` > 0, its
     first such many compensations of a stale gradient, each a dict of ``staleness``, ``grads``,
     ``theta_then``, ``theta_now``, ``state`` (the compensator's ``state_dict()`` before the call: its ring's
     deltas, λ, v_r, v_a) and ``out`` (what it returned)."""
