@@ -11,6 +11,8 @@ arm is saturated; each arm predicts every arrival in the caller's process, as th
 * the compensator's *per-item cost*, measured inside the executors: wall seconds in ``compensate`` per
   trained item (under the stage's update lock) and, for Iter-Fisher, seconds writing θ_new − θ_old to
   the shared ring per update; the executors' CPU seconds per trained item;
+* the same compensators' ``compensate`` alone, timed in this process on the model's real gradients
+  (τ = 1 and 2, one torch thread): the call's own cost, without the other executor sharing the cores;
 * how many calls had a stale gradient (τ > 0; ``none`` counts them too), truncated calls, the shared bytes.
 
 Arms run interleaved in each repeat (none, lean, iter-fisher, then again), medians over repeats.
@@ -31,10 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.distributed.throughput import CASES, Warm, load_items, paced, plain_capacity, setup_for, units_of
 from benchmarks.support import short_head, write_result
+from ferret_core.compensation import CompensatorSettings, make_compensator
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
 from services.config.data_root import default_data_root
 
@@ -86,6 +90,34 @@ def arm(
     }
 
 
+def alone(
+    units: list[nn.Module], xs: list[torch.Tensor], ys: list[int], lr: float, compensator: str, staleness: int,
+    calls: int = 20,
+) -> float:
+    """Seconds per ``compensate`` call of ``compensator`` at ``staleness``, in this process: the gradient of
+    one real item, the deltas ``staleness`` SGD steps on the next ones (ring capacity 2, as a 2 × 1 plan)."""
+    model = nn.Sequential(*units)
+    params = list(model.parameters())
+
+    def grad(k: int) -> list[torch.Tensor]:
+        loss = F.cross_entropy(model(xs[k].unsqueeze(0)), torch.tensor([ys[k]]))
+        return [g.detach() for g in torch.autograd.grad(loss, params)]
+
+    theta_then = [p.detach().clone() for p in params]
+    deltas = [[-lr * g for g in grad(1 + k)] for k in range(staleness)]
+    theta_now = [t + sum(d[i] for d in deltas) for i, t in enumerate(theta_then)]
+    comp = make_compensator(compensator, theta_then, CompensatorSettings(), 2)
+    for delta in deltas:
+        comp.observe_update(delta)
+    g = grad(0)
+    for _ in range(3):  # warm-up
+        comp.compensate(g, staleness=staleness, theta_then=theta_then, theta_now=theta_now)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        comp.compensate(g, staleness=staleness, theta_then=theta_then, theta_now=theta_now)
+    return (time.perf_counter() - t0) / calls
+
+
 def measure(model: str, items: int, warm: int, repeats: int, factor: float, workers: int, root: Path) -> dict[str, Any]:
     dataset, kwargs, lr = CASES[model]
     xs, ys = load_items(dataset, items + warm, root)
@@ -102,8 +134,12 @@ def measure(model: str, items: int, warm: int, repeats: int, factor: float, work
         for name in COMPENSATORS:
             rows[name].append({**arm(units, model, xs, ys, lr, rate, workers, name, warm_items), "stream_rate": rate})
         print(json.dumps({n: round(r[-1]["per_s"], 1) for n, r in rows.items()}), flush=True)
+    costs = {
+        name: {tau: [alone(units, xs, ys, lr, name, tau) for _ in range(repeats)] for tau in (1, 2)}
+        for name in COMPENSATORS
+    }
     return {"model": model, "dataset": dataset, "items": items, "lr": lr, "workers": workers,
-            "plain_capacity_per_s": capacities, "arms": rows}
+            "plain_capacity_per_s": capacities, "arms": rows, "alone_s": costs}
 
 
 def _median(values: list[float]) -> float:
@@ -130,6 +166,15 @@ def table(res: dict[str, Any]) -> str:
             f"{1e3 * _median([r['executor_cpu_s'] / max(1, r['trained']) for r in rows]):.2f} | "
             f"{rows[-1]['shared_mib']:.1f} ({rows[-1]['ring_mib']:.1f}) |"
         )
+    lines += [
+        "",
+        "`compensate` alone, in the benchmark's process (one torch thread, the model's real gradients), ms per call:",
+        "",
+        "| compensator | τ = 1 | τ = 2 |",
+        "|---|---:|---:|",
+    ]
+    for name, by_tau in res["alone_s"].items():
+        lines.append(f"| {name} | {1e3 * _median(by_tau[1]):.2f} | {1e3 * _median(by_tau[2]):.2f} |")
     return "\n".join(lines)
 
 
