@@ -175,3 +175,14 @@ def test_gap_aware_is_still_refused_with_what_to_run_instead() -> None:
         check_supported(_setup(), ProcessSettings(compensator="gap-aware"))
     with pytest.raises(ConfigError, match="record_compensations must be >= 0"):
         check_supported(_setup(), ProcessSettings(record_compensations=-1))
+
+
+def test_a_copy_of_a_ring_that_owns_its_storage_counts_on_its_own() -> None:
+    ring = DeltaRing(2)
+    ring.push(_delta(1.0))
+    assert len(ring) == 1  # the counters' view is made (and must not travel with a copy)
+    copy = pickle.loads(pickle.dumps(ring))
+    copy.push(_delta(2.0))
+    copy.push(_delta(3.0))
+    assert (ring.pushed, len(ring)) == (1, 1) and (copy.pushed, len(copy)) == (3, 2)
+    assert _values(copy.recent(2)) == [2.0, 3.0]
