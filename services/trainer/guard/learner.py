@@ -56,6 +56,7 @@ from services.kafka.record_codec import now_ms
 from services.trainer.guard.cusum import CusumSettings, DiscordantCusum, Verdict
 from services.trainer.guard.drift import DriftMonitor, DriftSignal
 from services.trainer.guard.events import ModelEvent
+from services.trainer.guard.recurrence import RecurrenceWatch
 from services.trainer.guard.shadow import Shadow, cloned
 from services.trainer.learner import ArrivalOutcome, GuardCounts, Learner, LearnerStats, ModelDivergedError
 
@@ -71,6 +72,8 @@ class _OnProbation:
     tensors: dict[str, torch.Tensor]
     due: int  # the count of compared items at which it is promoted
     account: str  # the window's verdict, for the promotion's event
+    taken_at: int  # the count of compared items when these weights were the live ones (the window's start)
+    waited: bool = True  # on probation (False: promoted at its verdict)
 
 
 @dataclass(slots=True)
@@ -80,6 +83,7 @@ class _Window:
     items: int = 0
     live_correct: int = 0
     shadow_correct: int = 0
+    suspect: bool = False  # the shadow's concept was away at some point of the window (a burst or a drift)
 
 
 class GuardedLearner:
@@ -89,9 +93,11 @@ class GuardedLearner:
         self.inner = inner
         self.settings = settings
         self._test = DiscordantCusum(CusumSettings(settings.false_alarm, settings.worse_share))
+        self._returns = RecurrenceWatch(settings.recurrence_level)
         start = inner.state_tensors()
         self._shadow = Shadow(model, start)
         self._candidate = cloned(start)
+        self._candidate_at = 0  # the count of compared items when the candidate's weights were taken
         self._fresh_compensators = inner.compensator_state() if settings.drift_reaction == "reset-compensator" else None
         self._drift = None if settings.drift_detector == "none" else DriftMonitor(settings.drift_detector)
         self._window = _Window()
@@ -101,8 +107,9 @@ class GuardedLearner:
         self._queued: list[tuple[int, torch.Tensor]] = []  # (item, x) waiting for the shadow's forward
         self._shadow_says: dict[int, int] = {}  # item -> the shadow's class
         self._outstanding = 0
-        self._rollback_due: tuple[int, str] | None = None  # (deciding item, why)
-        self._verdict_due: tuple[int, bool, str] | None = None  # (deciding item, window passed, account)
+        # (deciding item, why, where the shadow's accuracy fell: the compared count, None when it did not)
+        self._rollback_due: tuple[int, str, int | None] | None = None
+        self._verdict_due: tuple[int, bool, str, bool] | None = None  # (deciding item, passed, account, suspect)
         self._promotion_due: tuple[int, _OnProbation] | None = None  # (item, the candidate whose probation ended)
         self._reset_due = False  # a drift asked for the compensators' reset (guard.drift_reaction)
         self._events: deque[ModelEvent] = deque(maxlen=MAX_QUEUED_EVENTS)
@@ -133,7 +140,8 @@ class GuardedLearner:
             try:
                 result = waiting()
             except ModelDivergedError as exc:
-                self._rollback_due = self._rollback_due or (item, f"the live model diverged ({exc})")
+                diverged = (item, f"the live model diverged ({exc})", self._returns.fell_from)
+                self._rollback_due = self._rollback_due or diverged
                 raise
             finally:
                 if not settled:
@@ -216,12 +224,19 @@ class GuardedLearner:
         w.shadow_correct += shadow_correct
         self._compared += 1
         if self._test.observe(live_correct, shadow_correct) is Verdict.WORSE:
-            self._rollback_due = (item, self._test.describe())
+            self._rollback_due = (item, self._test.describe(), self._returns.fell_from)
             return
+        returned = self._returns.observe(item, live_correct, shadow_correct, self._compared)
+        if returned is not None:
+            self._rollback_due = (item, returned.describe(), returned.fell_from)
+            return
+        w.suspect = w.suspect or self._returns.waiting_for_return
         if w.items >= self.settings.window:  # judged now, carried out between batches; the next window starts
             passed = w.live_correct >= w.shadow_correct
             account = f"window of {w.items}: live {w.live_correct} vs shadow {w.shadow_correct} right"
-            self._verdict_due = (item, passed, account)
+            if w.suspect:
+                account += " (the shadow's accuracy fell during it)"
+            self._verdict_due = (item, passed, account, w.suspect)
             self._window = _Window()
         if self._probation and self._probation[0].due <= self._compared and self._promotion_due is None:
             self._promotion_due = (item, self._probation.popleft())
@@ -253,6 +268,8 @@ class GuardedLearner:
         rollback, verdict, promotion = self._rollback_due, self._verdict_due, self._promotion_due
         self._rollback_due = self._verdict_due = self._promotion_due = None
         if rollback is not None:  # verdicts and promotions decided before it are moot: the candidates dropped
+            if promotion is not None:  # still a candidate the rollback may return to
+                self._probation.appendleft(promotion[1])
             self._rollback(*rollback)
             return
         if promotion is not None:  # before the verdict: a candidate it puts on probation is younger
@@ -260,30 +277,39 @@ class GuardedLearner:
         if verdict is not None:
             self._judged(*verdict)
 
-    def _rollback(self, item: int, detail: str) -> None:
+    def _rollback(self, item: int, detail: str, fell_from: int | None) -> None:
+        """Back to the newest weights known to predate the fall of the shadow's accuracy (a candidate on
+        probation taken at or before ``fell_from``, which becomes last-good: :mod:`.recurrence`), else to the
+        last-good."""
         before = self.inner.stats().model_version
+        older = [c for c in self._probation if fell_from is not None and c.taken_at <= fell_from]
+        if older:
+            self._shadow.load(older[-1].tensors)
+            detail += f"; to the newest weights from before the fall of the shadow's accuracy ({older[-1].account})"
         tensors = self._shadow.tensors()
         self.inner.load_state_tensors(tensors)
         self._restart(tensors, promote=False)
         c = self._counts
-        self._counts = replace(c, rollbacks=c.rollbacks + 1)
+        self._counts = replace(c, rollbacks=c.rollbacks + 1, last_good_version=self._shadow.version)
         log.warning(
             "rollback at item %d: model v%d -> last-good v%d (%s)", item, before, self._shadow.version, detail
         )
         self._event(ModelEvent("rollback", self._shadow.version, item, now_ms(), before, detail=detail))
 
-    def _judged(self, item: int, passed: bool, detail: str) -> None:
+    def _judged(self, item: int, passed: bool, detail: str, suspect: bool) -> None:
         """The window that ended at ``item`` judged: the candidate goes on probation if it ``passed`` (or is
-        promoted at once with ``guard.probation_items: 0``), the live weights become the next candidate. The
-        probation counts from now: a verdict is carried out between consumer batches, up to one batch after
-        the window's end."""
-        candidate, self._candidate = self._candidate, cloned(self.inner.state_tensors())
+        promoted at once with ``guard.probation_items: 0``, or with ``guard.probation: suspect`` when the
+        window was not ``suspect``), the live weights become the next candidate. The probation counts from
+        now: a verdict is carried out between consumer batches, up to one batch after the window's end."""
+        candidate, taken_at = self._candidate, self._candidate_at
+        self._candidate, self._candidate_at = cloned(self.inner.state_tensors()), self._compared
         if not passed:
             log.info("no promotion at item %d: %s", item, detail)
             return
-        on_probation = _OnProbation(candidate, self._compared + self.settings.probation_items, detail)
-        if self.settings.probation_items == 0:
-            self._promote(item, on_probation)
+        on_probation = _OnProbation(candidate, self._compared + self.settings.probation_items, detail, taken_at)
+        at_once = self.settings.probation == "suspect" and not suspect and not self._probation
+        if self.settings.probation_items == 0 or at_once:
+            self._promote(item, replace(on_probation, waited=False))
         else:
             self._probation.append(on_probation)
 
@@ -292,10 +318,13 @@ class GuardedLearner:
         an older model: a shadow win then is a shadow win against the candidate too, more often than not)."""
         before = self._shadow.version
         self._shadow.load(candidate.tensors)
+        # the recurrence watch goes on: a promotion right before a burst must not hide the fall of the shadow's
+        # accuracy (a fresh ADWIN would start inside the burst); a promoted shadow that knows the stream better
+        # shows as a rise, judged like any return (the live model is not worse than it: nothing happens)
         self._queued.clear()  # predicted by the shadow being replaced (none are: called between batches)
         self._shadow_says.clear()
         detail = candidate.account
-        if self.settings.probation_items:
+        if candidate.waited:
             detail += f"; then {self.settings.probation_items} compared items on probation with no rollback"
         c = self._counts
         self._counts = replace(c, promotions=c.promotions + 1, last_good_version=self._shadow.version)
@@ -313,6 +342,7 @@ class GuardedLearner:
         self._verdict_due = self._promotion_due = None
         self._window = _Window()
         self._test.reset()
+        self._returns.reset()
         self._queued.clear()
         self._shadow_says.clear()
 
