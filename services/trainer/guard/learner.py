@@ -3,24 +3,30 @@ same :class:`~services.trainer.learner.Learner` contract and adds
 
 1. **a shadow** (:mod:`.shadow`): the last-good weights predict every ``guard.shadow_every``-th item whose
    label is known at arrival, batched with the consumer batch the item came in;
-2. **the test** (:mod:`.cusum`): a CUSUM of Wald's SPRT on the discordant pairs of live-vs-shadow
-   correctness; when it says the live model is worse, the live model is **rolled back** to the shadow's
-   weights (its model version goes back to the shadow's, so the predictions that follow carry it);
-3. **promotion, one window late, on probation**: every ``guard.window`` compared items the live model is
-   judged on the window (live correct ≥ shadow correct: at least as good). The weights that *started* a
-   passing window (kept at the window's start, the candidate) go on probation; the live weights at its end
-   become the next candidate, to be judged by the next window. Promoting the weights that were followed by
-   a whole window at least as good as the shadow, rather than the weights at the moment of the verdict,
-   keeps a poisoning burst that began late in a window (its damage not yet visible) out of the last-good
-   copy. A candidate on probation becomes last-good only after ``guard.probation_items`` further compared
-   items during which the test (against the *current* last-good) never fired; if it fires, the live model
-   is rolled back and every candidate on probation is dropped. Why: while a burst of flipped labels lasts,
-   the live model fits them better than the shadow (as under a genuine change of concept), so the windows
-   of the burst pass; without probation the flip-trained weights became last-good before the true labels
-   returned, and the pre-burst model was gone. With it, the pre-burst shadow is still there when the
-   labels return and wins the discordant pairs against the flip-trained live model; under a permanent
-   drift the live model keeps winning, the test stays quiet and promotion is only delayed. Candidates on
-   probation are kept as copies of the weights (at most ⌈probation_items / window⌉ of them);
+2. **two rollback rules**, either of which rolls the live model back (its model version goes back, so the
+   predictions that follow carry it): the test of :mod:`.cusum` (a CUSUM of Wald's SPRT on the discordant
+   pairs of live-vs-shadow correctness: the live model is worse than the shadow), and the recurrence rule
+   of :mod:`.recurrence` (the shadow's accuracy fell and came back — a burst ended — and the shadow beats the
+   live model since the return: a sign test). A rollback goes to the newest weights known to predate the
+   shadow's fall where the watch saw one (a candidate on probation), else to the last-good;
+3. **promotion, one window late, on probation for suspect windows**: every ``guard.window`` compared items
+   the live model is judged on the window (live correct ≥ shadow correct: at least as good). The weights
+   that *started* a passing window (kept at the window's start, the candidate) are promoted, and the live
+   weights at its end become the next candidate. Promoting the weights that were followed by a whole
+   window at least as good as the shadow, rather than the weights at the moment of the verdict, keeps a
+   poisoning burst that began late in a window (its damage not yet visible) out of the last-good copy. A
+   *suspect* window — the shadow's accuracy fell during it or has not come back (a burst or a drift may be
+   under way) — puts its candidate on probation instead (so does any window while older candidates wait,
+   so they are promoted in order; ``guard.probation: always``: every window): it
+   becomes last-good only after ``guard.probation_items`` further compared items during which no rule
+   fired; a rollback drops every candidate on probation. Why: while a burst of flipped labels lasts, the
+   live model fits them better than the shadow (as under a genuine change of concept), so the windows of
+   the burst pass; promoted at once, the flip-trained weights became last-good before the true labels
+   returned, and the pre-burst model was gone. On probation, the pre-burst weights are still there when
+   the labels return; under a permanent drift the live model keeps winning, nothing fires and promotion
+   is only delayed. Windows of a clean stream are promoted at their verdict, so the shadow stays about a
+   window behind the live model (a stale shadow makes a rollback lose what was learnt since). Candidates
+   on probation are kept as copies of the weights (at most ⌈probation_items / window⌉ of them);
 4. **drift detection** (:mod:`.drift`, River's ADWIN or Page-Hinkley) on the live model's correctness
    (labelled items) and confidence (unlabelled ones), with an optional reaction;
 5. **a rollback on divergence**: a :class:`~services.trainer.learner.ModelDivergedError` (a non-finite
@@ -33,15 +39,16 @@ A rollback or promotion swaps weights, which must not happen while items submitt
 wait for their outcomes (the record path submits a consumer batch, then waits for each outcome): a
 decision is carried out at the next :meth:`submit` or :meth:`pending_training` with no outcome
 outstanding, i.e. between consumer batches on the loop thread. The shadow and the test run on the loop
-thread only. Not covered: labels that arrive later on ``<prefix>.labels`` (the shadow's prediction for
-the item is gone by then): those items feed the drift detector's confidence signal only.
+thread only. Labels that arrive later on ``<prefix>.labels``: once the first one has been joined, the
+shadow also predicts unlabelled items and keeps its class (the last :data:`MAX_AWAITED_LABELS`) until the
+item's label comes (:meth:`GuardedLearner.late_label`); the drift detector sees their confidence.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -63,6 +70,7 @@ from services.trainer.learner import ArrivalOutcome, GuardCounts, Learner, Learn
 log = logging.getLogger("ferret.trainer.guard")
 
 MAX_QUEUED_EVENTS = 1000  # events not yet taken by the record path (the oldest are dropped beyond)
+MAX_AWAITED_LABELS = 10_000  # unlabelled items whose shadow class waits for a late label (trainer.label_window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +111,9 @@ class GuardedLearner:
         self._window = _Window()
         self._compared = 0  # labelled items the shadow and the live model both predicted (the test's clock)
         self._probation: deque[_OnProbation] = deque()  # oldest first
-        self._labelled = 0
+        self._labelled = 0  # items the shadow may predict (labelled at arrival, or any once labels come late)
+        self._late_labels = False  # a late label has been joined: the shadow predicts unlabelled items too
+        self._late: OrderedDict[int, int] = OrderedDict()  # item -> the shadow's class, awaiting its late label
         self._queued: list[tuple[int, torch.Tensor]] = []  # (item, x) waiting for the shadow's forward
         self._shadow_says: dict[int, int] = {}  # item -> the shadow's class
         self._outstanding = 0
@@ -128,7 +138,7 @@ class GuardedLearner:
     ) -> Callable[[], ArrivalOutcome]:
         self._carry_out()
         waiting = self.inner.submit(item, x, y, event_time_ms)
-        if y is not None:
+        if y is not None or self._late_labels:  # unlabelled ones once labels have come late
             self._labelled += 1
             if self._labelled % self.settings.shadow_every == 0:
                 self._queued.append((item, x))
@@ -213,11 +223,36 @@ class GuardedLearner:
             if signal is not None:
                 self._drifted(signal, outcome.model_version)
         if y is None or live_correct is None:
+            self._await_label(item)
             return
         shadow_class = self._shadow_class(item)
-        if shadow_class is None or self._rollback_due is not None:  # not compared, or the live model is condemned
+        if shadow_class is not None:
+            self._compare(item, live_correct, shadow_class == y)
+
+    def late_label(self, item: int, label: int, live_correct: bool) -> None:
+        """A label that came after its prediction (``<prefix>.labels``, joined by the record path): the
+        item is compared as if labelled at arrival, if the shadow predicted it and neither model has changed
+        hands since (a promotion, rollback or restore forgets the awaited items: their predictions were
+        made by models no longer compared). The first such label makes the shadow predict unlabelled items
+        from then on."""
+        self._late_labels = True
+        shadow_class = self._late.pop(item, None)
+        if shadow_class is not None:
+            self._compare(item, live_correct, shadow_class == label)
+
+    def _await_label(self, item: int) -> None:
+        """An unlabelled item: keep the shadow's class (if it predicted the item) for a late label."""
+        shadow_class = self._shadow_class(item)
+        if shadow_class is None:
             return
-        shadow_correct = shadow_class == y
+        self._late[item] = shadow_class
+        while len(self._late) > MAX_AWAITED_LABELS:
+            self._late.popitem(last=False)
+
+    def _compare(self, item: int, live_correct: bool, shadow_correct: bool) -> None:
+        """One item both models predicted, judged: the rollback rules, the window, the probation."""
+        if self._rollback_due is not None:  # the live model is condemned already
+            return
         w = self._window
         w.items += 1
         w.live_correct += live_correct
@@ -323,6 +358,7 @@ class GuardedLearner:
         # shows as a rise, judged like any return (the live model is not worse than it: nothing happens)
         self._queued.clear()  # predicted by the shadow being replaced (none are: called between batches)
         self._shadow_says.clear()
+        self._late.clear()
         detail = candidate.account
         if candidate.waited:
             detail += f"; then {self.settings.probation_items} compared items on probation with no rollback"
@@ -345,6 +381,7 @@ class GuardedLearner:
         self._returns.reset()
         self._queued.clear()
         self._shadow_says.clear()
+        self._late.clear()
 
     def _drifted(self, signal: DriftSignal, model_version: int) -> None:
         reaction = "none" if self._fresh_compensators is None else "reset-compensator"
