@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ferret_core.errors import ConfigError
-from services.trainer.guard.recurrence import MIN_ITEMS, RecurrenceWatch, rise_point, sign_test_p
+from services.trainer.guard.recurrence import Recurrence, RecurrenceWatch, Returned, rise_point
 from tests.unit.test_guard_learner import GOOD, feed, guarded, items
 
 OTHER_FEATURE = torch.tensor([[0.0, -1.0], [0.0, 1.0]])  # reads x[1]: right on half the items, by chance
@@ -23,28 +23,22 @@ BEYOND_THE_BURST = 400
 QUIET_CUSUM = 1e-12  # h = 27.6 nats: the CUSUM cannot fire in these streams, so a rollback is the rule's
 
 
-def test_the_sign_test_is_the_exact_binomial_tail() -> None:
-    assert sign_test_p(0, 0) == 1.0
-    assert sign_test_p(5, 0) == pytest.approx(1 / 32)
-    assert sign_test_p(3, 3) == pytest.approx(sum(math.comb(6, k) for k in range(3, 7)) / 64)
-    assert sign_test_p(0, 7) == 1.0
-
-
-@given(st.integers(0, 40), st.integers(0, 40))
-def test_more_shadow_wins_never_raise_the_p_value(shadow_wins: int, live_wins: int) -> None:
-    assert sign_test_p(shadow_wins + 1, live_wins) <= sign_test_p(shadow_wins, live_wins)
-    assert 0.0 < sign_test_p(shadow_wins, live_wins) <= 1.0
-
-
 @given(st.integers(1, 60), st.integers(1, 60))
 def test_the_rise_point_of_a_clean_step_is_the_step(low: int, high: int) -> None:
     assert rise_point([False] * low + [True] * high) == low
 
 
-def watch_stream(watch: RecurrenceWatch, pairs: list[tuple[bool, bool]], start: int = 0) -> list[int]:
-    """Feed (live correct, shadow correct) pairs; the items at which the watch said roll back."""
-    fired = [watch.observe(start + i, live, shadow, start + i + 1) for i, (live, shadow) in enumerate(pairs)]
-    return [start + i for i, verdict in enumerate(fired) if verdict is not None]
+def watch_stream(watch: RecurrenceWatch, pairs: list[tuple[bool, bool]], start: int = 0) -> list[Returned | Recurrence]:
+    """Feed (live correct, shadow correct) pairs; what the watch said, in order."""
+    said = [watch.observe(start + i, live, shadow, start + i + 1) for i, (live, shadow) in enumerate(pairs)]
+    return [s for s in said if s is not None]
+
+
+def test_the_threshold_is_ville_s_for_the_level() -> None:
+    assert RecurrenceWatch(0.01).threshold == pytest.approx(math.log(100))
+    assert RecurrenceWatch(0.0).threshold == math.inf
+    with pytest.raises(ConfigError, match=r"\[0, 1\)"):
+        RecurrenceWatch(1.0)
 
 
 def test_a_concept_that_leaves_and_returns_to_a_worse_live_model_is_a_recurrence() -> None:
@@ -54,16 +48,20 @@ def test_a_concept_that_leaves_and_returns_to_a_worse_live_model_is_a_recurrence
     burst = [(rng.random() < 0.5, False) for _ in range(200)]  # the live model fits the burst, the shadow cannot
     after = [(rng.random() < 0.5, True) for _ in range(200)]  # labels back: live half right, the shadow right
     assert watch_stream(watch, before + burst) == []
-    assert watch.waiting_for_return
-    fired = watch_stream(watch, after, 500)
-    assert fired and 500 + MIN_ITEMS <= fired[0] < 600  # ADWIN sees the rise within ~2 of its 32-item checks
+    assert watch.suspect and watch.fell_from is not None and watch.fell_from <= 300  # the fall began by item 300
+    said = watch_stream(watch, after, 500)
+    worse = [s for s in said if isinstance(s, Recurrence)]
+    assert len(worse) == 1 and 500 < worse[0].item < 600  # ADWIN sees the rise within ~2 of its 32-item checks
+    assert worse[0].llr >= math.log(100) and worse[0].returned.fell_from <= 300
+    assert not watch.suspect  # decided
 
 
 def test_a_return_to_a_live_model_as_good_as_the_shadow_is_not() -> None:
-    watch = RecurrenceWatch(0.01)
+    watch = RecurrenceWatch(0.01, horizon=50)
     pairs = [(True, True)] * 300 + [(False, False)] * 200 + [(True, True)] * 200  # both fall, both come back
-    assert watch_stream(watch, pairs) == []
-    assert not watch.waiting_for_return  # one verdict per return
+    said = watch_stream(watch, pairs)
+    assert [type(s) for s in said] == [Returned]  # reported, no evidence against the live model
+    assert not watch.suspect  # the test ran its horizon out
 
 
 def test_a_lasting_drift_never_returns() -> None:
@@ -71,15 +69,13 @@ def test_a_lasting_drift_never_returns() -> None:
     rng = random.Random(2)
     pairs = [(True, True)] * 300 + [(rng.random() < 0.9, False) for _ in range(2000)]
     assert watch_stream(watch, pairs) == []
-    assert watch.waiting_for_return
+    assert watch.suspect
 
 
-def test_level_zero_watches_but_never_rolls_back() -> None:
+def test_level_zero_reports_the_return_but_never_rolls_back() -> None:
     watch = RecurrenceWatch(0.0)
     pairs = [(True, True)] * 300 + [(True, False)] * 200 + [(False, True)] * 200
-    assert watch_stream(watch, pairs) == []
-    with pytest.raises(ConfigError, match=r"\[0, 1\)"):
-        RecurrenceWatch(1.0)
+    assert [type(s) for s in watch_stream(watch, pairs)] == [Returned]
 
 
 def test_a_burst_the_live_model_half_relearnt_is_rolled_back_by_the_rule_not_the_cusum() -> None:
@@ -92,7 +88,7 @@ def test_a_burst_the_live_model_half_relearnt_is_rolled_back_by_the_rule_not_the
     taken = learner.take_events()
     rollbacks = [e for e in taken if e.kind == "rollback"]
     assert len(rollbacks) == 1 and 500 < rollbacks[0].item < 600
-    assert "came back" in rollbacks[0].detail and "sign test" in rollbacks[0].detail
+    assert "came back" in rollbacks[0].detail and "SPRT" in rollbacks[0].detail
     assert rollbacks[0].model_version <= 300  # weights from before the burst
     assert torch.equal(inner.net.weight, GOOD)
 
@@ -140,4 +136,19 @@ def test_the_rollback_goes_to_the_newest_weights_from_before_the_fall_not_the_ol
     assert 250 <= rollbacks[0].model_version <= 300  # a candidate from just before the burst, not v0
     assert "newest weights from before the fall" in rollbacks[0].detail
     assert learner.stats().guard.last_good_version == rollbacks[0].model_version  # type: ignore[union-attr]
+    assert torch.equal(inner.net.weight, GOOD)
+
+
+def test_weights_trained_while_the_concept_was_away_are_never_promoted_once_it_returns() -> None:
+    learner, inner = guarded(false_alarm=QUIET_CUSUM, probation_items=BEYOND_THE_BURST)
+    feed(learner, items(301, seed=40), 0)
+    inner.set_weight(-GOOD)  # the burst: the live model fits it
+    feed(learner, items(200, seed=41, permute=True), 301)
+    inner.set_weight(GOOD)  # labels back, and the live model has re-learnt them at once: nothing to roll back
+    feed(learner, items(1000, seed=42), 501)
+    taken = learner.take_events()
+    assert not [e for e in taken if e.kind == "rollback"]
+    flip_trained = [e for e in taken if e.kind == "promotion" and 300 < e.model_version <= 500]
+    assert flip_trained == []  # v350 … v500 were candidates on probation; dropped when the concept returned
+    assert learner.stats().guard.last_good_version > 500  # type: ignore[union-attr]  # promotions resumed after
     assert torch.equal(inner.net.weight, GOOD)

@@ -63,7 +63,7 @@ from services.kafka.record_codec import now_ms
 from services.trainer.guard.cusum import CusumSettings, DiscordantCusum, Verdict
 from services.trainer.guard.drift import DriftMonitor, DriftSignal
 from services.trainer.guard.events import ModelEvent
-from services.trainer.guard.recurrence import RecurrenceWatch
+from services.trainer.guard.recurrence import Recurrence, RecurrenceWatch, Returned
 from services.trainer.guard.shadow import Shadow, cloned
 from services.trainer.learner import ArrivalOutcome, GuardCounts, Learner, LearnerStats, ModelDivergedError
 
@@ -101,11 +101,12 @@ class GuardedLearner:
         self.inner = inner
         self.settings = settings
         self._test = DiscordantCusum(CusumSettings(settings.false_alarm, settings.worse_share))
-        self._returns = RecurrenceWatch(settings.recurrence_level)
+        self._returns = RecurrenceWatch(settings.recurrence_level, settings.worse_share, settings.window)
         start = inner.state_tensors()
         self._shadow = Shadow(model, start)
         self._candidate = cloned(start)
         self._candidate_at = 0  # the count of compared items when the candidate's weights were taken
+        self._candidate_void = False  # the candidate was trained while the shadow's concept was away: never promoted
         self._fresh_compensators = inner.compensator_state() if settings.drift_reaction == "reset-compensator" else None
         self._drift = None if settings.drift_detector == "none" else DriftMonitor(settings.drift_detector)
         self._window = _Window()
@@ -261,11 +262,13 @@ class GuardedLearner:
         if self._test.observe(live_correct, shadow_correct) is Verdict.WORSE:
             self._rollback_due = (item, self._test.describe(), self._returns.fell_from)
             return
-        returned = self._returns.observe(item, live_correct, shadow_correct, self._compared)
-        if returned is not None:
-            self._rollback_due = (item, returned.describe(), returned.fell_from)
+        seen = self._returns.observe(item, live_correct, shadow_correct, self._compared)
+        if isinstance(seen, Recurrence):
+            self._rollback_due = (item, seen.describe(), seen.returned.fell_from)
             return
-        w.suspect = w.suspect or self._returns.waiting_for_return
+        if isinstance(seen, Returned):
+            self._drop_trained_while_away(seen)
+        w.suspect = w.suspect or self._returns.suspect
         if w.items >= self.settings.window:  # judged now, carried out between batches; the next window starts
             passed = w.live_correct >= w.shadow_correct
             account = f"window of {w.items}: live {w.live_correct} vs shadow {w.shadow_correct} right"
@@ -275,6 +278,23 @@ class GuardedLearner:
             self._window = _Window()
         if self._probation and self._probation[0].due <= self._compared and self._promotion_due is None:
             self._promotion_due = (item, self._probation.popleft())
+
+    def _drop_trained_while_away(self, returned: Returned) -> None:
+        """The shadow's concept came back: weights taken after its fall began were trained on what made it
+        leave (a burst, most likely) and must not become last-good; the candidates on probation among them
+        are dropped, and so is the current candidate if it is one of them (its window promotes nothing)."""
+        kept = deque(c for c in self._probation if c.taken_at <= returned.fell_from)
+        dropped = len(self._probation) - len(kept)
+        self._probation = kept
+        if self._promotion_due is not None and self._promotion_due[1].taken_at > returned.fell_from:
+            self._promotion_due, dropped = None, dropped + 1
+        if self._candidate_at > returned.fell_from:
+            self._candidate_void, dropped = True, dropped + 1
+        if dropped:
+            log.info(
+                "the shadow's concept came back at item %d (it left at item %d): %d candidate(s) trained while it "
+                "was away dropped", returned.item, returned.fell_at, dropped,
+            )  # fmt: skip
 
     def _shadow_class(self, item: int) -> int | None:
         """The shadow's class for ``item``; the first call after a submission predicts every queued item in
@@ -336,10 +356,12 @@ class GuardedLearner:
         promoted at once with ``guard.probation_items: 0``, or with ``guard.probation: suspect`` when the
         window was not ``suspect``), the live weights become the next candidate. The probation counts from
         now: a verdict is carried out between consumer batches, up to one batch after the window's end."""
-        candidate, taken_at = self._candidate, self._candidate_at
+        candidate, taken_at, void = self._candidate, self._candidate_at, self._candidate_void
         self._candidate, self._candidate_at = cloned(self.inner.state_tensors()), self._compared
-        if not passed:
-            log.info("no promotion at item %d: %s", item, detail)
+        self._candidate_void = False
+        if not passed or void:
+            why = "its weights were trained while the shadow's concept was away" if passed else detail
+            log.info("no promotion at item %d: %s", item, why)
             return
         on_probation = _OnProbation(candidate, self._compared + self.settings.probation_items, detail, taken_at)
         at_once = self.settings.probation == "suspect" and not suspect and not self._probation
@@ -353,9 +375,13 @@ class GuardedLearner:
         an older model: a shadow win then is a shadow win against the candidate too, more often than not)."""
         before = self._shadow.version
         self._shadow.load(candidate.tensors)
-        # the recurrence watch goes on: a promotion right before a burst must not hide the fall of the shadow's
-        # accuracy (a fresh ADWIN would start inside the burst); a promoted shadow that knows the stream better
-        # shows as a rise, judged like any return (the live model is not worse than it: nothing happens)
+        # The recurrence watch goes on (a promotion right before a burst must not hide the fall of the shadow's
+        # accuracy: a fresh ADWIN would start inside the burst) unless the new last-good was trained after the
+        # fall began: it survived its probation while the old concept stayed away, i.e. a lasting drift, and its
+        # accuracy rising on the new concept is not the old one coming back
+        fell_from = self._returns.fell_from
+        if fell_from is not None and candidate.taken_at > fell_from:
+            self._returns.reset()
         self._queued.clear()  # predicted by the shadow being replaced (none are: called between batches)
         self._shadow_says.clear()
         self._late.clear()
@@ -373,7 +399,7 @@ class GuardedLearner:
         if promote:
             self._shadow.load(tensors)
             self._counts = replace(self._counts, last_good_version=self._shadow.version)
-        self._candidate = cloned(tensors)
+        self._candidate, self._candidate_at, self._candidate_void = cloned(tensors), self._compared, False
         self._probation.clear()
         self._verdict_due = self._promotion_due = None
         self._window = _Window()

@@ -5,31 +5,31 @@ shadow, exactly as it would fit a genuine change of concept: nothing on those it
 What tells them apart is the end: under a genuine drift the old concept stays gone, after a burst it
 returns. The CUSUM of :mod:`.cusum` sees the return only through the shadow's wins in the few items the
 live model needs to re-learn, and at lr 0.01 on MNIST those ~50 items leave 3–7 nats of evidence, below
-its threshold (``benchmarks/guard/results/flip_evidence.md``). This rule watches the return itself:
+its threshold of 9.2 (``benchmarks/guard/results/flip_evidence.md``). This rule watches the return itself:
 
 1. River's ADWIN (Bifet & Gavaldà 2007, δ 0.002) on the *shadow's* correctness. The shadow's weights are
    fixed between promotions, so a change in its accuracy is a change in the stream, not in the model:
    a detected **fall** means its concept left; a later detected **rise** means it came back.
-2. At that rise, the live model and the shadow are compared on the items since the rise (within ADWIN's
-   window after the cut, from the CUSUM estimate of the change point on, at least :data:`MIN_ITEMS`; the
-   items before it are the burst's, where the live model wins by having learnt it): an exact one-sided
-   sign test on the discordant pairs (McNemar's exact test) at level ``guard.recurrence_level``. If the
-   shadow is significantly better, the live model lost what the shadow still knows and is rolled back;
-   otherwise (it re-learnt already) the watch starts over.
-3. The rollback goes to the newest weights known to predate the fall, not necessarily the last-good: the
-   learner keeps passing windows' weights on probation while the shadow's concept is away, and the watch
-   says where the fall began at the latest (:attr:`RecurrenceWatch.fell_from`); the learner picks the
-   newest candidate taken before it (the last-good if there is none). The last-good is older by a window
-   and a probation, and on a stream still being learnt that costs accuracy (measured in
-   ``benchmarks/guard/README.md``).
+2. From the rise on — its position estimated within ADWIN's window after the cut by the CUSUM change-point
+   estimate (:func:`rise_point`; the items before it are the burst's, where the live model wins by having
+   learnt it) — Wald's SPRT on the discordant pairs (shadow right and live wrong, or the reverse; the
+   shadow's share θ₁ = ``guard.worse_share`` under the alternative, ½ under the null), with no floor, for
+   at most ``horizon`` compared items. It rolls back when its log-likelihood ratio reaches
+   ln(1 / ``guard.recurrence_level``): by Ville's inequality the chance that it ever does under equal
+   models is at most the level, however long it looks. If the horizon passes first, the live model
+   re-learnt what the shadow knows and the watch starts over.
+3. At the return the candidates whose weights were taken while the concept was away (trained on the burst)
+   are dropped by the learner, and a rollback goes to the newest weights known to predate the fall (a
+   candidate on probation taken before :attr:`RecurrenceWatch.fell_from`), not necessarily the last-good:
+   the last-good is older by a window and a probation, and on a stream still being learnt that costs
+   accuracy (measured in ``benchmarks/guard/README.md``).
 
 A genuine lasting drift never triggers it: the shadow's accuracy falls and stays down until a promotion
-replaces the shadow with weights that know the new concept; that rise is judged like a return and the live
-model, the newer one, is not worse than them. (The watch is not restarted at a promotion: a promotion just
-before a burst would start a fresh ADWIN inside the burst, blind to the fall; it restarts at a rollback or
-a restore.) A stretch of the stream that both models find hard makes both fall and rise together; then
-the comparison at the rise finds no significant difference (the live model is the newer one) and nothing
-happens.
+replaces the shadow with weights that know the new concept; that rise is tested like a return, and the
+live model, the newer one, is not worse than them. (The watch is not restarted at a promotion: a promotion
+just before a burst would start a fresh ADWIN inside the burst, blind to the fall; it restarts at a
+rollback or a restore.) A stretch of the stream that both models find hard makes both fall and rise
+together: concordant pairs, no evidence.
 """
 
 from __future__ import annotations
@@ -42,30 +42,40 @@ from river import drift
 
 from ferret_core.errors import ConfigError
 
-MIN_ITEMS = 20  # compared items since the rise at least, for the sign test to have a say
-MAX_ITEMS = 1000  # compared items kept for the comparison (ADWIN's window after a cut is far shorter)
-MAX_COMPARED = 200  # at most the last so many items after the rise are compared
+MAX_ITEMS = 1000  # compared items kept to locate the rise in (ADWIN's window after a cut is far shorter)
+
+
+@dataclass(frozen=True, slots=True)
+class Returned:
+    """The shadow's concept left at ``fell_at`` (item) and came back, seen at ``item``. ``fell_from``: the
+    caller's count of compared items where the fall began, at the latest (weights taken at or before it
+    predate the fall; weights taken after it were trained while the concept was away)."""
+
+    item: int
+    fell_at: int
+    fell_from: int
 
 
 @dataclass(frozen=True, slots=True)
 class Recurrence:
-    """The shadow's concept came back at ``item`` after leaving at ``fell_at``; over the ``items`` compared
-    since the change point the shadow was right on ``shadow_wins`` of the discordant pairs and the live
-    model on ``live_wins``; ``p_value``: the one-sided sign test's."""
+    """Since the shadow's concept came back (:class:`Returned`), the live model is worse than the shadow:
+    the SPRT from the rise on reached its threshold at ``item`` after ``items`` compared items, with
+    ``shadow_wins`` and ``live_wins`` discordant pairs."""
 
+    returned: Returned
     item: int
-    fell_at: int
-    fell_from: int  # the watch's count of compared items where the fall began, at the latest (module docstring)
     items: int
     shadow_wins: int
     live_wins: int
-    p_value: float
+    llr: float
+    threshold: float
 
     def describe(self) -> str:
+        r = self.returned
         return (
-            f"the shadow's accuracy fell at item {self.fell_at} and came back at item {self.item}; over the "
-            f"{self.items} items since, the shadow won {self.shadow_wins} and the live model {self.live_wins} "
-            f"discordant pairs (sign test p = {self.p_value:.2g})"
+            f"the shadow's accuracy fell at item {r.fell_at} and came back at item {r.item}; over the {self.items} "
+            f"items since, the shadow won {self.shadow_wins} and the live model {self.live_wins} discordant "
+            f"pairs (SPRT {self.llr:.2f} >= {self.threshold:.2f} nats)"
         )
 
 
@@ -81,23 +91,48 @@ def rise_point(outcomes: list[bool]) -> int:
     return where
 
 
-def sign_test_p(shadow_wins: int, live_wins: int) -> float:
-    """P(X ≥ shadow_wins) for X ~ Binomial(shadow_wins + live_wins, ½): the exact one-sided McNemar test."""
-    n = shadow_wins + live_wins
-    if n == 0:
-        return 1.0
-    return sum(math.comb(n, k) for k in range(shadow_wins, n + 1)) / 2.0**n
+class _ReturnTest:
+    """Wald's SPRT from the rise on (module docstring, 2): one per return."""
+
+    def __init__(self, returned: Returned, worse_share: float, threshold: float) -> None:
+        self.returned = returned
+        self._win = math.log(worse_share / 0.5)
+        self._loss = math.log((1.0 - worse_share) / 0.5)
+        self.threshold = threshold
+        self.llr = 0.0
+        self.items = self.shadow_wins = self.live_wins = 0
+
+    def observe(self, item: int, live_correct: bool, shadow_correct: bool) -> Recurrence | None:
+        self.items += 1
+        if live_correct != shadow_correct:
+            if shadow_correct:
+                self.shadow_wins += 1
+                self.llr += self._win
+            else:
+                self.live_wins += 1
+                self.llr += self._loss
+        if self.llr < self.threshold:
+            return None
+        return Recurrence(self.returned, item, self.items, self.shadow_wins, self.live_wins, self.llr, self.threshold)
 
 
 class RecurrenceWatch:
-    """Feed each compared item's (live correct, shadow correct); :meth:`observe` returns a
-    :class:`Recurrence` when the shadow's concept came back and the shadow is significantly better since
-    (``level`` 0: never; the watch still says whether the shadow's concept is away)."""
+    """Feed each compared item's (live correct, shadow correct); :meth:`observe` says when the shadow's
+    concept came back (:class:`Returned`) and when, since then, the live model is significantly worse
+    (:class:`Recurrence`: roll back). ``level`` 0: never a :class:`Recurrence` (the returns are still
+    reported). ``horizon``: compared items the test runs after a return."""
 
-    def __init__(self, level: float) -> None:
+    def __init__(self, level: float, worse_share: float = 0.75, horizon: int = 200) -> None:
         if not 0.0 <= level < 1.0:
             raise ConfigError(f"recurrence level must lie in [0, 1) (0: never roll back), got {level}; e.g. 0.01")
+        if not 0.5 < worse_share < 1.0:
+            raise ConfigError(f"worse_share must lie in (0.5, 1), got {worse_share}; e.g. 0.75")
+        if horizon < 1:
+            raise ConfigError(f"the test's horizon must be >= 1 compared item, got {horizon}")
         self.level = level
+        self.worse_share = worse_share
+        self.horizon = horizon
+        self.threshold = math.log(1.0 / level) if level > 0 else math.inf
         self.reset()
 
     def reset(self) -> None:
@@ -105,43 +140,52 @@ class RecurrenceWatch:
         self._adwin = drift.ADWIN()  # type: ignore[no-untyped-call]
         self._fell_at: int | None = None
         self._fell_from: int | None = None
+        self._test: _ReturnTest | None = None
         self._pairs: deque[tuple[bool, bool]] = deque(maxlen=MAX_ITEMS)
 
     @property
-    def waiting_for_return(self) -> bool:
-        """The shadow's accuracy fell and has not come back yet."""
-        return self._fell_at is not None
+    def suspect(self) -> bool:
+        """The shadow's concept is away, or came back and the test since is still running: a burst or a
+        drift may be under way, so the weights of this time should wait on probation."""
+        return self._fell_at is not None or self._test is not None
 
     @property
     def fell_from(self) -> int | None:
-        """While :attr:`waiting_for_return`: the caller's count of compared items when the fall began, at
-        the latest — the start of ADWIN's window after its cut, which still holds some items
-        from before the change, so weights taken at or before it predate the fall."""
+        """While the concept is away or under test: the caller's count of compared items when the fall
+        began, at the latest — the start of ADWIN's window after its cut, which still holds some items from
+        before the change, so weights taken at or before it predate the fall."""
+        if self._test is not None:
+            return self._test.returned.fell_from
         return self._fell_from
 
-    def observe(self, item: int, live_correct: bool, shadow_correct: bool, position: int) -> Recurrence | None:
+    def observe(
+        self, item: int, live_correct: bool, shadow_correct: bool, position: int
+    ) -> Returned | Recurrence | None:
         """One compared item; ``position``: the caller's count of compared items, this one included (what
         :attr:`fell_from` is expressed in)."""
         self._pairs.append((live_correct, shadow_correct))
         before = float(self._adwin.estimation)
         self._adwin.update(float(shadow_correct))
+        if self._test is not None:
+            verdict = self._test.observe(item, live_correct, shadow_correct)
+            if verdict is not None or self._test.items >= self.horizon:
+                self._test = None  # decided: worse (roll back), or not within the horizon (re-learnt)
+            return verdict
         if not self._adwin.drift_detected:
             return None
-        rose = float(self._adwin.estimation) > before
-        if not rose:
+        if float(self._adwin.estimation) <= before:  # a fall
             if self._fell_at is None:
                 self._fell_at, self._fell_from = item, position - int(self._adwin.width)
             return None
-        if self._fell_at is None:
+        if self._fell_at is None or self._fell_from is None:
             return None  # a rise with no fall before it (the start of the stream, an easier stretch)
-        window = list(self._pairs)[-max(MIN_ITEMS, int(self._adwin.width)) :]
-        recent = window[rise_point([shadow for _, shadow in window]) :][-MAX_COMPARED:]
-        if len(recent) < MIN_ITEMS:
-            recent = window[-MIN_ITEMS:]
-        shadow_wins = sum(1 for live, shadow in recent if shadow and not live)
-        live_wins = sum(1 for live, shadow in recent if live and not shadow)
-        assert self._fell_from is not None
-        p_value = sign_test_p(shadow_wins, live_wins)
-        found = Recurrence(item, self._fell_at, self._fell_from, len(recent), shadow_wins, live_wins, p_value)
-        self._fell_at = self._fell_from = None  # one verdict per return; a later fall starts the next
-        return found if found.p_value <= self.level and self.level > 0 else None
+        returned = Returned(item, self._fell_at, self._fell_from)
+        self._fell_at = self._fell_from = None
+        self._test = _ReturnTest(returned, self.worse_share, self.threshold)
+        window = list(self._pairs)[-int(self._adwin.width) :]
+        for live, shadow in window[rise_point([shadow for _, shadow in window]) :]:  # the items since the rise
+            verdict = self._test.observe(item, live, shadow)
+            if verdict is not None:
+                self._test = None
+                return verdict
+        return returned
