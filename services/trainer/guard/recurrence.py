@@ -165,7 +165,7 @@ class RecurrenceWatch:
         :attr:`fell_from` is expressed in)."""
         self._pairs.append((live_correct, shadow_correct))
         before = float(self._adwin.estimation)
-        self._adwin.update(float(shadow_correct))
+        self._adwin.update(float(shadow_correct))  # type: ignore[no-untyped-call]
         if self._test is not None:
             verdict = self._test.observe(item, live_correct, shadow_correct)
             if verdict is not None or self._test.items >= self.horizon:
