@@ -34,8 +34,8 @@ def records(seed: int, items: int, at: int, burst: int, lr: float) -> list[tuple
         pairs.append((live_correct, shadow_correct))
         return Verdict.CONTINUE  # record only: never roll back
 
-    def judged_until_the_burst(self: GuardedLearner, item: int, passed: bool, detail: str) -> None:
-        judged(self, item, passed and item < at, detail)
+    def judged_until_the_burst(self: GuardedLearner, item: int, passed: bool, detail: str, suspect: bool) -> None:
+        judged(self, item, passed and item < at, detail, suspect)
 
     data = guard_bench.stream(seed, items, "flip", at, burst)
     with (

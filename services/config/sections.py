@@ -57,6 +57,7 @@ SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 TrainingThread = Literal["auto", "loop", "executors"]
 DriftDetectorName = Literal["adwin", "page-hinkley", "none"]
 DriftReaction = Literal["none", "reset-compensator"]
+ProbationRule = Literal["suspect", "always"]
 # Which executors train: "processes", an OS process per live (worker, stage) over a master in shared memory;
 # "threads", the wall clock's executor threads (and training_thread); "auto": processes where more than one
 # executor pays (CPU, >= 2 cores, >= 1 ms per item by the profile, a method that runs there), else threads
@@ -514,6 +515,12 @@ class GuardSettings(Section):
     # Compared items a passing window's weights wait, with the test never firing, before they become last-good
     # (promotion on probation: a temporary label flip is rolled back to the weights from before it); 0: at once.
     probation_items: int = field(default=500, metadata=meta(check=between(0, None, "a number of items")))
+    # Which passing windows wait on probation: "suspect" ones (the shadow's accuracy fell during them or has not
+    # come back: a burst or a drift may be under way; the others are promoted at once), or "always".
+    probation: ProbationRule = "suspect"
+    # A burst that ended: when the shadow's accuracy fell and came back (ADWIN on its correctness), the live model
+    # is rolled back if the shadow beats it since the return (one-sided sign test at this level); 0: off.
+    recurrence_level: float = field(default=0.01, metadata=meta(check=between(0.0, 0.5, "a probability")))
     # The shadow predicts every k-th labelled item (1: all of them).
     shadow_every: int = field(default=1, metadata=meta(check=between(1, None, "an integer")))
     # River drift detector on the correctness (labelled items) and the confidence (unlabelled ones).

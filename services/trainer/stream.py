@@ -348,7 +348,7 @@ class RecordStream:
     ) -> None:
         online_accuracy = self.counters.count_arrival(outcome, sample.label)
         if sample.label is None:
-            self.labels.remember(sample.sample_id, outcome.predicted_class)
+            self.labels.remember(sample.sample_id, outcome.predicted_class, item)
         duplicate = self.ledger.is_duplicate(record.partition, record.offset)
         latency = max(0.0, float(now_ms() - sample.event_time_ms))
         message = prediction_message(
@@ -444,9 +444,12 @@ class RecordStream:
         except Exception as exc:  # protobuf's DecodeError
             self._fail(RecordFailure(Step.LABEL, *_where(record), "undecodable", str(exc), exc), record)
             return
-        correct = self.labels.join(label.sample_id, int(label.label))  # the loop thread's own state
-        if correct is not None:
-            self.counters.count_late_label(correct)
+        joined = self.labels.join(label.sample_id, int(label.label))  # the loop thread's own state
+        if joined is not None:
+            self.counters.count_late_label(joined.correct)
+            compare = getattr(self.learner, "late_label", None)  # the guard's (services/trainer/guard/learner.py)
+            if compare is not None:
+                compare(joined.item, int(label.label), joined.correct)
         self._finish(record)
 
     def _broker_error(self, record: Record, error: KafkaError) -> None:

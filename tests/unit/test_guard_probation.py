@@ -22,7 +22,10 @@ WINDOW, PROBATION = 50, 100  # compared items; every item is labelled and compar
 
 
 def probation_guard(**overrides: Any) -> tuple[GuardedLearner, FakeLearner]:
-    return guarded(**{"window": WINDOW, "probation_items": PROBATION, **overrides})
+    """Probation for every passing window and the CUSUM alone (``guard.probation: always``, the recurrence
+    rule off): what this file pins down; test_guard_recurrence.py covers the defaults."""
+    settings = {"window": WINDOW, "probation_items": PROBATION, "probation": "always", "recurrence_level": 0.0}
+    return guarded(**{**settings, **overrides})
 
 
 def events(learner: GuardedLearner, kind: str) -> list[ModelEvent]:
@@ -128,7 +131,8 @@ class DivergingLearner(FakeLearner):
 
 def test_a_divergence_during_probation_drops_the_candidates() -> None:
     inner = DivergingLearner(at=3 * WINDOW + 1)
-    learner = GuardedLearner(inner, linear_model(), GuardSettings(window=WINDOW, probation_items=PROBATION))
+    settings = GuardSettings(window=WINDOW, probation_items=PROBATION, probation="always", recurrence_level=0.0)
+    learner = GuardedLearner(inner, linear_model(), settings)
     feed(learner, items(3 * WINDOW + 1, seed=21), 0)  # last-good v0 (promoted at 150), v50 and v100 on probation
     with pytest.raises(ModelDivergedError):
         learner.arrive(3 * WINDOW + 1, *items(1, seed=22)[0])

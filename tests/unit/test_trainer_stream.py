@@ -472,3 +472,25 @@ def test_the_loop_polls_without_waiting_while_it_has_training_to_run() -> None:
     assert RecordStream._next_batch(waiting) == [] and waiting.calls == [(BATCH, 0), (1, POLL_S)]  # type: ignore[arg-type]
     held = _Polls(["a", "b"])
     assert RecordStream._next_batch(held, wait=False) == ["a", "b"] and held.calls == [(BATCH, 0)]  # type: ignore[arg-type]
+
+
+class ComparingLearner(ScriptedLearner):
+    """A scripted learner with the guard's late-label hook: records what the record path hands it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late: list[tuple[int, int, bool]] = []
+
+    def late_label(self, item: int, label: int, live_correct: bool) -> None:
+        self.late.append((item, label, live_correct))
+
+
+def test_a_late_label_reaches_the_guard_with_its_item() -> None:
+    learner = ComparingLearner()
+    parts, _, _ = parts_for(learner)
+    parts.stream.partitions.assigned = frozenset({0})
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 0, sample(0, label=None)))  # type: ignore[arg-type]
+    parts.stream.process(FakeMessage(TOPICS.samples, 0, 1, sample(1, label=None)))  # type: ignore[arg-type]
+    label = messages_pb2.Label(sample_id="digits/1", label=5).SerializeToString()
+    parts.stream.process(FakeMessage(TOPICS.labels, 0, 0, label))  # type: ignore[arg-type]
+    assert learner.late == [(1, 5, False)]  # item 1 (the second sample), predicted 3 by the scripted learner

@@ -3,24 +3,30 @@ same :class:`~services.trainer.learner.Learner` contract and adds
 
 1. **a shadow** (:mod:`.shadow`): the last-good weights predict every ``guard.shadow_every``-th item whose
    label is known at arrival, batched with the consumer batch the item came in;
-2. **the test** (:mod:`.cusum`): a CUSUM of Wald's SPRT on the discordant pairs of live-vs-shadow
-   correctness; when it says the live model is worse, the live model is **rolled back** to the shadow's
-   weights (its model version goes back to the shadow's, so the predictions that follow carry it);
-3. **promotion, one window late, on probation**: every ``guard.window`` compared items the live model is
-   judged on the window (live correct ≥ shadow correct: at least as good). The weights that *started* a
-   passing window (kept at the window's start, the candidate) go on probation; the live weights at its end
-   become the next candidate, to be judged by the next window. Promoting the weights that were followed by
-   a whole window at least as good as the shadow, rather than the weights at the moment of the verdict,
-   keeps a poisoning burst that began late in a window (its damage not yet visible) out of the last-good
-   copy. A candidate on probation becomes last-good only after ``guard.probation_items`` further compared
-   items during which the test (against the *current* last-good) never fired; if it fires, the live model
-   is rolled back and every candidate on probation is dropped. Why: while a burst of flipped labels lasts,
-   the live model fits them better than the shadow (as under a genuine change of concept), so the windows
-   of the burst pass; without probation the flip-trained weights became last-good before the true labels
-   returned, and the pre-burst model was gone. With it, the pre-burst shadow is still there when the
-   labels return and wins the discordant pairs against the flip-trained live model; under a permanent
-   drift the live model keeps winning, the test stays quiet and promotion is only delayed. Candidates on
-   probation are kept as copies of the weights (at most ⌈probation_items / window⌉ of them);
+2. **two rollback rules**, either of which rolls the live model back (its model version goes back, so the
+   predictions that follow carry it): the test of :mod:`.cusum` (a CUSUM of Wald's SPRT on the discordant
+   pairs of live-vs-shadow correctness: the live model is worse than the shadow), and the recurrence rule
+   of :mod:`.recurrence` (the shadow's accuracy fell and came back — a burst ended — and the shadow beats the
+   live model since the return: a sign test). A rollback goes to the newest weights known to predate the
+   shadow's fall where the watch saw one (a candidate on probation), else to the last-good;
+3. **promotion, one window late, on probation for suspect windows**: every ``guard.window`` compared items
+   the live model is judged on the window (live correct ≥ shadow correct: at least as good). The weights
+   that *started* a passing window (kept at the window's start, the candidate) are promoted, and the live
+   weights at its end become the next candidate. Promoting the weights that were followed by a whole
+   window at least as good as the shadow, rather than the weights at the moment of the verdict, keeps a
+   poisoning burst that began late in a window (its damage not yet visible) out of the last-good copy. A
+   *suspect* window — the shadow's accuracy fell during it or has not come back (a burst or a drift may be
+   under way) — puts its candidate on probation instead (so does any window while older candidates wait,
+   so they are promoted in order; ``guard.probation: always``: every window): it
+   becomes last-good only after ``guard.probation_items`` further compared items during which no rule
+   fired; a rollback drops every candidate on probation. Why: while a burst of flipped labels lasts, the
+   live model fits them better than the shadow (as under a genuine change of concept), so the windows of
+   the burst pass; promoted at once, the flip-trained weights became last-good before the true labels
+   returned, and the pre-burst model was gone. On probation, the pre-burst weights are still there when
+   the labels return; under a permanent drift the live model keeps winning, nothing fires and promotion
+   is only delayed. Windows of a clean stream are promoted at their verdict, so the shadow stays about a
+   window behind the live model (a stale shadow makes a rollback lose what was learnt since). Candidates
+   on probation are kept as copies of the weights (at most ⌈probation_items / window⌉ of them);
 4. **drift detection** (:mod:`.drift`, River's ADWIN or Page-Hinkley) on the live model's correctness
    (labelled items) and confidence (unlabelled ones), with an optional reaction;
 5. **a rollback on divergence**: a :class:`~services.trainer.learner.ModelDivergedError` (a non-finite
@@ -33,15 +39,16 @@ A rollback or promotion swaps weights, which must not happen while items submitt
 wait for their outcomes (the record path submits a consumer batch, then waits for each outcome): a
 decision is carried out at the next :meth:`submit` or :meth:`pending_training` with no outcome
 outstanding, i.e. between consumer batches on the loop thread. The shadow and the test run on the loop
-thread only. Not covered: labels that arrive later on ``<prefix>.labels`` (the shadow's prediction for
-the item is gone by then): those items feed the drift detector's confidence signal only.
+thread only. Labels that arrive later on ``<prefix>.labels``: once the first one has been joined, the
+shadow also predicts unlabelled items and keeps its class (the last :data:`MAX_AWAITED_LABELS`) until the
+item's label comes (:meth:`GuardedLearner.late_label`); the drift detector sees their confidence.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -56,12 +63,14 @@ from services.kafka.record_codec import now_ms
 from services.trainer.guard.cusum import CusumSettings, DiscordantCusum, Verdict
 from services.trainer.guard.drift import DriftMonitor, DriftSignal
 from services.trainer.guard.events import ModelEvent
+from services.trainer.guard.recurrence import Recurrence, RecurrenceWatch, Returned
 from services.trainer.guard.shadow import Shadow, cloned
 from services.trainer.learner import ArrivalOutcome, GuardCounts, Learner, LearnerStats, ModelDivergedError
 
 log = logging.getLogger("ferret.trainer.guard")
 
 MAX_QUEUED_EVENTS = 1000  # events not yet taken by the record path (the oldest are dropped beyond)
+MAX_AWAITED_LABELS = 10_000  # unlabelled items whose shadow class waits for a late label (trainer.label_window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +80,8 @@ class _OnProbation:
     tensors: dict[str, torch.Tensor]
     due: int  # the count of compared items at which it is promoted
     account: str  # the window's verdict, for the promotion's event
+    taken_at: int  # the count of compared items when these weights were the live ones (the window's start)
+    waited: bool = True  # on probation (False: promoted at its verdict)
 
 
 @dataclass(slots=True)
@@ -80,6 +91,7 @@ class _Window:
     items: int = 0
     live_correct: int = 0
     shadow_correct: int = 0
+    suspect: bool = False  # the shadow's concept was away at some point of the window (a burst or a drift)
 
 
 class GuardedLearner:
@@ -89,20 +101,26 @@ class GuardedLearner:
         self.inner = inner
         self.settings = settings
         self._test = DiscordantCusum(CusumSettings(settings.false_alarm, settings.worse_share))
+        self._returns = RecurrenceWatch(settings.recurrence_level, settings.worse_share, settings.window)
         start = inner.state_tensors()
         self._shadow = Shadow(model, start)
         self._candidate = cloned(start)
+        self._candidate_at = 0  # the count of compared items when the candidate's weights were taken
+        self._candidate_void = False  # the candidate was trained while the shadow's concept was away: never promoted
         self._fresh_compensators = inner.compensator_state() if settings.drift_reaction == "reset-compensator" else None
         self._drift = None if settings.drift_detector == "none" else DriftMonitor(settings.drift_detector)
         self._window = _Window()
         self._compared = 0  # labelled items the shadow and the live model both predicted (the test's clock)
         self._probation: deque[_OnProbation] = deque()  # oldest first
-        self._labelled = 0
+        self._labelled = 0  # items the shadow may predict (labelled at arrival, or any once labels come late)
+        self._late_labels = False  # a late label has been joined: the shadow predicts unlabelled items too
+        self._late: OrderedDict[int, int] = OrderedDict()  # item -> the shadow's class, awaiting its late label
         self._queued: list[tuple[int, torch.Tensor]] = []  # (item, x) waiting for the shadow's forward
         self._shadow_says: dict[int, int] = {}  # item -> the shadow's class
         self._outstanding = 0
-        self._rollback_due: tuple[int, str] | None = None  # (deciding item, why)
-        self._verdict_due: tuple[int, bool, str] | None = None  # (deciding item, window passed, account)
+        # (deciding item, why, where the shadow's accuracy fell: the compared count, None when it did not)
+        self._rollback_due: tuple[int, str, int | None] | None = None
+        self._verdict_due: tuple[int, bool, str, bool] | None = None  # (deciding item, passed, account, suspect)
         self._promotion_due: tuple[int, _OnProbation] | None = None  # (item, the candidate whose probation ended)
         self._reset_due = False  # a drift asked for the compensators' reset (guard.drift_reaction)
         self._events: deque[ModelEvent] = deque(maxlen=MAX_QUEUED_EVENTS)
@@ -121,7 +139,7 @@ class GuardedLearner:
     ) -> Callable[[], ArrivalOutcome]:
         self._carry_out()
         waiting = self.inner.submit(item, x, y, event_time_ms)
-        if y is not None:
+        if y is not None or self._late_labels:  # unlabelled ones once labels have come late
             self._labelled += 1
             if self._labelled % self.settings.shadow_every == 0:
                 self._queued.append((item, x))
@@ -133,7 +151,8 @@ class GuardedLearner:
             try:
                 result = waiting()
             except ModelDivergedError as exc:
-                self._rollback_due = self._rollback_due or (item, f"the live model diverged ({exc})")
+                diverged = (item, f"the live model diverged ({exc})", self._returns.fell_from)
+                self._rollback_due = self._rollback_due or diverged
                 raise
             finally:
                 if not settled:
@@ -205,26 +224,77 @@ class GuardedLearner:
             if signal is not None:
                 self._drifted(signal, outcome.model_version)
         if y is None or live_correct is None:
+            self._await_label(item)
             return
         shadow_class = self._shadow_class(item)
-        if shadow_class is None or self._rollback_due is not None:  # not compared, or the live model is condemned
+        if shadow_class is not None:
+            self._compare(item, live_correct, shadow_class == y)
+
+    def late_label(self, item: int, label: int, live_correct: bool) -> None:
+        """A label that came after its prediction (``<prefix>.labels``, joined by the record path): the
+        item is compared as if labelled at arrival, if the shadow predicted it and neither model has changed
+        hands since (a promotion, rollback or restore forgets the awaited items: their predictions were
+        made by models no longer compared). The first such label makes the shadow predict unlabelled items
+        from then on."""
+        self._late_labels = True
+        shadow_class = self._late.pop(item, None)
+        if shadow_class is not None:
+            self._compare(item, live_correct, shadow_class == label)
+
+    def _await_label(self, item: int) -> None:
+        """An unlabelled item: keep the shadow's class (if it predicted the item) for a late label."""
+        shadow_class = self._shadow_class(item)
+        if shadow_class is None:
             return
-        shadow_correct = shadow_class == y
+        self._late[item] = shadow_class
+        while len(self._late) > MAX_AWAITED_LABELS:
+            self._late.popitem(last=False)
+
+    def _compare(self, item: int, live_correct: bool, shadow_correct: bool) -> None:
+        """One item both models predicted, judged: the rollback rules, the window, the probation."""
+        if self._rollback_due is not None:  # the live model is condemned already
+            return
         w = self._window
         w.items += 1
         w.live_correct += live_correct
         w.shadow_correct += shadow_correct
         self._compared += 1
         if self._test.observe(live_correct, shadow_correct) is Verdict.WORSE:
-            self._rollback_due = (item, self._test.describe())
+            self._rollback_due = (item, self._test.describe(), self._returns.fell_from)
             return
+        seen = self._returns.observe(item, live_correct, shadow_correct, self._compared)
+        if isinstance(seen, Recurrence):
+            self._rollback_due = (item, seen.describe(), seen.returned.fell_from)
+            return
+        if isinstance(seen, Returned):
+            self._drop_trained_while_away(seen)
+        w.suspect = w.suspect or self._returns.suspect
         if w.items >= self.settings.window:  # judged now, carried out between batches; the next window starts
             passed = w.live_correct >= w.shadow_correct
             account = f"window of {w.items}: live {w.live_correct} vs shadow {w.shadow_correct} right"
-            self._verdict_due = (item, passed, account)
+            if w.suspect:
+                account += " (the shadow's accuracy fell during it)"
+            self._verdict_due = (item, passed, account, w.suspect)
             self._window = _Window()
         if self._probation and self._probation[0].due <= self._compared and self._promotion_due is None:
             self._promotion_due = (item, self._probation.popleft())
+
+    def _drop_trained_while_away(self, returned: Returned) -> None:
+        """The shadow's concept came back: weights taken after its fall began were trained on what made it
+        leave (a burst, most likely) and must not become last-good; the candidates on probation among them
+        are dropped, and so is the current candidate if it is one of them (its window promotes nothing)."""
+        kept = deque(c for c in self._probation if c.taken_at <= returned.fell_from)
+        dropped = len(self._probation) - len(kept)
+        self._probation = kept
+        if self._promotion_due is not None and self._promotion_due[1].taken_at > returned.fell_from:
+            self._promotion_due, dropped = None, dropped + 1
+        if self._candidate_at > returned.fell_from:
+            self._candidate_void, dropped = True, dropped + 1
+        if dropped:
+            log.info(
+                "the shadow's concept came back at item %d (it left at item %d): %d candidate(s) trained while it "
+                "was away dropped", returned.item, returned.fell_at, dropped,
+            )  # fmt: skip
 
     def _shadow_class(self, item: int) -> int | None:
         """The shadow's class for ``item``; the first call after a submission predicts every queued item in
@@ -253,6 +323,8 @@ class GuardedLearner:
         rollback, verdict, promotion = self._rollback_due, self._verdict_due, self._promotion_due
         self._rollback_due = self._verdict_due = self._promotion_due = None
         if rollback is not None:  # verdicts and promotions decided before it are moot: the candidates dropped
+            if promotion is not None:  # still a candidate the rollback may return to
+                self._probation.appendleft(promotion[1])
             self._rollback(*rollback)
             return
         if promotion is not None:  # before the verdict: a candidate it puts on probation is younger
@@ -260,30 +332,41 @@ class GuardedLearner:
         if verdict is not None:
             self._judged(*verdict)
 
-    def _rollback(self, item: int, detail: str) -> None:
+    def _rollback(self, item: int, detail: str, fell_from: int | None) -> None:
+        """Back to the newest weights known to predate the fall of the shadow's accuracy (a candidate on
+        probation taken at or before ``fell_from``, which becomes last-good: :mod:`.recurrence`), else to the
+        last-good."""
         before = self.inner.stats().model_version
+        older = [c for c in self._probation if fell_from is not None and c.taken_at <= fell_from]
+        if older:
+            self._shadow.load(older[-1].tensors)
+            detail += f"; to the newest weights from before the fall of the shadow's accuracy ({older[-1].account})"
         tensors = self._shadow.tensors()
         self.inner.load_state_tensors(tensors)
         self._restart(tensors, promote=False)
         c = self._counts
-        self._counts = replace(c, rollbacks=c.rollbacks + 1)
+        self._counts = replace(c, rollbacks=c.rollbacks + 1, last_good_version=self._shadow.version)
         log.warning(
             "rollback at item %d: model v%d -> last-good v%d (%s)", item, before, self._shadow.version, detail
         )
         self._event(ModelEvent("rollback", self._shadow.version, item, now_ms(), before, detail=detail))
 
-    def _judged(self, item: int, passed: bool, detail: str) -> None:
+    def _judged(self, item: int, passed: bool, detail: str, suspect: bool) -> None:
         """The window that ended at ``item`` judged: the candidate goes on probation if it ``passed`` (or is
-        promoted at once with ``guard.probation_items: 0``), the live weights become the next candidate. The
-        probation counts from now: a verdict is carried out between consumer batches, up to one batch after
-        the window's end."""
-        candidate, self._candidate = self._candidate, cloned(self.inner.state_tensors())
-        if not passed:
-            log.info("no promotion at item %d: %s", item, detail)
+        promoted at once with ``guard.probation_items: 0``, or with ``guard.probation: suspect`` when the
+        window was not ``suspect``), the live weights become the next candidate. The probation counts from
+        now: a verdict is carried out between consumer batches, up to one batch after the window's end."""
+        candidate, taken_at, void = self._candidate, self._candidate_at, self._candidate_void
+        self._candidate, self._candidate_at = cloned(self.inner.state_tensors()), self._compared
+        self._candidate_void = False
+        if not passed or void:
+            why = "its weights were trained while the shadow's concept was away" if passed else detail
+            log.info("no promotion at item %d: %s", item, why)
             return
-        on_probation = _OnProbation(candidate, self._compared + self.settings.probation_items, detail)
-        if self.settings.probation_items == 0:
-            self._promote(item, on_probation)
+        on_probation = _OnProbation(candidate, self._compared + self.settings.probation_items, detail, taken_at)
+        at_once = self.settings.probation == "suspect" and not suspect and not self._probation
+        if self.settings.probation_items == 0 or at_once:
+            self._promote(item, replace(on_probation, waited=False))
         else:
             self._probation.append(on_probation)
 
@@ -292,10 +375,18 @@ class GuardedLearner:
         an older model: a shadow win then is a shadow win against the candidate too, more often than not)."""
         before = self._shadow.version
         self._shadow.load(candidate.tensors)
+        # The recurrence watch goes on (a promotion right before a burst must not hide the fall of the shadow's
+        # accuracy: a fresh ADWIN would start inside the burst) unless the new last-good was trained after the
+        # fall began: it survived its probation while the old concept stayed away, i.e. a lasting drift, and its
+        # accuracy rising on the new concept is not the old one coming back
+        fell_from = self._returns.fell_from
+        if fell_from is not None and candidate.taken_at > fell_from:
+            self._returns.reset()
         self._queued.clear()  # predicted by the shadow being replaced (none are: called between batches)
         self._shadow_says.clear()
+        self._late.clear()
         detail = candidate.account
-        if self.settings.probation_items:
+        if candidate.waited:
             detail += f"; then {self.settings.probation_items} compared items on probation with no rollback"
         c = self._counts
         self._counts = replace(c, promotions=c.promotions + 1, last_good_version=self._shadow.version)
@@ -308,13 +399,15 @@ class GuardedLearner:
         if promote:
             self._shadow.load(tensors)
             self._counts = replace(self._counts, last_good_version=self._shadow.version)
-        self._candidate = cloned(tensors)
+        self._candidate, self._candidate_at, self._candidate_void = cloned(tensors), self._compared, False
         self._probation.clear()
         self._verdict_due = self._promotion_due = None
         self._window = _Window()
         self._test.reset()
+        self._returns.reset()
         self._queued.clear()
         self._shadow_says.clear()
+        self._late.clear()
 
     def _drifted(self, signal: DriftSignal, model_version: int) -> None:
         reaction = "none" if self._fresh_compensators is None else "reset-compensator"
