@@ -54,6 +54,12 @@ class CusumSettings:
         return math.log(1.0 / self.false_alarm)
 
 
+def wald_steps(worse_share: float) -> tuple[float, float]:
+    """Wald's log-likelihood ratio of one discordant pair, (a shadow win, a live win): ln(θ₁ / ½) and
+    ln((1 − θ₁) / ½) for θ₁ = ``worse_share`` (the CUSUM here and the recurrence rule's SPRT share them)."""
+    return math.log(worse_share / 0.5), math.log((1.0 - worse_share) / 0.5)
+
+
 class Verdict(Enum):
     CONTINUE = "continue"  # not enough evidence yet
     WORSE = "worse"  # H0 rejected: the live model is worse than the shadow
@@ -64,8 +70,7 @@ class DiscordantCusum:
 
     def __init__(self, settings: CusumSettings) -> None:
         self.settings = settings
-        self._win = math.log(settings.worse_share / 0.5)  # a shadow win
-        self._loss = math.log((1.0 - settings.worse_share) / 0.5)  # a live win (negative)
+        self._win, self._loss = wald_steps(settings.worse_share)  # a shadow win; a live win (negative)
         self.statistic = 0.0
         self.shadow_wins = 0
         self.live_wins = 0

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from river import drift
 
 from ferret_core.errors import ConfigError
+from services.trainer.guard.cusum import wald_steps
 
 MAX_ITEMS = 1000  # compared items kept to locate the rise in (ADWIN's window after a cut is far shorter)
 
@@ -96,8 +97,7 @@ class _ReturnTest:
 
     def __init__(self, returned: Returned, worse_share: float, threshold: float) -> None:
         self.returned = returned
-        self._win = math.log(worse_share / 0.5)
-        self._loss = math.log((1.0 - worse_share) / 0.5)
+        self._win, self._loss = wald_steps(worse_share)
         self.threshold = threshold
         self.llr = 0.0
         self.items = self.shadow_wins = self.live_wins = 0
