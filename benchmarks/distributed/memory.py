@@ -8,7 +8,8 @@ saturated and items overlap in the pipeline), two arms interleaved in each repea
   holds after each action (:mod:`ferret_core.engine.memory_meter`, the shared slots and rings excluded);
   reported: the byte model's planned bytes (``MemorySettings(executors="processes")``, the compensator's),
   :meth:`ProcessClock.measured_bytes` = the shared segments + Σ executor peaks, each executor's peak and
-  its largest sources, and the sampling's own wall time per action (inside the executors);
+  its largest sources, and the sampling's own CPU time per action (inside the executors, the sampling
+  thread's CPU time: other processes on the cores do not inflate it);
 * **not measured** (``measure_memory=False``): no meter, no saved-tensor hooks: the obvious alternative,
   so *measured ÷ not measured* trained items/s in the same repeat is what sampling costs the executors.
 

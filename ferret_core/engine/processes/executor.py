@@ -21,7 +21,8 @@ of Python-owned versions (:mod:`ferret_core.engine.processes.slots`):
   delta ring, :mod:`ferret_core.engine.processes.deltas`, which every executor of the stage compensates from).
 
 **Memory.** Each executor measures what it holds in its own process with the engine's meter
-(:mod:`ferret_core.engine.memory_meter`), sampled after each F, R, B and U as the thread engine's: the
+(:mod:`ferret_core.engine.memory_meter`), sampled after each F, R and B as the thread engine's (an update
+only empties the gradient buffer the B's sample counted, so it is not sampled): the
 stage inputs, outputs and labels of its items in flight, autograd's saved tensors of their graphs, the
 tensors its sends to the next or previous stage still hold, its gradient buffer (T2) and its
 compensator's state. The shared version slots and delta rings are excluded (the coordinator counts
@@ -139,7 +140,7 @@ class _Executor:
         self._backward_sends: collections.deque[tuple[Any, Tensor]] = collections.deque()
         self._forward_sent, self._backward_sent = spec.received  # sends so far, as the neighbours count them
         self.actions = 0  # F and B actions run (a B's R and U included)
-        self.sample_seconds = 0.0  # wall seconds in the memory meter's samples (reported, not used)
+        self.sample_seconds = 0.0  # CPU seconds in the memory meter's samples (reported, not used)
         self.meter: MemoryMeter | None = None
         if spec.measure_memory:
             shared = [*stage.storages(), *(deltas.storages() if deltas is not None else ())]
@@ -293,10 +294,9 @@ class _Executor:
         del grads, grad_in
         self.actions += 1
         self._sample()  # the gradient in the buffer, before its update (as the thread engine's B sample)
-        update = None
-        if self.buffer.count >= self.spec.accumulation:
-            update = self._update()
-            self._sample()
+        # no sample after the update: in this single-threaded process it only empties the buffer the sample
+        # above counted (the new master and the deltas are shared segments), so it can never be a new peak
+        update = self._update() if self.buffer.count >= self.spec.accumulation else None
         return ("B", index, version, t0, t_recompute, t_end, update, not finite)
 
     def _compensate(
@@ -335,9 +335,9 @@ class _Executor:
         """Sample what this executor holds (the meter's peak)."""
         if self.meter is None:
             return
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # CPU time: other processes sharing the cores do not inflate it
         self.meter.sample()
-        self.sample_seconds += time.perf_counter() - t0
+        self.sample_seconds += time.thread_time() - t0
 
     @property
     def peak_bytes(self) -> int:
@@ -345,7 +345,7 @@ class _Executor:
         return 0 if self.meter is None else self.meter.peak_bytes
 
     def memory_report(self) -> dict[str, Any]:
-        """The meter's peak, its breakdown by source, its samples and their wall seconds, and the actions run."""
+        """The meter's peak, its breakdown by source, its samples and their CPU seconds, and the actions run."""
         meter = self.meter
         return {
             "peak_bytes": self.peak_bytes,

@@ -64,7 +64,7 @@ class ProcessUsage:
     shared version slots and delta rings excluded, with ``measured_breakdown`` by source at that peak
     (``items``: stage inputs, outputs and labels of items in flight; ``autograd_saved``: their graphs'
     saved tensors; ``sends``: tensors still held by sends to another stage; ``gradients``: the gradient
-    buffer; ``compensator``: its own state), ``memory_samples`` and ``sample_seconds`` (the samples' wall
+    buffer; ``compensator``: its own state), ``memory_samples`` and ``sample_seconds`` (the samples' CPU
     seconds) over ``actions`` F and B actions run (0 where ``ProcessSettings.measure_memory`` is off)."""
 
     worker: int
