@@ -15,6 +15,9 @@ and counts each distinct storage once (deduplicated by ``untyped_storage().data_
 Nothing is summed from the plan. On CUDA the meter also reports ``torch.cuda.max_memory_allocated()``
 above the allocation that existed when it was created.
 
+An executor *process* runs its own meter over what it holds, excluding the shared version slots and
+delta rings (``exclude``), which its coordinator counts once (:mod:`ferret_core.engine.processes.executor`).
+
 Sampling after every action is cheap and still exact (``tests/unit/test_memory_meter.py``
 checks it equals a full walk at every sample on random runs):
 
