@@ -15,6 +15,9 @@ and counts each distinct storage once (deduplicated by ``untyped_storage().data_
 Nothing is summed from the plan. On CUDA the meter also reports ``torch.cuda.max_memory_allocated()``
 above the allocation that existed when it was created.
 
+An executor *process* runs its own meter over what it holds, excluding the shared version slots and
+delta rings (``exclude``), which its coordinator counts once (:mod:`ferret_core.engine.processes.executor`).
+
 Sampling after every action is cheap and still exact (``tests/unit/test_memory_meter.py``
 checks it equals a full walk at every sample on random runs):
 
@@ -130,20 +133,33 @@ def _unpack(holder: _Saved) -> Tensor:
 
 
 class MemoryMeter:
-    """Peak of distinct storages held by named sources plus autograd's saved tensors."""
+    """Peak of distinct storages held by named sources plus autograd's saved tensors.
 
-    def __init__(self, sources: Mapping[str, Source], tracker: SavedTensorTracker | None = None) -> None:
+    ``exclude``: storages another meter counts (an executor process's view of the shared version slots and
+    delta rings, which its coordinator counts once): never counted here, whichever source or saved tensor
+    holds them. ``cuda``: also track the CUDA allocator's peak (False in a process that must not start a
+    CUDA context just to read it: the CPU executor processes)."""
+
+    def __init__(
+        self,
+        sources: Mapping[str, Source],
+        tracker: SavedTensorTracker | None = None,
+        *,
+        exclude: Iterable[StorageKey] = (),
+        cuda: bool = True,
+    ) -> None:
         self._sources: dict[str, Source] = dict(sources)
         self._stable: dict[str, Source] = {}
         self._stable_keys: dict[str, int] | None = None  # bytes per stable source, cached
-        self._stable_seen: set[int] = set()  # and their storages
+        self._excluded = frozenset(ptr for ptr, _ in exclude)
+        self._stable_seen: set[int] = set(self._excluded)  # and their storages (plus the excluded ones)
         self.tracker = tracker or SavedTensorTracker()
         self.peak_bytes = 0
         self.last_bytes = 0
         self.samples = 0
         self.peak_breakdown: dict[str, int] = {}
         self.last_breakdown: dict[str, int] = {}
-        self._cuda_devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+        self._cuda_devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())] if cuda else []
         self._cuda_baseline = {d: torch.cuda.memory_allocated(d) for d in self._cuda_devices}
         for device in self._cuda_devices:
             torch.cuda.reset_peak_memory_stats(device)
@@ -166,7 +182,7 @@ class MemoryMeter:
     def sample(self) -> int:
         """Bytes held now; updates :attr:`peak_bytes` and its breakdown by source."""
         if self._stable_keys is None:
-            self._stable_seen = set()
+            self._stable_seen = set(self._excluded)
             stable = list(self._stable.items())
             self._stable_keys = {name: _count(source(), self._stable_seen) for name, source in stable}
         seen = set(self._stable_seen)
@@ -186,7 +202,7 @@ class MemoryMeter:
     def walk(self) -> int:
         """What :meth:`sample` counts, by walking every source and every saved tensor with no cache
         (the reference the cached sample is tested against; it does not touch the peak)."""
-        seen: set[int] = set()
+        seen: set[int] = set(self._excluded)
         total = sum(_count(source(), seen) for source in (*self._stable.values(), *self._sources.values()))
         return total + _count(self.tracker.live(), seen)
 

@@ -38,7 +38,8 @@ Two variants (``MemorySettings.variant``):
 Extras (both variants, counted once, not per worker): optimizer state (slots × ΣW), compensator state
 **only at the stages the plan can make stale** (staleness bound_i > 0, DESIGN §3.13; a stage whose
 gradients are never stale allocates nothing, ``make_compensator``): per such stage i, 8 bytes of
-statistics for any compensator but ``none``; Iter-Fisher: v_r, v_a = 2|w_i| when λ is tuned plus the
+statistics for any compensator but ``none`` (plus Iter-Fisher's λ, a float64 scalar tensor, wherever it keeps v_r
+and v_a); Iter-Fisher: v_r, v_a = 2|w_i| when λ is tuned plus the
 delta ring bound_i·|w_i|; ``iter-fisher-lean``: v_r, v_a only, nothing with η_λ = 0; Gap-Aware and
 DC-ASGD-a: |w_i| (:meth:`MemoryModel.stage_compensator_parts`), the transient terms above (``paper``: their sum, with
 max_j |w_j| as the gradient), and the OCL algorithm's state (replay buffer items, LwF's teacher ΣW, MAS
@@ -49,14 +50,19 @@ importances and anchor 2ΣW).
 shared memory, for the N live workers: K_j = 1 (master) + N (replicas) + N·(P − j) (stashes) + 1 (a
 prediction's pin) + 1 (the slot being written), :func:`process_version_slots`. Counted as a shared
 ``shared_version_slots`` = 3·ΣW and, per live worker, ``version_slots`` = Σ_j (1 + P − j)·|w_j| in place of
-``versions`` (a re-plan that removes a worker starts a new clock, whose slots fit its live workers). Each
-executor keeps its own compensator state, so ``compensator_moments`` and ``compensator_counters`` become
-per-worker copies (counted in the shared compensator term, once per live worker: a removed worker frees
-them); Alg. 1's delta ring is shared by the stage's executors (``ferret_core.engine.processes.deltas``),
-so ``compensator_ring`` stays once per stage, bound_j·|w_j| plus the ring's three int64 counters.
-Activations, accumulation buffers, pending gradients and the queue are counted as on threads. Not counted:
-each process's own runtime (the interpreter and torch, ~100 MB resident per process before its first tensor;
-the budget excludes it, docs/processes.md "Memory").
+``versions``, plus each stage's slot table (the current slot, then a version and a reader count per slot:
+1 + 2·K_j int64s, :func:`slot_table_bytes`): its shared part once (``shared_version_slot_tables``) and
+2·(1 + P − j) int64s per live worker (``version_slot_tables``). A re-plan that removes a worker starts a
+new clock, whose slots fit its live workers. Each executor keeps its own compensator state, so
+``compensator_moments`` and ``compensator_counters`` become per-worker copies (counted in the shared
+compensator term, once per live worker: a removed worker frees them); Alg. 1's delta ring is shared by
+the stage's executors (``ferret_core.engine.processes.deltas``), so ``compensator_ring`` stays once per
+stage, bound_j·|w_j| plus the ring's three int64 counters. Activations, accumulation buffers, pending
+gradients and the queue are counted as on threads; each executor measures them in its own process
+(:meth:`ProcessClock.measured_bytes`: shared segments + Σ executor peaks;
+``tests/integration/test_process_memory.py`` checks it against this total). Not counted: each process's
+own runtime (the interpreter and torch, ~100 MB resident per process before its first tensor; the budget
+excludes it, docs/processes.md "Memory").
 
 **Plus the admission queue (ours, not in the paper).** With ``MemorySettings.admission_queue`` set (the
 trainer's planner), every live worker adds K × (input + label) elements, K = max(⌈(W + D)/(N·t^d)⌉,
@@ -101,6 +107,9 @@ OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
 EXECUTOR_KINDS = ("threads", "processes")
 PER_EXECUTOR_EXTRAS = ("compensator_moments", "compensator_counters")  # kept by each executor process
 CORRECTION_SUM_BYTES = 8  # a compensator's device-side float64 statistics accumulator (compensation/base.py)
+LAMBDA_BYTES = 8  # Iter-Fisher's λ, a float64 scalar tensor where it keeps v_r and v_a (compensation/iter_fisher.py)
+ITER_FISHER_FAMILY = ("iter-fisher", "iter-fisher-cf", "iter-fisher-lean")
+SLOT_TABLE_ENTRY_BYTES = 8  # one int64 of a stage's slot table on executor processes (engine/processes/slots.py)
 
 
 @dataclass(frozen=True)
@@ -182,6 +191,12 @@ def process_version_slots(live_workers: int, num_stages: int, stage: int) -> int
     ``live_workers`` live workers: the master, a replica per worker, the stashes of the P − j items a worker
     may have in flight there, one slot a prediction pins and one being written."""
     return SHARED_VERSION_SLOTS + live_workers * worker_version_slots(num_stages, stage)
+
+
+def slot_table_bytes(live_workers: int, num_stages: int, stage: int) -> int:
+    """Bytes of ``stage``'s slot table on executor processes: the current slot, then a version and a reader
+    count per slot, 1 + 2·K_j int64s (:class:`~ferret_core.engine.processes.slots.SharedStageVersions`)."""
+    return SLOT_TABLE_ENTRY_BYTES * (1 + 2 * process_version_slots(live_workers, num_stages, stage))
 
 
 def admission_queue_bytes(profile: ModelProfile, slots: int, live_workers: int, dtype: str = "float32") -> int:
@@ -291,8 +306,11 @@ class MemoryModel:
             parts = {"workers": paper, "accumulation_buffers": buffers if self.settings.extras else 0}
         elif self._processes:  # the worker's version slots and its executors' own state
             slots = sum(worker_version_slots(g.num_stages, j) * g.weights[j] for j in range(g.num_stages))
+            # each of its slots' version and reader count in the stage's table (ours, slot_table_bytes)
+            entries = 2 * sum(worker_version_slots(g.num_stages, j) for j in range(g.num_stages))
             parts = {
                 "version_slots": slots,
+                "version_slot_tables": self._elements_of(entries * SLOT_TABLE_ENTRY_BYTES),
                 "activations": self.residency(worker).peak,
                 "accumulation_buffers": buffers,
             }  # the executors' compensator state: :meth:`compensator_breakdown`, one per live worker
@@ -328,6 +346,9 @@ class MemoryModel:
             extras["master_copy"] = total_w
         if self._engine and s.executors == "processes":  # K_j's shared slots: master, prediction, write
             extras["shared_version_slots"] = SHARED_VERSION_SLOTS * total_w
+            # their slot-table entries and each stage's current slot, P·(1 + 2·3) int64s (ours, slot_table_bytes)
+            table = g.num_stages * (1 + 2 * SHARED_VERSION_SLOTS) * SLOT_TABLE_ENTRY_BYTES
+            extras["shared_version_slot_tables"] = self._elements_of(table)
         extras["optimizer_state"] = OPTIMIZER_SLOTS[s.optimizer] * total_w
         if s.replay_items:
             extras["replay_buffer"] = s.replay_items * profile.input_elements
@@ -384,6 +405,15 @@ class MemoryModel:
         """Whether the compensator's bytes depend on the configuration (any compensator but ``none``)."""
         return self._stateful
 
+    def keeps_lambda_tensor(self) -> bool:
+        """Whether the compensator keeps λ as a tensor at a stage that can be stale: Iter-Fisher's family
+        wherever it keeps v_r and v_a (λ tuned; always for ``iter-fisher-cf``)."""
+        return self.settings.compensator in ITER_FISHER_FAMILY and self.moment_copies() > 0
+
+    def _elements_of(self, nbytes: int) -> int:
+        """``nbytes`` in elements of the model's dtype, rounded up."""
+        return -(-nbytes // dtype_bytes(self.settings.dtype))
+
     def moment_copies(self) -> int:
         """Copies of a stage's parameters the compensator keeps besides its ring, at a stage that can be
         stale: v_r, v_a of Alg. 1 (while λ is tuned), Gap-Aware's C, DC-ASGD-a's MeanSquare."""
@@ -401,7 +431,9 @@ class MemoryModel:
             return {}
         w = self.geometry.weights[stage]
         copies = self.live_copies(live_workers)
-        parts = {"compensator_counters": copies * -(-CORRECTION_SUM_BYTES // dtype_bytes(self.settings.dtype))}
+        # the float64 correction accumulator, and Iter-Fisher's float64 λ wherever it keeps v_r, v_a (ours)
+        scalars = CORRECTION_SUM_BYTES + (LAMBDA_BYTES if self.keeps_lambda_tensor() else 0)
+        parts = {"compensator_counters": copies * self._elements_of(scalars)}
         if self.moment_copies():
             parts["compensator_moments"] = copies * self.moment_copies() * w
         if self._ring:  # one ring per stage (on executor processes: the shared ring, with its counters)
@@ -410,7 +442,7 @@ class MemoryModel:
 
     def _ring_counter_elements(self) -> int:
         """The shared ring's int64 counters (pushed, head, held) in elements of the model's dtype."""
-        return -(-RING_COUNTERS * 8 // dtype_bytes(self.settings.dtype))
+        return self._elements_of(RING_COUNTERS * 8)
 
     def live_copies(self, live_workers: int) -> int:
         """Copies of the per-stage compensator state: one per live worker on executor processes, else one."""

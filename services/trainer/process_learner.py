@@ -15,9 +15,12 @@ What differs from the thread learner (:mod:`services.trainer.engine_learner`), s
 
 * each executor keeps its own compensator state (λ, moments); snapshots carry none, and a snapshot's
   compensator state (from the thread learner) is not loaded: λ restarts (logged);
-* ``measured_bytes`` is the shared version slots' bytes (the weights the plan's versions occupy, counted
-  once however many processes map them) plus, for Iter-Fisher, the stages' shared delta rings;
-  activations inside executors are not measured here;
+* ``measured_bytes`` (and ``peak_bytes``) is :meth:`ProcessClock.measured_bytes`: the shared version
+  slots and, for Iter-Fisher, the stages' shared delta rings (counted once however many processes map
+  them), plus every executor's measured peak of what it holds in its own process (activations and saved
+  tensors of items in flight, sends, gradients, T2's buffer, compensator state), sampled there after
+  each action: an upper bound of the simultaneous total. The coordinator's own tensors (queued
+  arrivals, a prediction's activations) and each process's runtime are not in it;
 * admission reads W as a queue depth (:func:`queue_depth`), not per item by its event time;
 * an executor process that dies (kill -9, the OOM killer) is started again in place from the newest
   weights that cannot be torn, the stream going on where it is (:meth:`ProcessLearner._recover`); a

@@ -72,6 +72,9 @@ def test_a_queued_batch_is_predicted_together_and_every_item_gets_one_outcome() 
         assert stats.backward_passes == sum(o.dispatched for o in outcomes)
         assert stats.model_version == stats.backward_passes
         assert 0 < stats.measured_bytes <= stats.planned_bytes
+        # the executors' own tensors (gradients, activations) on top of the shared slots, counted once
+        assert stats.measured_bytes == stats.peak_bytes == learner.clock.measured_bytes() > learner.clock.shared_bytes()
+        assert set(learner.clock.executor_bytes()) == {(0, 0), (1, 0)}
     finally:
         learner.close()
 
@@ -89,7 +92,8 @@ def test_iter_fisher_trains_two_worker_processes_over_the_shared_delta_ring() ->
         store = learner.clock.deltas[0]
         assert store is not None and store.pushed == stats.model_version == stats.backward_passes > 0
         assert 0 < stats.measured_bytes <= stats.planned_bytes  # the shared ring included, counted once
-        assert stats.measured_bytes == learner.clock.shared_bytes()
+        # the shared ring and slots once, plus each executor's own (its λ, v_r, v_a, gradients, activations)
+        assert stats.measured_bytes == learner.clock.shared_bytes() + sum(learner.clock.executor_bytes().values())
         assert store.nbytes() > 0 and learner.clock.shared_bytes() > sum(s.nbytes() for s in learner.clock.stages)
     finally:
         learner.close()

@@ -20,6 +20,22 @@ def test_storages_are_counted_once() -> None:
     assert meter.sample() == 420 and meter.peak_breakdown == {"a": 400, "b": 20, "autograd_saved": 0}
 
 
+def test_excluded_storages_are_never_counted_whoever_holds_them() -> None:
+    """What another meter counts (an executor's view of the shared slots) is left out of every source, of
+    autograd's saved tensors and of the full walk; the rest is counted as before."""
+    shared = torch.ones(50, requires_grad=True)
+    own = torch.ones(5)
+    meter = MemoryMeter(
+        {"a": lambda: storage_keys([shared.detach(), own])}, exclude=storage_keys([shared]), cuda=False
+    )
+    with meter.tracker.hooks():
+        loss = (shared * 2.0).sum()  # saves nothing of its own but the shared weight's storage
+        out = shared * torch.full((50,), 3.0)  # saves the shared weight and a private tensor
+    assert meter.sample() == 20 + 200 == meter.walk()  # own, and the private saved tensor
+    assert meter.last_breakdown == {"a": 20, "autograd_saved": 200}
+    del loss, out
+
+
 def test_saved_tensors_are_tracked_while_their_graph_lives() -> None:
     programs, (version,) = build_stages(tiny_units(), Partition((0, 3)))
     tracker = SavedTensorTracker()

@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ferret_core.compensation import COMPENSATOR_NAMES, CompensatorSettings
+from ferret_core.compensation import COMPENSATOR_NAMES, CompensatorSettings, make_compensator
 from ferret_core.plan import Plan
 from ferret_core.planning.cost_model import StageGeometry
 from ferret_core.planning.memory_model import MemoryModel, MemorySettings
@@ -22,6 +23,7 @@ PROFILES = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles"
 MNISTNET = ModelProfile.load(PROFILES / "mnistnet.json")
 KEYS = ("compensator_moments", "compensator_counters", "compensator_ring")
 COPIES = {"gap-aware": 1, "dc-asgd-a": 1, "iter-fisher": 2, "iter-fisher-cf": 2, "iter-fisher-lean": 2}
+LAMBDA_TENSOR = ("iter-fisher", "iter-fisher-cf", "iter-fisher-lean")  # with λ tuned (the default)
 
 
 def _model(plan: Plan, compensator: str, executors: str = "threads") -> MemoryModel:
@@ -45,7 +47,8 @@ def test_state_is_counted_per_stale_stage(compensator: str) -> None:
     w = model.geometry.weights
     breakdown = model.breakdown(plan.workers)
     assert breakdown.get("compensator_moments", 0) == COPIES.get(compensator, 0) * w[0] * 4
-    assert breakdown["compensator_counters"] == 8  # one float64 accumulator, at stage 0
+    # one float64 accumulator at stage 0, and Iter-Fisher's float64 λ where it keeps v_r and v_a
+    assert breakdown["compensator_counters"] == 8 + 8 * (compensator in LAMBDA_TENSOR)
     ring = w[0] * 4 if compensator in ("iter-fisher", "iter-fisher-cf") else 0
     assert breakdown.get("compensator_ring", 0) == ring
 
@@ -78,3 +81,26 @@ def test_the_engine_allocates_state_only_at_stale_stages(compensator: str) -> No
     per_stage = [sum(t.numel() for t in c.state_tensors()) for c in engine.pipeline.compensators]
     assert per_stage[2] == 0 and per_stage[0] > 0 and per_stage[1] > 0
     assert result.max_staleness[2] == 0
+
+
+@pytest.mark.parametrize("compensator", [c for c in COMPENSATOR_NAMES if c != "none"])
+@pytest.mark.parametrize("eta_lambda", [1e-3, 0.0])
+def test_the_counted_state_is_what_the_compensator_allocates(compensator: str, eta_lambda: float) -> None:
+    """A stale stage's compensator after stale calls holds, besides its ring, exactly the model's
+    ``compensator_moments`` + ``compensator_counters`` bytes (moments, the float64 accumulator, Iter-Fisher's
+    float64 λ); ``step-aware`` allocates no accumulator and is over-counted by its 8 bytes."""
+    plan = make_plan(2, 1, num_units=len(MNISTNET.layers))  # only stage 0 can be stale
+    memory = MemorySettings(compensator=compensator, lambda_tuning=eta_lambda > 0)
+    model = MemoryModel(StageGeometry.from_profile(MNISTNET, plan.partition), MNISTNET, memory)
+    breakdown = model.breakdown(plan.workers)
+    params = [torch.zeros(model.geometry.weights[0])]
+    made = make_compensator(compensator, params, CompensatorSettings(eta_lambda=eta_lambda), 1)
+    for _ in range(2):  # stale calls with a delta in the ring (state is allocated at first use)
+        if made.needs_deltas:
+            made.observe_update([torch.full_like(params[0], 1e-3)])
+        made.compensate([torch.ones_like(params[0])], staleness=1, theta_then=params, theta_now=params)
+    ring = getattr(made, "_ring", None)
+    in_ring = {ptr for ptr, _ in ring.storages()} if ring is not None else set()
+    held = sum(nbytes for ptr, nbytes in dict(made.state_storages()).items() if ptr not in in_ring)
+    counted = breakdown.get("compensator_moments", 0) + breakdown.get("compensator_counters", 0)
+    assert held == (counted - 8 if compensator == "step-aware" else counted)

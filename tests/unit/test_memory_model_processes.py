@@ -1,11 +1,12 @@
 """The byte model of executor processes (``MemorySettings.executors="processes"``, memory_model.py
 "Executor processes"): the shared version slots the process clock allocates, counted exactly; compensator
 state per executor, Iter-Fisher's shared delta ring once per stage; planned bytes of the search equal to
-the model's total; a removed worker frees its slots and state."""
+the model's total; a removed worker frees its slots and state; the slot tables counted as allocated."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from threading import Lock
 
 import pytest
 import torch
@@ -14,11 +15,12 @@ from hypothesis import strategies as st
 
 from ferret_core.compensation.ring import COUNTERS
 from ferret_core.engine.processes.deltas import SharedDeltas
-from ferret_core.engine.processes.slots import slots_needed
+from ferret_core.engine.processes.slots import slots_needed, stage_versions
+from ferret_core.engine.versions import StageVersion
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
 from ferret_core.planning.cost_model import StageGeometry
-from ferret_core.planning.memory_model import MemoryModel, MemorySettings, process_version_slots
+from ferret_core.planning.memory_model import MemoryModel, MemorySettings, process_version_slots, slot_table_bytes
 from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from ferret_core.staleness import ring_capacity
@@ -50,6 +52,16 @@ def test_slot_bytes_are_k_copies_of_each_stage_for_the_live_workers(stages: int,
     assert parts["version_slots"] + parts["shared_version_slots"] == slots
     assert "versions" not in parts
     assert sum(parts.values()) == model.total(plan.workers)
+
+
+@pytest.mark.parametrize(("stages", "workers"), [(1, 1), (1, 2), (2, 2), (3, 1)])
+def test_the_slot_tables_are_counted_as_the_clock_allocates_them(stages: int, workers: int) -> None:
+    plan = make_plan(stages, workers, num_units=MNISTNET.num_units)
+    parts = _model(plan, compensator="none").breakdown(plan.workers)
+    initial = [StageVersion(j, 0, (torch.zeros(3),), ()) for j in range(stages)]
+    tables = [stage.meta.numel() * stage.meta.element_size() for stage in stage_versions(initial, workers, Lock)]
+    assert tables == [slot_table_bytes(workers, stages, j) for j in range(stages)]
+    assert parts["version_slot_tables"] + parts["shared_version_slot_tables"] == sum(tables)
 
 
 def test_compensator_state_is_counted_per_executor_and_freed_by_removal() -> None:

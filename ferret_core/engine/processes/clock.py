@@ -33,6 +33,13 @@ most recent deltas and counted as truncated (:meth:`ProcessClock.compensations`)
 process executors needs the ``if __name__ == "__main__":`` guard (the forkserver imports the main module
 by path, as torch's DataLoader workers do).
 
+**Memory.** The shared version slots and delta rings are counted once (:meth:`ProcessClock.shared_bytes`);
+each executor measures the tensors it holds in its own process after every action (its items' inputs,
+outputs and saved tensors, sends, gradient buffer, compensator state: :mod:`.executor`) and reports its
+peak with every answer. :meth:`ProcessClock.measured_bytes` is the shared bytes plus the executors'
+peaks: an upper bound of what the plan's tensors occupy at once, which the byte model's
+``MemorySettings(executors="processes")`` bounds in turn (``tests/integration/test_process_memory.py``).
+
 **Failures.** The first exception in an executor (sent with its traceback) or an executor process that
 dies (a signal, the OOM killer) stops every executor within the router's next wake-up and is raised in
 the caller by the next :meth:`submit`, :meth:`drain` or :meth:`close`, naming the worker and, where it
@@ -131,6 +138,9 @@ class ProcessClock:
         self._wake_r: Any = None  # the router's wake-up pipe (start() makes it)
         self._wake_w: Any = None
         self.start_seconds = math.nan  # start() to every executor ready
+        # per executor, the peak of what it held in its process (shared segments excluded), as its answers
+        # report it; kept for executors a re-plan retired (a peak over the clock's life)
+        self._executor_peaks: dict[Executor, int] = {}
 
     @property
     def plan(self) -> Plan:
@@ -215,6 +225,8 @@ class ProcessClock:
             next_rank=rank.get((n, j + 1)),
             max_step_ratio=s.max_step_ratio,
             record_compensations=s.record_compensations,
+            measure_memory=s.measure_memory,
+            received=self.dispatch.received(n, j),
         )
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
@@ -415,12 +427,11 @@ class ProcessClock:
 
     def stats(self) -> EngineStats:
         """Counters so far, read under the clock's lock (as :meth:`StreamEngine.stats`). ``peak_bytes`` is
-        the shared version slots' bytes (:meth:`shared_bytes`); what executors hold inside their processes
-        is reported by :meth:`usage` (resident bytes), not here."""
+        :meth:`measured_bytes`: the shared segments plus every executor's measured peak."""
         with self._lock:
             return self.counters.engine_stats(
                 in_flight=self.scheduler.in_flight_items(),
-                peak_bytes=self.shared_bytes(),
+                peak_bytes=self.measured_bytes(),
                 staleness_bound=plan_bounds(self.plan),
             )
 
@@ -443,13 +454,46 @@ class ProcessClock:
         rings = sum(d.nbytes() for d in self.deltas if d is not None)
         return sum(stage.nbytes() for stage in self.stages) + rings
 
+    def executor_bytes(self) -> dict[Executor, int]:
+        """Per executor (worker, stage), the peak bytes it measured in its own process so far (the tensors
+        it held at a sample after an action, the shared segments excluded), as its last answer reported."""
+        with self._lock:
+            return dict(self._executor_peaks)
+
+    def measured_bytes(self) -> int:
+        """The plan's measured peak: :meth:`shared_bytes` (version slots and delta rings, counted once) plus
+        the sum of every executor's peak (:meth:`executor_bytes`). The executors reach their peaks at
+        different moments, so the sum is an upper bound of the bytes all of them held at once (and of the
+        simultaneous total over every sample); the coordinator's own tensors (arrivals waiting to be sent,
+        a prediction's activations) are not measured here."""
+        with self._lock:
+            return self.shared_bytes() + sum(self._executor_peaks.values())
+
     def usage(self, timeout: float = 5.0) -> list[ProcessUsage]:
-        """CPU seconds and peak RSS of every executor process (asked over their pipes; call drained)."""
+        """CPU seconds, peak RSS and measured memory of every executor process (asked over their pipes;
+        call drained)."""
         replies = self._ask("stats", timeout)
-        return [
-            ProcessUsage(n, j, self._processes[(n, j)].pid, cpu, rss)
-            for (n, j), (_, cpu, rss) in sorted(replies.items())
-        ]
+        usages = []
+        for (n, j), (_, cpu, rss, memory) in sorted(replies.items()):
+            usages.append(
+                ProcessUsage(
+                    n,
+                    j,
+                    self._processes[(n, j)].pid,
+                    cpu,
+                    rss,
+                    measured_bytes=memory["peak_bytes"],
+                    measured_breakdown=memory["peak_breakdown"],
+                    memory_samples=memory["samples"],
+                    sample_seconds=memory["sample_seconds"],
+                    actions=memory["actions"],
+                )
+            )
+        with self._lock:
+            for u in usages:
+                key = (u.worker, u.stage)
+                self._executor_peaks[key] = max(self._executor_peaks.get(key, 0), u.measured_bytes)
+        return usages
 
     def compensations(self, timeout: float = 5.0) -> list[CompensationReport]:
         """Every executor's compensator stats and recorded calls (``ProcessSettings.record_compensations``),
@@ -600,6 +644,10 @@ class ProcessClock:
         kind = message[0]
         with self._lock:
             if kind in ("FB", "F", "B"):
+                *report, peak = message  # every answer ends with the executor's measured peak
+                message = tuple(report)
+                if peak > self._executor_peaks.get(executor, 0):
+                    self._executor_peaks[executor] = peak
                 if kind == "FB":
                     changed = self.dispatch.forward_done(n, j, message[1], then_backward=True)
                     changed += self.dispatch.backward_done(n, j, message[2])

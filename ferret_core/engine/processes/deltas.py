@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from ferret_core.compensation.ring import COUNTERS, DeltaRing
+from ferret_core.engine.memory_meter import StorageKey, storage_key
 from ferret_core.engine.processes.slots import FlatTensors
 from ferret_core.errors import ConfigError
 
@@ -70,6 +71,11 @@ class SharedDeltas:
     def nbytes(self) -> int:
         """Bytes of the delta slots and the counters (counted once, whichever processes map them)."""
         return self._slots.nbytes() + int(self.counters.numel()) * self.counters.element_size()
+
+    def storages(self) -> list[StorageKey]:
+        """Storage keys of the delta slots and the counters in this process (what an executor's memory
+        meter excludes: the coordinator counts them once)."""
+        return [*self._slots.storages(), storage_key(self.counters)]
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

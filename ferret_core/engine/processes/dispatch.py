@@ -8,7 +8,8 @@ it the executors' reports. Every method is called under the clock's lock.
 
 Messages to an executor: ``("F", item, lowest, x, target, in_shape)`` (stage 0 gets the sample ``x``, the
 last stage the label), ``("FB", …, out_shape)`` at the last stage, where an item's B is always the next
-action after its F (1F1B: a ready B goes first), and ``("B", item, out_shape)``. Reports replay through
+action after its F (1F1B: a ready B goes first), and ``("B", item, out_shape)``; each ends with
+``received``, what the executor's neighbours have taken of its sends (:meth:`Dispatch.received`). Reports replay through
 the scheduler in the order the executor ran them; another order is a :class:`ScheduleError`.
 """
 
@@ -107,14 +108,26 @@ class Dispatch:
             raise ScheduleError(f"{action}: the last stage runs an item's B with its F, never alone")
         self.scheduler.start(action)
         item = action.item
+        received = self.received(worker, stage)
         if action.kind is not Kind.F:
-            return ("B", item, self.shapes[stage + 1])
+            return ("B", item, self.shapes[stage + 1], received)
         x = self.inputs.pop(item).detach().cpu().numpy() if stage == 0 else None
         target = self.targets.pop(item) if stage == last else None
         lowest = self.scheduler.lowest(item)
         if stage == last:
-            return ("FB", item, lowest, x, target, self.shapes[stage], self.shapes[stage + 1])
-        return ("F", item, lowest, x, target, self.shapes[stage])
+            return ("FB", item, lowest, x, target, self.shapes[stage], self.shapes[stage + 1], received)
+        return ("F", item, lowest, x, target, self.shapes[stage], received)
+
+    def received(self, worker: int, stage: int) -> tuple[int, int]:
+        """What executor (worker, stage)'s neighbours have taken of its sends so far: the F's its next stage
+        finished (each read one of its forward sends, in order) and the B's its previous stage finished (each
+        read one of its input gradients, in order); 0 where there is no such stage. The executor lets go of
+        the payloads they read (:meth:`~ferret_core.engine.processes.executor._Executor.acknowledge`)."""
+        c, last = self.counters, self.plan.num_stages - 1
+        return (
+            c.forwards[worker][stage + 1] if stage < last else 0,
+            c.backwards[worker][stage - 1] if stage > 0 else 0,
+        )
 
     def forward_done(self, n: int, j: int, report: Message, *, then_backward: bool) -> list[Executor]:
         """Replay an F executor (n, j) ran; at the last stage start the B it ran next. Returns the executors

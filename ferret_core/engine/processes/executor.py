@@ -20,6 +20,15 @@ of Python-owned versions (:mod:`ferret_core.engine.processes.slots`):
   (where the compensator walks the master's deltas, after pushing θ_new − θ_old to the stage's shared
   delta ring, :mod:`ferret_core.engine.processes.deltas`, which every executor of the stage compensates from).
 
+**Memory.** Each executor measures what it holds in its own process with the engine's meter
+(:mod:`ferret_core.engine.memory_meter`), sampled after each F, R and B as the thread engine's (an update
+only empties the gradient buffer the B's sample counted, so it is not sampled): the
+stage inputs, outputs and labels of its items in flight, autograd's saved tensors of their graphs, the
+tensors its sends to the next or previous stage still hold, its gradient buffer (T2) and its
+compensator's state. The shared version slots and delta rings are excluded (the coordinator counts
+them once: :meth:`ProcessClock.measured_bytes`). Its peak rides on every answer; the sampling's own
+time is reported with the usage (``stats``).
+
 A non-finite gradient (or compensated gradient) is dropped, never applied, and reported. An exception
 is sent to the coordinator with its traceback and ends the process; so does a closed pipe (the
 coordinator is gone): an executor never outlives the process that drives it.
@@ -27,13 +36,14 @@ coordinator is gone): an executor never outlives the process that drives it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import io
 import resource
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -44,6 +54,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ferret_core.compensation import CompensatorSettings, make_compensator
+from ferret_core.engine.memory_meter import MemoryMeter, StorageKey, storage_key, storage_keys
 from ferret_core.engine.pipeline import all_finite
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.slots import SharedStageVersions
@@ -83,6 +94,8 @@ class ExecutorSpec:
     next_rank: int | None = None
     max_step_ratio: float | None = None  # the norm guard (ferret_core.engine.step_guard)
     record_compensations: int = 0  # keep the first this-many stale compensations (ProcessSettings)
+    measure_memory: bool = True  # sample what the executor holds after each action (module docstring)
+    received: tuple[int, int] = (0, 0)  # Dispatch.received when it started: its sends counted from there
 
 
 @dataclass
@@ -92,6 +105,12 @@ class _Item:
     stash: tuple[int, int] | None = None  # (slot, version) pinned from F to B where the item is back-propagated
     graph: StageGraph | None = None
     x: Tensor | None = None  # the stage input kept for the recompute (T1)
+
+    def tensors(self) -> Iterator[Tensor]:
+        """What the item holds here besides its graph's saved tensors (its stash is a shared slot's pin)."""
+        graph = self.graph
+        held = (self.target, self.x, None if graph is None else graph.input, None if graph is None else graph.output)
+        return (t for t in held if t is not None)
 
 
 def _tag(item: int) -> int:
@@ -115,15 +134,67 @@ class _Executor:
         self.buffer = GradientBuffer()
         self.replica = spec.replica
         self.items: dict[int, _Item] = {}
-        self._sends: list[tuple[Any, Tensor]] = []  # isend works in flight and the tensors they read
+        # isend works not known to be received and the tensors they read, forward (item, work, payload) and
+        # backward (work, payload), oldest first (:meth:`_send`)
+        self._forward_sends: collections.deque[tuple[int, Any, Tensor]] = collections.deque()
+        self._backward_sends: collections.deque[tuple[Any, Tensor]] = collections.deque()
+        self._forward_sent, self._backward_sent = spec.received  # sends so far, as the neighbours count them
+        self.actions = 0  # F and B actions run (a B's R and U included)
+        self.sample_seconds = 0.0  # CPU seconds in the memory meter's samples (reported, not used)
+        self.meter: MemoryMeter | None = None
+        if spec.measure_memory:
+            shared = [*stage.storages(), *(deltas.storages() if deltas is not None else ())]
+            self.meter = MemoryMeter(
+                {"items": self._item_storages, "sends": self._send_storages, "gradients": self._buffer_storages},
+                exclude=shared,
+                cuda=False,
+            )
+            self.meter.add_source("compensator", self.compensator.state_storages, stable=True)
+        self._generation = self.compensator.state_generation
+        self._sample()  # what an idle executor holds (its compensator's state)
 
     # ----------------------------------------------------------------- messages between stage ranks
-    def _send(self, tensor: Tensor, dst: int | None, item: int) -> None:
+    def _send(self, tensor: Tensor, dst: int | None, item: int, *, forward: bool) -> None:
+        """Send ``tensor`` to stage rank ``dst`` without waiting, keeping it until the send is known to be
+        received. A gloo send never reports completion by itself (``is_completed()`` stays false until
+        ``wait()``), so the payloads are let go once the schedule proves them read, where ``wait()``
+        returns at once: a forward send once this stage runs a B of that item or a later one (the next
+        stage ran their F's, in the worker's item order, before any gradient came back) or the coordinator
+        says the next stage finished its F, a backward send once it says the stage before finished the
+        item's B (:meth:`acknowledge`). Keeping every payload until :meth:`finish_sends` held one
+        activation or gradient per item ever sent (measured)."""
         if dst is None:
             raise ScheduleError(f"executor {self.spec.worker}/{self.spec.stage}: no stage after it for item {item}")
         payload = tensor.detach().contiguous()
-        self._sends = [(w, t) for w, t in self._sends if not w.is_completed()]
-        self._sends.append((dist.isend(payload, dst, tag=_tag(item)), payload))
+        work = dist.isend(payload, dst, tag=_tag(item))
+        if forward:
+            self._forward_sends.append((item, work, payload))
+            self._forward_sent += 1
+        else:
+            self._backward_sends.append((work, payload))
+            self._backward_sent += 1
+
+    def acknowledge(self, forwards_next: int, backwards_prev: int) -> None:
+        """The next stage has finished ``forwards_next`` F's of this worker and the previous one
+        ``backwards_prev`` B's (:meth:`Dispatch.received`): each read one of this executor's sends, in the
+        order they were sent; let go of those."""
+        forwards = self._forward_sends
+        while forwards and self._forward_sent - len(forwards) < forwards_next:
+            forwards.popleft()[1].wait()
+        backwards = self._backward_sends
+        while backwards and self._backward_sent - len(backwards) < backwards_prev:
+            backwards.popleft()[0].wait()
+
+    def _received(self, item: int) -> None:
+        """The next stage has run ``item``'s F (this stage runs its B): let go of the forward sends up to it."""
+        sends = self._forward_sends
+        if not any(i == item for i, _, _ in sends):
+            return
+        while sends:
+            sent, work, _ = sends.popleft()
+            work.wait()
+            if sent == item:
+                return
 
     def _recv(self, src: int | None, shape: Sequence[int], item: int) -> Tensor:
         if src is None:
@@ -133,9 +204,12 @@ class _Executor:
         return buffer
 
     def finish_sends(self) -> None:
-        for work, _ in self._sends:
+        for _, work, _ in self._forward_sends:
             work.wait()
-        self._sends = []
+        for work, _ in self._backward_sends:
+            work.wait()
+        self._forward_sends.clear()
+        self._backward_sends.clear()
 
     # ---------------------------------------------------------------------------------- the actions
     def forward(
@@ -159,18 +233,24 @@ class _Executor:
                 out = forward_no_grad(self.runner, view, inputs)
                 item.x = inputs
             else:
-                item.graph = forward_with_grad(self.runner, view, inputs, input_grad=j > lowest)
+                with self._saving():
+                    item.graph = forward_with_grad(self.runner, view, inputs, input_grad=j > lowest)
                 out = item.graph.output.detach()
         else:  # T3: this stage is not back-propagated for the item
             out = forward_no_grad(self.runner, view, inputs)
         if j < last:
-            self._send(out, self.spec.next_rank, index)
-        return ("F", index, version, t0, time.perf_counter())
+            self._send(out, self.spec.next_rank, index, forward=True)
+        t_end = time.perf_counter()
+        del inputs, out
+        self.actions += 1
+        self._sample()
+        return ("F", index, version, t0, t_end)
 
     def backward(self, index: int, out_shape: Sequence[int]) -> tuple[Any, ...]:
         item = self.items.pop(index)
         t0 = time.perf_counter()
         j, last = self.spec.stage, self.spec.num_stages - 1
+        self._received(index)
         if item.stash is None:
             raise ScheduleError(f"item {index}: B at stage {j} without its stash (its F did not run here)")
         slot, version = item.stash
@@ -180,9 +260,11 @@ class _Executor:
         if self.spec.recompute:
             if item.x is None:
                 raise ScheduleError(f"item {index}: the input kept for recomputation is gone")
-            item.graph = forward_with_grad(self.runner, view, item.x, input_grad=input_grad)
+            with self._saving():
+                item.graph = forward_with_grad(self.runner, view, item.x, input_grad=input_grad)
             item.x = None
             t_recompute = time.perf_counter()
+            self._sample()
         if item.graph is None:
             raise ScheduleError(f"item {index}: B without its forward graph")
         if j == last:
@@ -196,7 +278,7 @@ class _Executor:
         if input_grad:
             if grad_in is None:
                 raise ScheduleError(f"item {index}: stage {j} produced no input gradient for stage {j - 1}")
-            self._send(grad_in, self.spec.prev_rank, index)
+            self._send(grad_in, self.spec.prev_rank, index, forward=False)
         finite = all_finite(grads)
         stage = self.stage
         with stage.update_lock:
@@ -209,6 +291,11 @@ class _Executor:
                     self.buffer.add(fixed, version)
             stage.unpin(slot)
         t_end = time.perf_counter()
+        del grads, grad_in
+        self.actions += 1
+        self._sample()  # the gradient in the buffer, before its update (as the thread engine's B sample)
+        # no sample after the update: in this single-threaded process it only empties the buffer the sample
+        # above counted (the new master and the deltas are shared segments), so it can never be a new peak
         update = self._update() if self.buffer.count >= self.spec.accumulation else None
         return ("B", index, version, t0, t_recompute, t_end, update, not finite)
 
@@ -222,6 +309,10 @@ class _Executor:
         t0 = time.perf_counter()
         fixed = self.compensator.compensate(grads, staleness=staleness, theta_then=theta_then, theta_now=theta_now)
         self.compensate_seconds += time.perf_counter() - t0
+        if self.compensator.state_generation != self._generation:  # it allocated state: count it again
+            self._generation = self.compensator.state_generation
+            if self.meter is not None:
+                self.meter.invalidate()
         if before is not None:
             self.records.append(
                 {
@@ -234,6 +325,48 @@ class _Executor:
                 }
             )
         return fixed
+
+    # ------------------------------------------------------------------------------------------ memory
+    def _saving(self) -> contextlib.AbstractContextManager[None]:
+        """Track the tensors autograd saves for a graph kept past its action."""
+        return self.meter.tracker.hooks() if self.meter is not None else contextlib.nullcontext()
+
+    def _sample(self) -> None:
+        """Sample what this executor holds (the meter's peak)."""
+        if self.meter is None:
+            return
+        t0 = time.thread_time()  # CPU time: other processes sharing the cores do not inflate it
+        self.meter.sample()
+        self.sample_seconds += time.thread_time() - t0
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most bytes this executor held at a sample, the shared segments excluded (0 when not measured)."""
+        return 0 if self.meter is None else self.meter.peak_bytes
+
+    def memory_report(self) -> dict[str, Any]:
+        """The meter's peak, its breakdown by source, its samples and their CPU seconds, and the actions run."""
+        meter = self.meter
+        return {
+            "peak_bytes": self.peak_bytes,
+            "peak_breakdown": {} if meter is None else dict(meter.peak_breakdown),
+            "samples": 0 if meter is None else meter.samples,
+            "sample_seconds": self.sample_seconds,
+            "actions": self.actions,
+        }
+
+    def _item_storages(self) -> Iterator[StorageKey]:
+        for item in list(self.items.values()):
+            yield from storage_keys(item.tensors())
+
+    def _send_storages(self) -> Iterator[StorageKey]:
+        for _, _, payload in self._forward_sends:
+            yield storage_key(payload)
+        for _, payload in self._backward_sends:
+            yield storage_key(payload)
+
+    def _buffer_storages(self) -> Iterator[StorageKey]:
+        return storage_keys(self.buffer.tensors())
 
     def compensation_report(self) -> tuple[dict[str, float], bytes]:
         """The compensator's stats (with the wall seconds spent in its calls and in delta pushes) and the
@@ -313,14 +446,17 @@ def executor_main(
                 return
             kind, *args = message
             item = args[0] if args else None
+            if kind in ("F", "FB", "B"):  # each ends with what the neighbours have read of this one's sends
+                *args, received = args
+                executor.acknowledge(*received)
             if kind == "F":
-                conn.send(executor.forward(*args))
+                conn.send((*executor.forward(*args), executor.peak_bytes))
             elif kind == "FB":  # the last stage: the scheduler's next action after an item's F is its B
                 index, lowest, x, target, in_shape, out_shape = args
                 forward = executor.forward(index, lowest, x, target, in_shape)
-                conn.send(("FB", forward, executor.backward(index, out_shape)))
+                conn.send(("FB", forward, executor.backward(index, out_shape), executor.peak_bytes))
             elif kind == "B":
-                conn.send(executor.backward(*args))
+                conn.send((*executor.backward(*args), executor.peak_bytes))
             elif kind == "configure":  # a re-plan kept this executor: the worker's new T1/T2 here
                 accumulation, recompute = args
                 executor.spec = dataclasses.replace(executor.spec, accumulation=accumulation, recompute=recompute)
@@ -331,7 +467,7 @@ def executor_main(
                 return
             elif kind == "stats":
                 usage = resource.getrusage(resource.RUSAGE_SELF)
-                conn.send(("stats", time.process_time(), usage.ru_maxrss * 1024))
+                conn.send(("stats", time.process_time(), usage.ru_maxrss * 1024, executor.memory_report()))
             elif kind == "compensation":
                 conn.send(("compensation", *executor.compensation_report()))
             else:

@@ -23,7 +23,10 @@ class ProcessSettings:
     rules' ``wait_slots``). ``max_step_ratio``: the norm guard's bound on each SGD step relative to the stage's
     weight norm (:mod:`ferret_core.engine.step_guard`; None: unbounded). ``record_compensations``: each executor
     keeps the inputs, state and output of its first this-many compensations of a stale gradient
-    (:meth:`ProcessClock.compensations`; for tests that check them against the in-process compensator)."""
+    (:meth:`ProcessClock.compensations`; for tests that check them against the in-process compensator).
+    ``measure_memory``: each executor samples what it holds in its process after every action
+    (:mod:`ferret_core.engine.memory_meter`; :meth:`ProcessClock.measured_bytes`); off, only the shared
+    segments are measured (for a benchmark of what sampling costs)."""
 
     lr: float = 1e-3
     compensator: str = "none"
@@ -35,6 +38,7 @@ class ProcessSettings:
     queue_slots: int | None = None
     max_step_ratio: float | None = None
     record_compensations: int = 0
+    measure_memory: bool = True
 
 
 @dataclass(frozen=True)
@@ -55,13 +59,24 @@ class CompensationReport:
 @dataclass(frozen=True)
 class ProcessUsage:
     """One executor process's CPU seconds and peak resident bytes (its own, shared segments included
-    where it touched them), read when asked."""
+    where it touched them, the interpreter and torch too), read when asked; and what its memory meter
+    measured: ``measured_bytes``, the peak of the tensors it held at a sample (after each action), the
+    shared version slots and delta rings excluded, with ``measured_breakdown`` by source at that peak
+    (``items``: stage inputs, outputs and labels of items in flight; ``autograd_saved``: their graphs'
+    saved tensors; ``sends``: tensors still held by sends to another stage; ``gradients``: the gradient
+    buffer; ``compensator``: its own state), ``memory_samples`` and ``sample_seconds`` (the samples' CPU
+    seconds) over ``actions`` F and B actions run (0 where ``ProcessSettings.measure_memory`` is off)."""
 
     worker: int
     stage: int
     pid: int
     cpu_seconds: float
     max_rss_bytes: int
+    measured_bytes: int = 0
+    measured_breakdown: dict[str, int] = field(default_factory=dict)
+    memory_samples: int = 0
+    sample_seconds: float = 0.0
+    actions: int = 0
 
 
 def check_supported(setup: PolicySetup, settings: ProcessSettings) -> None:

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ferret_core.engine.memory_meter import StorageKey, storage_key
 from ferret_core.engine.versions import StageVersion
 from ferret_core.errors import ScheduleError
 from ferret_core.planning.memory_model import process_version_slots
@@ -122,6 +123,11 @@ class FlatTensors:
 
     def nbytes(self) -> int:
         return int(sum(t.numel() * t.element_size() for t in self._flat.values()))
+
+    def storages(self) -> list[StorageKey]:
+        """The shared buffers' storage keys in this process (what an executor's memory meter excludes:
+        every view of a copy is an alias of these storages)."""
+        return [storage_key(t) for t in self._flat.values()]
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -294,6 +300,11 @@ class SharedStageVersions:
         """Bytes of every slot and the buffers: what the shared segments hold (counted once, whichever
         processes map them)."""
         return self._params.nbytes() + self._buffers.nbytes() + int(self.meta.numel()) * 8
+
+    def storages(self) -> list[StorageKey]:
+        """Storage keys of every slot, the buffers and the slot table in this process (the segments
+        :meth:`nbytes` counts)."""
+        return [*self._params.storages(), *self._buffers.storages(), storage_key(self.meta)]
 
     def copy_current(self) -> list[Tensor]:
         """Copies of the master's parameters (snapshots, tests)."""
