@@ -61,29 +61,38 @@ from services.trainer.unit_weights import (
 
 log = logging.getLogger("ferret.trainer")
 
-DELIVERY_JITTER_S = 0.02  # a consumer batch's spread of arrivals that may wait for a worker (queue_depth)
+DELIVERY_JITTER_S = 0.02  # the least spread of a consumer batch's arrivals that may wait for a worker (queue_depth)
+MAX_DELIVERY_S = 0.25  # the most: the training delay one queue of admitted work may add (queue_depth)
+DELIVERY_EMA = 0.2  # weight of the newest interval between consumer batches in its running mean
 MAX_EXECUTOR_RESTARTS = 3  # executor deaths within RESTART_WINDOW_S restarted in process; more stop the trainer
 RESTART_WINDOW_S = 600.0
-DEPTH_EVERY = 64  # flushes between re-reads of the measured service time for queue_depth
+DEPTH_EVERY = 16  # flushes between re-reads of the measured service time and delivery interval for queue_depth
 ROUTER_SWITCH_INTERVAL_S = 2e-4  # sys.setswitchinterval for a trainer on executor processes (see __init__)
 
 
-def queue_depth(admission: AdmissionSettings, service_s: float | None = None) -> int:
+def queue_depth(admission: AdmissionSettings, service_s: float | None = None, delivery_s: float | None = None) -> int:
     """How many items may wait for a worker on executor processes: the wall clock's rule read as a queue
     depth. The wall clock admits an item iff its worker would start it within W of its event time, W read
     in the machine's time (W × measured ÷ profiled service time); here up to that many items' worth of
-    work plus :data:`DELIVERY_JITTER_S` may wait: ⌊W / profiled + J / measured⌋ (``service_s``: the
-    worker's measured service time, the profiled one until measured), never more than the queue's K. The
-    jitter term is the batches a consumer hands over at once (their items arrive together although
-    their event times are spread). Without a bound the queue filled to K = 256 at 2x saturation and the
-    master predicting an item lagged hundreds of updates behind what was admitted (measured: 299 updates
-    by the last of 1000 items with 556 trained); with W alone (about one item) a delivered batch was
-    mostly skipped ``busy`` while the executor idled between round trips."""
+    work plus a *delivery* term may wait: ⌊W / profiled + D / measured⌋ (``service_s``: the worker's
+    measured service time, the profiled one until measured), never more than the queue's K.
+
+    D is the interval between the consumer batches the record path hands over (``delivery_s``, measured;
+    clamped to [:data:`DELIVERY_JITTER_S`, :data:`MAX_DELIVERY_S`]): a batch's items arrive together although
+    their event times are spread over that interval, and the worker can train D / measured of them before
+    the next batch comes. Without a bound the queue filled to K = 256 at 2x saturation and the master
+    predicting an item lagged hundreds of updates behind what was admitted (measured: 299 updates by the
+    last of 1000 items with 556 trained); with W alone (about one item) a delivered batch was mostly
+    skipped ``busy`` while the executor idled between round trips; with a fixed D of 20 ms (about 5
+    MNISTNet items) a batch of 32 delivered every 0.4 s had 429 of 600 items skipped ``busy`` while the
+    worker, at 4.4 ms an item, idled most of each interval (the live demo trained 1,195–2,319 of 6,000
+    items where the plain loop trained 4,484–4,680: ``benchmarks/live/README.md``)."""
     profiled = admission.profile_service_s
     if profiled <= 0:
         return admission.queue_slots
     measured = service_s if service_s is not None and service_s > 0 else profiled
-    depth = math.floor(admission.max_wait_s / profiled + DELIVERY_JITTER_S / measured + 1e-9)
+    delivery = DELIVERY_JITTER_S if delivery_s is None else min(MAX_DELIVERY_S, max(DELIVERY_JITTER_S, delivery_s))
+    depth = math.floor(admission.max_wait_s / profiled + delivery / measured + 1e-9)
     return min(admission.queue_slots, depth)
 
 
@@ -110,6 +119,8 @@ class ProcessLearner:
         )
         self._queued: list[tuple[int, torch.Tensor, int | None]] = []
         self._flushes = 0
+        self._last_flush_at: float | None = None  # when the last consumer batch was handed over (perf_counter)
+        self._delivery_s: float | None = None  # running mean of the intervals between consumer batches
         self._admission: AdmissionSettings | None = None
         self._outcomes: dict[int, Arrival | Exception] = {}
         self._peak_before = 0
@@ -183,6 +194,12 @@ class ProcessLearner:
         if not queued:
             return
         self._flushes += 1
+        now = time.perf_counter()
+        if self._last_flush_at is not None:
+            interval = min(MAX_DELIVERY_S, now - self._last_flush_at)  # an idle stream says nothing past the cap
+            last = self._delivery_s
+            self._delivery_s = interval if last is None else last + DELIVERY_EMA * (interval - last)
+        self._last_flush_at = now
         if self._admission is not None and self._flushes % DEPTH_EVERY == 0:
             self._follow_service_time(self._admission)
         items = [i for i, _, _ in queued]
@@ -244,9 +261,10 @@ class ProcessLearner:
         )
 
     def _follow_service_time(self, admission: AdmissionSettings) -> None:
-        """Re-size the admission queue for the slowest worker's measured service time (:func:`queue_depth`)."""
+        """Re-size the admission queue for the slowest worker's measured service time and the measured
+        interval between consumer batches (:func:`queue_depth`)."""
         measured = [t for t in self.clock.measured_service_times() if t is not None]
-        depth = queue_depth(admission, max(measured) if measured else None)
+        depth = queue_depth(admission, max(measured) if measured else None, self._delivery_s)
         if depth != self._queue_slots:
             self._queue_slots = depth
             self.clock.set_queue_slots(depth)
