@@ -69,7 +69,10 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"# Admission of consumer batches on executor processes (commit {commit})\n")
     print(f"MNIST/MNISTNet, 1 × 1 on a worker process, {args.items} items in batches of {args.batch}; one run each.\n")
-    print("| batch every | queue depth covers | trained | skipped busy | service ms | trained ÷ worker capacity | new ÷ old trained |")
+    print(
+        "| batch every | queue depth covers | trained | skipped busy | service ms | trained ÷ worker capacity "
+        "| new ÷ old trained |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for pace in args.pace:
         rows = {}
