@@ -108,7 +108,10 @@ def row_of(run: RunSpec, budget_bytes: int | None, report: dict[str, Any]) -> di
         "num_stages": report.get("num_stages"),
         "num_workers": report.get("num_workers"),
         "wall_seconds": round(float(report.get("wall_seconds", 0.0)), 3),
-        "relative_correction": ";".join(f"{float(v):.6g}" for v in report.get("relative_correction", [])),
+        # a stage with no compensated call has no mean: NaN, which the JSON report writes as null
+        "relative_correction": ";".join(
+            "nan" if v is None else f"{float(v):.6g}" for v in report.get("relative_correction", [])
+        ),
         "staleness_histogram": ";".join(
             " ".join(f"{k}:{v}" for k, v in hist.items()) for hist in report.get("staleness_histogram", [])
         ),

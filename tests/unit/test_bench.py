@@ -345,3 +345,13 @@ def test_plan_and_simulate_make_the_same_plan_given_the_same_byte_model() -> Non
             if expected_mode == "schedule":
                 assert planned.to_dict() == made.to_dict(), algorithm
     assert "virtual clock" in made.memory_note  # simulate's default: the schedule replay
+
+
+def test_a_stage_with_no_compensated_call_is_a_nan_correction_not_a_crash() -> None:
+    # the JSON report writes a stage's NaN mean correction as null (found by the standard preset, stop 30)
+    from services.bench.runner import row_of
+    from services.bench.specs import RunSpec
+
+    run = RunSpec("compensation", MNIST, Arm("ferret-M", "ferret", "M", compensator="dc-asgd-a"), 0, 10)
+    row = row_of(run, 10**8, {"oacc": 12.0, "relative_correction": [0.25, None]})
+    assert row["relative_correction"] == "0.25;nan"
