@@ -576,8 +576,18 @@ class ProcessClock:
         if self._error is not None or self._stopping:
             return
         message = self.dispatch.next_message(worker, stage)
-        if message is not None:
+        if message is None:
+            return
+        try:
             self._conns[(worker, stage)].send(message)
+        except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
+            # killed since the router last looked (its sentinel not yet seen): the same loss, found by a send
+            lost = ExecutorLost(
+                f"executor process of worker {worker}, stage {stage} is gone: sending its next action failed "
+                f"({type(exc).__name__}: {exc})"
+            )
+            self._fail_locked(lost)
+            raise lost from exc
 
     def _route(self) -> None:
         """The router thread: executors' answers in, next actions out, failures stop everything (its own
