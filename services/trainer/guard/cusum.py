@@ -54,23 +54,21 @@ class CusumSettings:
         return math.log(1.0 / self.false_alarm)
 
 
-def wald_steps(worse_share: float) -> tuple[float, float]:
-    """Wald's log-likelihood ratio of one discordant pair, (a shadow win, a live win): ln(θ₁ / ½) and
-    ln((1 − θ₁) / ½) for θ₁ = ``worse_share`` (the CUSUM here and the recurrence rule's SPRT share them)."""
-    return math.log(worse_share / 0.5), math.log((1.0 - worse_share) / 0.5)
-
-
 class Verdict(Enum):
     CONTINUE = "continue"  # not enough evidence yet
     WORSE = "worse"  # H0 rejected: the live model is worse than the shadow
 
 
 class DiscordantCusum:
-    """The test's state: feed each item's (live correct, shadow correct), read the verdict."""
+    """The test's state: feed each item's (live correct, shadow correct), read the verdict. ``floor``:
+    Page's CUSUM (the statistic never below 0, default); without it, one SPRT from the first pair on (the
+    recurrence rule's test from a return, :mod:`.recurrence`)."""
 
-    def __init__(self, settings: CusumSettings) -> None:
+    def __init__(self, settings: CusumSettings, *, floor: bool = True) -> None:
         self.settings = settings
-        self._win, self._loss = wald_steps(settings.worse_share)  # a shadow win; a live win (negative)
+        self._floor = 0.0 if floor else -math.inf
+        self._win = math.log(settings.worse_share / 0.5)  # a shadow win
+        self._loss = math.log((1.0 - settings.worse_share) / 0.5)  # a live win (negative)
         self.statistic = 0.0
         self.shadow_wins = 0
         self.live_wins = 0
@@ -83,7 +81,7 @@ class DiscordantCusum:
             self.statistic += self._win
         else:
             self.live_wins += 1
-            self.statistic = max(0.0, self.statistic + self._loss)
+            self.statistic = max(self._floor, self.statistic + self._loss)
         return Verdict.WORSE if self.statistic >= self.settings.threshold else Verdict.CONTINUE
 
     def reset(self) -> None:

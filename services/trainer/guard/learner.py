@@ -7,8 +7,9 @@ same :class:`~services.trainer.learner.Learner` contract and adds
    predictions that follow carry it): the test of :mod:`.cusum` (a CUSUM of Wald's SPRT on the discordant
    pairs of live-vs-shadow correctness: the live model is worse than the shadow), and the recurrence rule
    of :mod:`.recurrence` (the shadow's accuracy fell and came back — a burst ended — and the shadow beats the
-   live model since the return: a sign test). A rollback goes to the newest weights known to predate the
-   shadow's fall where the watch saw one (a candidate on probation), else to the last-good;
+   live model since the return: Wald's SPRT on the same pairs, from the return on). A rollback goes to the
+   newest weights known to predate the shadow's fall where the watch saw one (a candidate on probation),
+   else to the last-good;
 3. **promotion, one window late, on probation for suspect windows**: every ``guard.window`` compared items
    the live model is judged on the window (live correct ≥ shadow correct: at least as good). The weights
    that *started* a passing window (kept at the window's start, the candidate) are promoted, and the live

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from river import drift
 
 from ferret_core.errors import ConfigError
-from services.trainer.guard.cusum import wald_steps
+from services.trainer.guard.cusum import CusumSettings, DiscordantCusum, Verdict
 
 MAX_ITEMS = 1000  # compared items kept to locate the rise in (ADWIN's window after a cut is far shorter)
 
@@ -93,27 +93,22 @@ def rise_point(outcomes: list[bool]) -> int:
 
 
 class _ReturnTest:
-    """Wald's SPRT from the rise on (module docstring, 2): one per return."""
+    """Wald's SPRT from the rise on (module docstring, 2): one per return; ``settings`` None (level 0) runs
+    out its horizon without a verdict."""
 
-    def __init__(self, returned: Returned, worse_share: float, threshold: float) -> None:
+    def __init__(self, returned: Returned, settings: CusumSettings | None) -> None:
         self.returned = returned
-        self._win, self._loss = wald_steps(worse_share)
-        self.threshold = threshold
-        self.llr = 0.0
-        self.items = self.shadow_wins = self.live_wins = 0
+        self.items = 0
+        self._sprt = None if settings is None else DiscordantCusum(settings, floor=False)
 
     def observe(self, item: int, live_correct: bool, shadow_correct: bool) -> Recurrence | None:
         self.items += 1
-        if live_correct != shadow_correct:
-            if shadow_correct:
-                self.shadow_wins += 1
-                self.llr += self._win
-            else:
-                self.live_wins += 1
-                self.llr += self._loss
-        if self.llr < self.threshold:
+        if self._sprt is None or self._sprt.observe(live_correct, shadow_correct) is Verdict.CONTINUE:
             return None
-        return Recurrence(self.returned, item, self.items, self.shadow_wins, self.live_wins, self.llr, self.threshold)
+        t = self._sprt
+        return Recurrence(
+            self.returned, item, self.items, t.shadow_wins, t.live_wins, t.statistic, t.settings.threshold
+        )
 
 
 class RecurrenceWatch:
@@ -125,14 +120,13 @@ class RecurrenceWatch:
     def __init__(self, level: float, worse_share: float = 0.75, horizon: int = 200) -> None:
         if not 0.0 <= level < 1.0:
             raise ConfigError(f"recurrence level must lie in [0, 1) (0: never roll back), got {level}; e.g. 0.01")
-        if not 0.5 < worse_share < 1.0:
-            raise ConfigError(f"worse_share must lie in (0.5, 1), got {worse_share}; e.g. 0.75")
         if horizon < 1:
             raise ConfigError(f"the test's horizon must be >= 1 compared item, got {horizon}")
         self.level = level
-        self.worse_share = worse_share
         self.horizon = horizon
-        self.threshold = math.log(1.0 / level) if level > 0 else math.inf
+        # the SPRT's settings (CusumSettings checks worse_share); level 0: no test, so no threshold
+        self._settings = CusumSettings(level, worse_share) if level > 0 else None
+        self.threshold = math.inf if self._settings is None else self._settings.threshold
         self.reset()
 
     def reset(self) -> None:
@@ -181,7 +175,7 @@ class RecurrenceWatch:
             return None  # a rise with no fall before it (the start of the stream, an easier stretch)
         returned = Returned(item, self._fell_at, self._fell_from)
         self._fell_at = self._fell_from = None
-        self._test = _ReturnTest(returned, self.worse_share, self.threshold)
+        self._test = _ReturnTest(returned, self._settings)
         window = list(self._pairs)[-int(self._adwin.width) :]
         for live, shadow in window[rise_point([shadow for _, shadow in window]) :]:  # the items since the rise
             verdict = self._test.observe(item, live, shadow)
