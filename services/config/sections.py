@@ -519,7 +519,7 @@ class GuardSettings(Section):
     # come back: a burst or a drift may be under way; the others are promoted at once), or "always".
     probation: ProbationRule = "suspect"
     # A burst that ended: when the shadow's accuracy fell and came back (ADWIN on its correctness), the live model
-    # is rolled back if the shadow beats it since the return (one-sided sign test at this level); 0: off.
+    # is rolled back if the shadow beats it since the return (Wald's SPRT at this level); 0: off.
     recurrence_level: float = field(default=0.01, metadata=meta(check=between(0.0, 0.5, "a probability")))
     # The shadow predicts every k-th labelled item (1: all of them).
     shadow_every: int = field(default=1, metadata=meta(check=between(1, None, "an integer")))
