@@ -5,6 +5,7 @@ modules from the repository root: ``python -m benchmarks.<topic>.<script>``)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -50,6 +51,20 @@ def short_head() -> str:
     """The repository's commit (``git rev-parse --short HEAD``), for a result's header."""
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     return done.stdout.strip()
+
+
+def run_record(
+    module: str, argv: list[str] | None, load_before: tuple[float, float, float], **fields: Any
+) -> dict[str, Any]:
+    """A result as the benchmark scripts store it: the command that made it (``.venv/bin/python -m MODULE``
+    and its arguments), the commit, the CPUs and the load average before the run, then ``fields``."""
+    return {
+        "command": " ".join([".venv/bin/python", "-m", module, *(argv or sys.argv[1:])]),
+        "commit": short_head(),
+        "cpus": os.cpu_count(),
+        "load_before": load_before,
+        **fields,
+    }
 
 
 def write_result(results: Path, name: str, result: dict[str, Any], render: Any) -> str:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import subprocess
 import time
 from unittest import mock
 
 import torch
 
+from benchmarks.support import short_head
 from ferret_core.data import load_dataset
 from ferret_core.data.dataset import normalise
 from services.config import load_settings
@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--pace", type=float, nargs="+", default=[0.15, 0.3])
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = short_head()
     print(f"# Admission of consumer batches on executor processes (commit {commit})\n")
     print(f"MNIST/MNISTNet, 1 × 1 on a worker process, {args.items} items in batches of {args.batch}; one run each.\n")
     print(

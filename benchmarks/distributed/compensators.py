@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.distributed.throughput import CASES, Warm, load_items, paced, plain_capacity, setup_for, units_of
-from benchmarks.support import short_head, write_result
+from benchmarks.support import run_record, write_result
 from ferret_core.compensation import CompensatorSettings, make_compensator
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
 from services.config.data_root import default_data_root
@@ -209,13 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         args.data_root or default_data_root(),
     )
     print(table(res), flush=True)
-    result = {
-        "command": " ".join([".venv/bin/python", "-m", "benchmarks.distributed.compensators", *(argv or sys.argv[1:])]),
-        "commit": short_head(),
-        "cpus": os.cpu_count(),
-        "load_before": load,
-        "result": res,
-    }
+    result = run_record("benchmarks.distributed.compensators", argv, load, result=res)
     write_result(RESULTS, args.out, result, lambda r: render(r, args))
     print(json.dumps({"written": str(RESULTS / args.out)}))
     return 0

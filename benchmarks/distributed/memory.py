@@ -44,7 +44,7 @@ from benchmarks.distributed.throughput import (
     setup_of,
     units_of,
 )
-from benchmarks.support import short_head, write_result
+from benchmarks.support import run_record, write_result
 from ferret_core.engine.policies import sequential_plan
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
 from ferret_core.plan import Partition, Plan, WorkerConfig
@@ -239,13 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.data_root or default_data_root()
     res = measure(args.model, args.items, args.warm, args.repeats, args.rate_factor, root, args.plans)
     print(tables(res), flush=True)
-    result = {
-        "command": " ".join([".venv/bin/python", "-m", "benchmarks.distributed.memory", *(argv or sys.argv[1:])]),
-        "commit": short_head(),
-        "cpus": os.cpu_count(),
-        "load_before": load,
-        "result": res,
-    }
+    result = run_record("benchmarks.distributed.memory", argv, load, result=res)
     write_result(RESULTS, args.out, result, lambda r: render(r, args))
     print(json.dumps({"written": str(RESULTS / args.out)}))
     return 0

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.engine.service_time import items
-from benchmarks.support import short_head, write_result
+from benchmarks.support import run_record, write_result
 from ferret_core.engine import EngineSettings, StreamEngine
 from ferret_core.engine.policies import PolicySetup, sequential_plan
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
@@ -344,14 +344,8 @@ def main(argv: list[str] | None = None) -> int:
             measure(model, items, args.warm, args.repeats, args.rate_factor, args.workers, root, args.window_ms / 1000)
         )
         print(table(results[-1:]), flush=True)
-    result = {
-        "command": " ".join([".venv/bin/python", "-m", "benchmarks.distributed.throughput", *(argv or sys.argv[1:])]),
-        "commit": short_head(),
-        "cpus": os.cpu_count(),
-        "load_before": load,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "results": results,
-    }
+    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result = run_record("benchmarks.distributed.throughput", argv, load, peak_rss_mib=peak_rss_mib, results=results)
     write_result(RESULTS, args.out, result, lambda r: render(r, args.rate_factor, args.repeats))
     print(json.dumps({"written": str(RESULTS / args.out)}))
     return 0

@@ -14,12 +14,12 @@ false alarms on this stream).
 from __future__ import annotations
 
 import argparse
-import subprocess
 from unittest import mock
 
 import torch
 
 from benchmarks.guard import guard_bench
+from benchmarks.support import short_head
 from services.trainer.guard.cusum import CusumSettings, DiscordantCusum, Verdict
 from services.trainer.guard.learner import GuardedLearner
 
@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--probation", type=int, default=0, help="guard.probation_items while recording")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = short_head()
     print(f"# Evidence of a {args.burst}-item label flip at item {args.at} (commit {commit}, lr {args.lr})\n")
     print("| seed | θ₁ | CUSUM peak before the burst (nats) | peak from the burst on (nats) | at item |")
     print("|---|---|---|---|---|")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.support import short_head
 from ferret_core.data import load_dataset
 from ferret_core.data.dataset import normalise
 from services.config import load_settings
@@ -195,7 +195,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = short_head()
     runs = []
     for seed in args.seeds:
         for scenario in args.scenarios:

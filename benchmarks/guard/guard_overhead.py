@@ -8,11 +8,11 @@ run twice in turn; the best of the two, as seconds per 1,000 items and as a rati
 from __future__ import annotations
 
 import argparse
-import subprocess
 
 import torch
 
 from benchmarks.guard import guard_bench
+from benchmarks.support import short_head
 
 ARMS = ("unguarded", "norm-only", "guard")
 
@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = short_head()
     data = guard_bench.stream(0, args.items, "fuzz", 10 * args.items, 0)  # the burst lies beyond the stream
     seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
     shadow_ms: dict[str, float] = {}
