@@ -51,9 +51,9 @@ from ferret_core.engine.processes import ProcessClock, ProcessSettings
 from ferret_core.plan import Partition, Plan, WorkerConfig
 from ferret_core.schedule.scheduler import PlanRules
 from ferret_core.zoo import build_model
-from services.config.data_root import default_data_root
 
 RESULTS = Path(__file__).resolve().parent / "results"
+CPU = torch.device("cpu")
 
 # model, dataset, build_model keywords, learning rate
 CASES: dict[str, tuple[str, dict[str, Any], float]] = {
@@ -119,30 +119,39 @@ def balanced_cut(units: list[nn.Module], x: torch.Tensor, repeats: int = 5) -> t
 Warm = tuple[list[torch.Tensor], list[int]]
 
 # ---------------------------------------------------------------------------------------------- arms
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def plain_capacity(
-    units: list[nn.Module], xs: list[torch.Tensor], ys: list[int], lr: float, threads: int
+    units: list[nn.Module], xs: list[torch.Tensor], ys: list[int], lr: float, threads: int, device: torch.device = CPU
 ) -> dict[str, Any]:
+    """Each item arrives on the host, is predicted (the class read back, as a publisher would) and trained."""
     torch.set_num_threads(threads)
-    model = nn.Sequential(*copy.deepcopy(units))
+    model = nn.Sequential(*copy.deepcopy(units)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
+    synchronize(device)
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     for x, y in zip(xs, ys, strict=True):
+        x_d = x.unsqueeze(0).to(device)
         with torch.no_grad():
-            model(x.unsqueeze(0)).argmax(1)
+            model(x_d).argmax(1).tolist()
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x.unsqueeze(0)), torch.tensor([y])).backward()
+        F.cross_entropy(model(x_d), torch.tensor([y], device=device)).backward()
         opt.step()
+    synchronize(device)
     elapsed = time.perf_counter() - t0
     torch.set_num_threads(1)
     return {"trained": len(xs), "elapsed_s": elapsed, "cpu_s": time.process_time() - cpu0}
 
 
 def plain_stream(
-    units: list[nn.Module], xs: list[torch.Tensor], ys: list[int], lr: float, rate: float
+    units: list[nn.Module], xs: list[torch.Tensor], ys: list[int], lr: float, rate: float, device: torch.device = CPU
 ) -> dict[str, Any]:
     """Predict every arrival (the backlog batched), train on the newest, skip the rest while behind."""
-    model = nn.Sequential(*copy.deepcopy(units))
+    model = nn.Sequential(*copy.deepcopy(units)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     n = len(xs)
     trained = 0
@@ -155,13 +164,15 @@ def plain_stream(
             time.sleep(max(0.0, t0 + nxt / rate - time.perf_counter()))
             continue
         with torch.no_grad():
-            model(torch.stack(xs[nxt:arrived])).argmax(1)
+            model(torch.stack(xs[nxt:arrived]).to(device)).argmax(1).tolist()
         newest = arrived - 1
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(xs[newest].unsqueeze(0)), torch.tensor([ys[newest]])).backward()
+        x_d = xs[newest].unsqueeze(0).to(device)
+        F.cross_entropy(model(x_d), torch.tensor([ys[newest]], device=device)).backward()
         opt.step()
         trained += 1
         nxt = arrived
+    synchronize(device)
     return {"trained": trained, "elapsed_s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0}
 
 
@@ -193,9 +204,11 @@ def paced(submit: Batch, xs: list[torch.Tensor], ys: list[int], rate: float, win
 
 
 def engine_wall(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: list[int], lr: float, rate: float,
-                workers: int, inline: bool, warm: Warm, window: float) -> dict[str, Any]:
-    setup = setup_for(model, len(units), workers, 1.0 / rate)
-    engine = StreamEngine(units, setup, EngineSettings(lr=lr, measure_memory=False, keep_trace=False))
+                workers: int, inline: bool, warm: Warm, window: float, boundaries: tuple[int, ...] | None = None,
+                device: torch.device = CPU) -> dict[str, Any]:
+    setup = setup_for(model, len(units), workers, 1.0 / rate, boundaries)
+    devices = None if device.type == "cpu" else [device] * setup.plan.num_stages
+    engine = StreamEngine(units, setup, EngineSettings(lr=lr, measure_memory=False, keep_trace=False), devices=devices)
     clock = engine.wall_clock(inline_training=inline, inline_predictions=True)
     futures = []
     with clock:
@@ -335,7 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
-    root = args.data_root or default_data_root()
+    if args.data_root is None:  # the service's default (its config package imports Kafka and protobuf)
+        from services.config.data_root import default_data_root
+
+        args.data_root = default_data_root()
+    root = args.data_root
     load = os.getloadavg()
     results = []
     for model in args.models:

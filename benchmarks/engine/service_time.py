@@ -107,9 +107,12 @@ def settings_for(
 
 def items(n: int, root: str | None, dataset: str = "mnist") -> tuple[list[torch.Tensor], list[int]]:
     from ferret_core.data import load_dataset, normalise
-    from services.config.data_root import default_data_root
 
-    data = load_dataset(dataset, Path(root) if root else default_data_root())
+    if not root:  # the service's default (imports its config package: Kafka, protobuf)
+        from services.config.data_root import default_data_root
+
+        root = str(default_data_root())
+    data = load_dataset(dataset, Path(root))
     xs = [normalise(np.asarray(data.x_train[i])) for i in range(n)]
     return xs, [int(data.y_train[i]) for i in range(n)]
 

@@ -109,6 +109,43 @@ def test_wall_clock_on_cuda_streams_matches_the_trace_replay_invariants() -> Non
     assert r.cuda_peak_bytes is not None and r.cuda_peak_bytes > 0
 
 
+
+CUDA = pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("stages", [1, 3])
+def test_one_worker_without_staleness_equals_plain_sgd_on_the_cpu(device: str, stages: int) -> None:
+    """Transparency on each device: one worker over 1 or 3 stages, each item drained before the next (no
+    staleness), ends with plain CPU SGD's weights on the same items (float tolerance: CUDA kernels sum in
+    another order)."""
+    units, items = tiny_units(), stream(20)
+    plan = make_plan(stages, 1, num_units=3)
+    engine = StreamEngine(
+        units,
+        FerretPolicy(plan).setup("tiny", 3, 0.0),
+        EngineSettings(lr=0.05),
+        devices=[torch.device(device)] * stages,
+    )
+    with engine.wall_clock() as clock:
+        futures = []
+        for item in items:
+            futures.append(clock.submit(item.x, item.y))
+            clock.drain(timeout=30)
+    assert all(f.result().skipped is None for f in futures)
+    merged = {}
+    offset = 0
+    for state, program in zip(engine.pipeline.master_state(), engine.pipeline.programs, strict=True):
+        for name, tensor in state.items():
+            unit, rest = name.split(".", 1)
+            merged[f"{int(unit) + offset}.{rest}"] = tensor.cpu()
+        offset += len(program.template)
+    expected = _plain_sgd_on(units, items, list(range(len(items))), 0.05)
+    assert_close(merged, expected, rtol=1e-4, atol=1e-5)
+
+
 def _plain_sgd_on(units: list[nn.Module], items: list, trained: list[int], lr: float) -> dict[str, torch.Tensor]:  # type: ignore[type-arg]
     model = sequential_model(units)
     params = list(model.parameters())
