@@ -25,6 +25,7 @@ Results are written after every model, so a run cut short keeps what it measured
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -57,16 +58,19 @@ CPU = torch.device("cpu")
 
 def attempt(arm: Callable[[], dict[str, Any]], device: torch.device) -> dict[str, Any]:
     """The arm's row, with the GPU allocator's peak over it; an exception becomes the row's ``error``."""
+    gc.collect()  # an earlier arm's engine (threads, cycles) frees its CUDA tensors only when collected
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
     try:
         row = arm()
     except Exception as exc:  # a first run on a GPU: record, go on
         return {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=8)}
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        row["cuda_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+        row["cuda_peak_mib"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
     row["per_s"] = row["trained"] / row["elapsed_s"]
     return row
 
