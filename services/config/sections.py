@@ -362,6 +362,9 @@ class TrainerSettings(Section):
         default=None, metadata=meta(parse=parse_rate, expected=_STREAM_RATE, check=_check_rate)
     )
     arrival_drift_ratio: float = field(default=1.5, metadata=meta(check=between(1.0, None, "a ratio")))
+    # With arrival_interval: measured, time a few training steps at start-up and plan the first stream in this
+    # machine's time (services/trainer/calibration.py); false: the profile's time until workers are measured.
+    calibrate_time: bool = True
     decay: float | None = field(default=None, metadata=meta(check=between(0, None, "a decay constant")))
     lr: float = field(default=1e-3, metadata=meta(check=between(1e-12, None, "a learning rate")))
     device: str = field(default="cpu", metadata=meta(check=check_device))

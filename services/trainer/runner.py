@@ -23,6 +23,7 @@ from ferret_core.plan import Plan
 from ferret_core.planning.admission_queue import AdmissionQueue
 from ferret_core.planning.memory_model import MemorySettings
 from ferret_core.planning.planner import Planner, PlannerSettings
+from ferret_core.planning.profiler import resolve_device
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
 from services.config import Settings
@@ -38,6 +39,7 @@ from services.serving.model_card import ModelCard
 from services.serving.model_stream import ModelStreamWriter, stream_key
 from services.snapshots import Reconnect, SnapshotStore, redis_client, signing_key
 from services.trainer.arrivals import DriftReplanner, SwitchablePlanner, measured_time_scale
+from services.trainer.calibration import startup_time_scale
 from services.trainer.checkpoints import Checkpoints, no_guard
 from services.trainer.counters import StreamCounters
 from services.trainer.executors import (
@@ -244,9 +246,12 @@ def startup_interval(settings: Settings, profile: ModelProfile) -> float:
     return profile.sequential_time
 
 
-def make_planner(settings: Settings, profile: ModelProfile, choice: ExecutorChoice | None = None) -> Planner:
+def make_planner(
+    settings: Settings, profile: ModelProfile, choice: ExecutorChoice | None = None, *, time_scale: float = 1.0
+) -> Planner:
     """The start-up planner, capped by the executors that will run its plans (``choice``; default: the
-    rule of :func:`~services.trainer.executors.choose_executors`)."""
+    rule of :func:`~services.trainer.executors.choose_executors`), reading the profile in the machine's time
+    ``time_scale`` (:func:`start_time_scale`)."""
     t = settings.trainer
     choice = choice or choose_executors(settings, profile)
     max_workers, max_stages = executor_caps(settings, choice)
@@ -259,25 +264,36 @@ def make_planner(settings: Settings, profile: ModelProfile, choice: ExecutorChoi
         memory=memory,
         max_workers=max_workers,
         max_stages=max_stages,
+        time_scale=time_scale,
     )
     return Planner(profile, planner_settings)
 
 
+def start_time_scale(settings: Settings, model: ZooModel, profile: ModelProfile) -> float:
+    """k of the start-up plan: measured here (:mod:`services.trainer.calibration`) when the trainer plans for
+    the stream's own rate (``arrival_interval: measured``) and ``trainer.calibrate_time`` is on, else 1 (a
+    configured interval plans in the profile's time, as the paper does)."""
+    t = settings.trainer
+    if not t.calibrate_time or t.arrival_interval != "measured":
+        return 1.0
+    return startup_time_scale(profile, model, resolve_device(t.device))
+
+
 def plan_executors(
-    settings: Settings, model: ZooModel, profile: ModelProfile
+    settings: Settings, model: ZooModel, profile: ModelProfile, *, time_scale: float = 1.0
 ) -> tuple[ExecutorChoice, SwitchablePlanner, Plan]:
     """The executors, the planner capped for them and the start-up plan. Where the method or compensator
     does not run on process executors, ``auto`` falls back to threads (re-planned with their caps) and a
     configured ``processes`` is a :class:`ConfigError`."""
     choice = choose_executors(settings, profile)
-    planner = SwitchablePlanner(make_planner(settings, profile, choice))
+    planner = SwitchablePlanner(make_planner(settings, profile, choice, time_scale=time_scale))
     planner.current.warm()  # before any gRPC thread can reach the planner
     plan = planner.plan(settings.trainer.budget_bytes)
     if choice.kind == "processes":
         refusal = process_refusal(settings, model, profile, plan)
         if refusal is not None:
             choice = refused(choice, refusal)
-            planner = SwitchablePlanner(make_planner(settings, profile, choice))
+            planner = SwitchablePlanner(make_planner(settings, profile, choice, time_scale=time_scale))
             planner.current.warm()
             plan = planner.plan(settings.trainer.budget_bytes)
     return choice, planner, plan
@@ -299,7 +315,8 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     # 1. the model, its profile, the planner and the start-up plan
     model = build_zoo_model(settings)
     profile = load_profile(settings, model)
-    choice, planner, plan = plan_executors(settings, model, profile)
+    scale = start_time_scale(settings, model, profile)
+    choice, planner, plan = plan_executors(settings, model, profile, time_scale=scale)
     # 2. the learner, the topics, the snapshot store
     learner = make_learner(choice, model, plan, settings, profile)
     kafka = settings.kafka
