@@ -363,8 +363,10 @@ class TrainerSettings(Section):
     )
     arrival_drift_ratio: float = field(default=1.5, metadata=meta(check=between(1.0, None, "a ratio")))
     # With arrival_interval: measured, time a few training steps at start-up and plan the first stream in this
-    # machine's time (services/trainer/calibration.py); false: the profile's time until workers are measured.
-    calibrate_time: bool = True
+    # machine's time (services/trainer/calibration.py); off by default: on the 16-core GPU host it planned 2
+    # workers whose stale gradients' compensation (~8.6 ms each on MNISTNet, not in the planner's rate model)
+    # trained fewer items than 1 worker (benchmarks/live/README.md "16-core host").
+    calibrate_time: bool = False
     decay: float | None = field(default=None, metadata=meta(check=between(0, None, "a decay constant")))
     lr: float = field(default=1e-3, metadata=meta(check=between(1e-12, None, "a learning rate")))
     device: str = field(default="cpu", metadata=meta(check=check_device))

@@ -33,12 +33,12 @@ def test_timing_steps_leaves_the_model_as_it_was_and_takes_a_positive_time() -> 
 
 def test_the_scale_is_the_measured_step_over_the_profiles_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(calibration, "step_seconds", lambda model, device: 4 * MNISTNET.sequential_time)
-    settings = load_settings(None, env=_env())
+    settings = load_settings(None, env=_env(FERRET_TRAINER_CALIBRATE_TIME="true"))
     model = build_zoo_model(settings)
     assert start_time_scale(settings, model, MNISTNET) == pytest.approx(4.0)
-    # off, or a configured interval (the paper's protocol): the profile's own time
-    assert start_time_scale(load_settings(None, env=_env(FERRET_TRAINER_CALIBRATE_TIME="false")), model, MNISTNET) == 1
-    auto = load_settings(None, env=_env(FERRET_TRAINER_ARRIVAL_INTERVAL="auto"))
+    # off (the default), or a configured interval (the paper's protocol): the profile's own time
+    assert start_time_scale(load_settings(None, env=_env()), model, MNISTNET) == 1
+    auto = load_settings(None, env=_env(FERRET_TRAINER_ARRIVAL_INTERVAL="auto", FERRET_TRAINER_CALIBRATE_TIME="true"))
     assert start_time_scale(auto, model, MNISTNET) == 1
 
 
