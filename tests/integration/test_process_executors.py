@@ -19,7 +19,7 @@ from torch.testing import assert_close
 
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
-from ferret_core.errors import ScheduleError
+from ferret_core.errors import ExecutorLost, ScheduleError
 from ferret_core.plan import Plan
 from ferret_core.schedule.scheduler import PlanRules
 from tests.unit.test_engine_equivalence import EXACT, plain_sgd
@@ -134,6 +134,24 @@ def test_a_killed_executor_stops_the_clock_within_seconds() -> None:
     finally:
         clock.close(reraise=False)
     assert all(not p.is_alive() for p in clock._processes.values())
+
+
+def test_a_question_to_a_killed_executor_is_an_executor_lost_not_a_broken_pipe() -> None:
+    """Killed between two questions (its sentinel maybe not yet seen by the router): asking it is the
+    same loss whichever finds it first — ExecutorLost, which the learner restarts, never a bare
+    BrokenPipeError (a learner failure). Repeated: the router and the send race."""
+    units = tiny_units()
+    for _ in range(3):
+        clock = ProcessClock(units, setup_for(make_plan(1, 2, num_units=3)), ProcessSettings(lr=0.01)).start()
+        try:
+            clock.usage()
+            victim = clock._processes[(1, 0)]
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.join(5)
+            with pytest.raises(ExecutorLost, match="worker 1"):
+                clock.usage()
+        finally:
+            clock.close(reraise=False)
 
 
 @pytest.mark.parametrize("recompute", [False, True])

@@ -286,7 +286,7 @@ class ProcessClock:
             gone = [e for e in self._executors if e[0] not in live]
             for executor in gone:
                 self._retiring.add(executor)
-                self._conns[executor].send(("retire",))
+                self._send(executor, ("retire",))
             self.dispatch.replan(plan, setup.rules)
             self.dispatch.queue_slots = self.settings.queue_slots if queue_slots is None else queue_slots
             self._live = live
@@ -295,7 +295,7 @@ class ProcessClock:
                 n, j = executor
                 if executor in self._conns:
                     worker = plan.workers[n]
-                    self._conns[executor].send(("configure", worker.accumulation[j], worker.recompute))
+                    self._send(executor, ("configure", worker.accumulation[j], worker.recompute))
                 else:
                     self._spawn(executor)
             self.replans += 1
@@ -507,9 +507,10 @@ class ProcessClock:
     def _ask(self, kind: str, timeout: float) -> dict[Executor, tuple[Any, ...]]:
         """Send ``(kind,)`` to every executor and wait for each one's answer (the router stores them)."""
         with self._lock:
+            self._raise_if_failed()
             self._replies.clear()
-            for conn in self._conns.values():
-                conn.send((kind,))
+            for executor in list(self._conns):
+                self._send(executor, (kind,))
             deadline = time.perf_counter() + timeout
             while len(self._replies) < len(self._conns) and self._error is None:
                 left = deadline - time.perf_counter()
@@ -578,12 +579,20 @@ class ProcessClock:
         message = self.dispatch.next_message(worker, stage)
         if message is None:
             return
+        self._send((worker, stage), message)
+
+    def _send(self, executor: Executor, message: Any) -> None:
+        """Send ``message`` to ``executor``'s pipe; call under the lock. An executor killed since the router
+        last looked (its sentinel not yet seen) is the same loss, found by the send: :class:`ExecutorLost`
+        fails the clock and is raised, whichever message found it (an action, a question, a re-plan's)."""
         try:
-            self._conns[(worker, stage)].send(message)
+            self._conns[executor].send(message)
         except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
-            # killed since the router last looked (its sentinel not yet seen): the same loss, found by a send
+            self._raise_if_failed()  # the clock already failed (and ended the others): its first exception
+            worker, stage = executor
+            kind = message[0] if isinstance(message, tuple) and message else type(message).__name__
             lost = ExecutorLost(
-                f"executor process of worker {worker}, stage {stage} is gone: sending its next action failed "
+                f"executor process of worker {worker}, stage {stage} is gone: sending it {kind!r} failed "
                 f"({type(exc).__name__}: {exc})"
             )
             self._fail_locked(lost)
