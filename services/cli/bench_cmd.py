@@ -13,6 +13,7 @@ per run; ``--resume`` skips rows already there), ``tables.md`` and PNG plots.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -22,7 +23,7 @@ from typing import Any
 from ferret_core.planning.planner import OBJECTIVES
 from services.bench.capabilities import Capabilities, NotAvailableError
 from services.bench.driver import BenchOptions, run_experiment
-from services.bench.experiments import EXPERIMENT_NAMES, PRESET_NAMES, preset
+from services.bench.experiments import EXPERIMENT_NAMES, PRESET_NAMES, SCHEDULES, preset
 from services.cli.args import existing_file, positive_int
 
 
@@ -88,6 +89,13 @@ def register(subparsers: Any) -> None:
         default=None,
         help="data folder passed to ferret simulate (default its own: ../shared/data)",
     )
+    parser.add_argument(
+        "--sweep",
+        choices=("preset", "every"),
+        default="preset",
+        help="strategies the pipelines experiment sweeps over the five budgets: the preset's (standard: DAPPLE and "
+        "Ferret) or every schedule and Ferret (the memory-to-reach table's best other over all of them)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -107,12 +115,17 @@ def _command(args: argparse.Namespace) -> str:
         words.append("--only-available")
     if args.objective != "rate":
         words += ["--objective", args.objective]
+    if args.sweep != "preset":
+        words += ["--sweep", args.sweep]
     return shlex.join(words)
 
 
 def run(args: argparse.Namespace) -> int:
+    chosen = preset(args.preset)
+    if args.sweep == "every":
+        chosen = dataclasses.replace(chosen, sweep_strategies=(*SCHEDULES, "ferret"))
     options = BenchOptions(
-        preset=preset(args.preset),
+        preset=chosen,
         out=args.out,
         jobs=args.jobs,
         seeds=args.seeds,

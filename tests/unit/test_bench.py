@@ -355,3 +355,30 @@ def test_a_stage_with_no_compensated_call_is_a_nan_correction_not_a_crash() -> N
     run = RunSpec("compensation", MNIST, Arm("ferret-M", "ferret", "M", compensator="dc-asgd-a"), 0, 10)
     row = row_of(run, 10**8, {"oacc": 12.0, "relative_correction": [0.25, None]})
     assert row["relative_correction"] == "0.25;nan"
+
+
+def test_sweep_every_puts_every_schedule_and_ferret_in_the_pipelines_sweep_and_the_command(tmp_path: Path) -> None:
+    """``ferret bench pipelines --sweep every``: the memory-to-reach table's best other over every schedule,
+    not only the preset's (standard: DAPPLE and Ferret); the tables' command says so."""
+    from services.bench.experiments import SCHEDULES
+    from services.cli import bench_cmd
+    from services.cli.main import build_parser
+
+    seen: list[BenchOptions] = []
+
+    def fake_run(name: str, options: BenchOptions, *_: object) -> object:
+        seen.append(options)
+        raise NotAvailableError("stop here")
+
+    argv = ["bench", "pipelines", "--preset", "standard", "--sweep", "every", "--out", str(tmp_path)]
+    args = build_parser().parse_args(argv)
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(NotAvailableError):
+        mp.setattr(bench_cmd, "run_experiment", fake_run)
+        args.handler(args)
+    [options] = seen
+    assert options.preset.sweep_strategies == (*SCHEDULES, "ferret")
+    assert options.command.endswith("--sweep every")
+    spec = experiment("pipelines", options.preset)
+    swept = {a.method for a in spec.arms if "@" in a.column}
+    assert swept == {*SCHEDULES, "ferret"}
+    assert experiment("pipelines", preset("standard")).arms != spec.arms  # the default stays the preset's
