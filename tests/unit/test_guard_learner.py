@@ -147,6 +147,9 @@ def test_a_clearly_worse_live_model_is_rolled_back_and_its_version_goes_back() -
     after = [o for i, o in enumerate(outcomes) if 200 + i > event.item]
     assert after and after[0].model_version == event.model_version < poisoned_version  # predictions go back
     assert all(o.predicted_class == y for o, (_, y) in zip(after, items(200, seed=2)[-len(after) :], strict=True))
+    # the compensators' state goes back to the start's with the weights (no λ learnt from the dropped ones)
+    assert inner.compensators == [[{"name": "fresh", "version": 0}]]
+    assert "compensator state reset to the start's" in event.detail
 
 
 def test_equal_models_are_not_rolled_back() -> None:

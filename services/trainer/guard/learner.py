@@ -108,7 +108,10 @@ class GuardedLearner:
         self._candidate = cloned(start)
         self._candidate_at = 0  # the count of compared items when the candidate's weights were taken
         self._candidate_void = False  # the candidate was trained while the shadow's concept was away: never promoted
-        self._fresh_compensators = inner.compensator_state() if settings.drift_reaction == "reset-compensator" else None
+        # the compensators' state (λ, moments) at the start: a rollback puts it back (what they learnt from the
+        # gradients since the last-good is dropped with the weights), and so does guard.drift_reaction
+        self._start_compensators = inner.compensator_state()
+        self._fresh_compensators = self._start_compensators if settings.drift_reaction == "reset-compensator" else None
         self._drift = None if settings.drift_detector == "none" else DriftMonitor(settings.drift_detector)
         self._window = _Window()
         self._compared = 0  # labelled items the shadow and the live model both predicted (the test's clock)
@@ -344,6 +347,7 @@ class GuardedLearner:
             detail += f"; to the newest weights from before the fall of the shadow's accuracy ({older[-1].account})"
         tensors = self._shadow.tensors()
         self.inner.load_state_tensors(tensors)
+        detail += "; " + self._restore_compensators("rollback")
         self._restart(tensors, promote=False)
         c = self._counts
         self._counts = replace(c, rollbacks=c.rollbacks + 1, last_good_version=self._shadow.version)
@@ -423,13 +427,20 @@ class GuardedLearner:
     def _reset_compensators(self) -> None:
         """``guard.drift_reaction: reset-compensator``: the compensators' state (λ, moments) as at the start,
         so what they learnt of the old concept does not correct gradients of the new one."""
-        assert self._fresh_compensators is not None
+        log.info("drift reaction: %s", self._restore_compensators("drift reaction reset-compensator"))
+
+    def _restore_compensators(self, why: str) -> str:
+        """The compensators' state as at the start (at a rollback: no λ or moment learnt from the gradients of
+        the dropped weights stays; the last-good's own state is not kept, the start's is the clean one); what
+        happened, for the log and the event."""
+        if not self._start_compensators:
+            return "no compensator state to reset (the learner exposes none: executor processes keep their own)"
         try:
-            self.inner.load_compensator_state(self._fresh_compensators)
+            self.inner.load_compensator_state(self._start_compensators)
         except ConfigError as exc:  # the plan changed since the start: the start's state no longer fits
-            log.warning("drift reaction reset-compensator skipped: %s", exc)
-            return
-        log.info("drift reaction: compensator state reset")
+            log.warning("%s: compensator state not reset: %s", why, exc)
+            return f"compensator state kept (the start's no longer fits the plan: {exc})"
+        return "compensator state reset to the start's"
 
     def _event(self, event: ModelEvent) -> None:
         self._events.append(event)
