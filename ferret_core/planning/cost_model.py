@@ -94,6 +94,17 @@ class StageGeometry:
         """t^f + t^b + c^r·t^f: one item's stage occupancy (Alg. 2, line 2)."""
         return self.t_f + self.t_b + (self.t_f if recompute else 0.0)
 
+    def with_compensation(self, seconds_per_weight: float) -> StageGeometry:
+        """The geometry of a plan whose gradients arrive stale (reading 12 of ``docs/planner.md``; ours, not
+        in the paper): each stage's backward also compensates its gradient, ``seconds_per_weight`` × |w_j|
+        (elementwise work over the stage's weights), so t^b = max_j (Σ t̂^b + that) in R_F and Alg. 2's N."""
+        if seconds_per_weight == 0.0:
+            return self
+        if not (math.isfinite(seconds_per_weight) and seconds_per_weight > 0):
+            raise ProfileError(f"compensation time per weight must be >= 0 seconds, got {seconds_per_weight}")
+        backward = tuple(b + seconds_per_weight * w for b, w in zip(self.backward_times, self.weights, strict=True))
+        return dataclasses.replace(self, t_b=max(backward), backward_times=backward)
+
 
 def _saved_elements(layer: LayerProfile) -> int:
     return layer.activations if layer.saved is None else layer.saved

@@ -66,6 +66,10 @@ class PlannerSettings:
     recompute_options: tuple[bool, ...] = (False, True)
     # measured ÷ profiled time per item (reading 11, ours): the planner plans with profile.scaled(time_scale)
     time_scale: float = 1.0
+    # seconds one stale gradient's compensation takes for the whole model, in the machine's time (reading 12,
+    # ours): added to each stage's t^b, in proportion to its weights, in plans whose gradients can be stale
+    # (N > 1 or P > 1); 0: not counted, as the paper's R_F does not
+    compensation_time: float = 0.0
     # what the plan maximises: "rate" (R_F, the paper's) or "accuracy" (R_F discounted by staleness_cost)
     objective: str = "rate"
     staleness_cost: StalenessCost | None = None  # d(τ), measured; required by "accuracy"
@@ -80,6 +84,8 @@ class PlannerSettings:
             )
         if not (math.isfinite(self.time_scale) and self.time_scale > 0):
             raise ConfigError(f"time_scale (measured ÷ profiled time per item) must be > 0, got {self.time_scale}")
+        if not (math.isfinite(self.compensation_time) and self.compensation_time >= 0):
+            raise ConfigError(f"compensation_time must be >= 0 seconds, got {self.compensation_time}")
         if self.arrival_interval is not None and not (
             math.isfinite(self.arrival_interval) and self.arrival_interval > 0
         ):
@@ -149,20 +155,26 @@ class Planner:
             queue = memory_settings.admission_queue.resolved(self.decay)
             memory_settings = dataclasses.replace(memory_settings, admission_queue=queue)
         self._candidates: list[_Candidate] = []
+        per_weight = self.settings.compensation_time / max(1, profile.total_params)
         for cap, partition in candidate_partitions(self.profile):
             if self.settings.max_stages is not None and partition.num_stages > self.settings.max_stages:
                 continue
-            geometry = StageGeometry.from_profile(self.profile, partition)
-            rate = RateModel(geometry, self.decay)
+            fresh = StageGeometry.from_profile(self.profile, partition)
+            stale = fresh.with_compensation(per_weight)
+            rates = {id(g): RateModel(g, self.decay) for g in (fresh, stale)}
             for recompute in self.settings.recompute_options:
-                n = num_worker_slots(geometry, self.arrival_interval, recompute)
+                n = num_worker_slots(fresh, self.arrival_interval, recompute)
+                if n > 1 or partition.num_stages > 1:  # stale gradients: each one also compensated (reading 12)
+                    n = num_worker_slots(stale, self.arrival_interval, recompute)
                 if self.settings.max_workers is not None:
                     n = min(n, self.settings.max_workers)
                 for slots in self._slot_counts(n):
+                    geometry = fresh if slots == 1 and partition.num_stages == 1 else stale
                     memory = MemoryModel(
                         geometry, self.profile, memory_settings, arrival_interval=self.arrival_interval,
                         num_slots=slots,
                     )
+                    rate = rates[id(geometry)]
                     self._candidates.append(_Candidate(cap, geometry, memory, rate, recompute, slots, slots < n))
         self._paths: dict[int, SearchPath] = {}
         self._replays: dict[tuple[tuple[int, ...], tuple[WorkerConfig, ...]], ExpectedStaleness] = {}

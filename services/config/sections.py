@@ -362,10 +362,11 @@ class TrainerSettings(Section):
         default=None, metadata=meta(parse=parse_rate, expected=_STREAM_RATE, check=_check_rate)
     )
     arrival_drift_ratio: float = field(default=1.5, metadata=meta(check=between(1.0, None, "a ratio")))
-    # With arrival_interval: measured, time a few training steps at start-up and plan the first stream in this
-    # machine's time (services/trainer/calibration.py); off by default: on the 16-core GPU host it planned 2
-    # workers whose stale gradients' compensation (~8.6 ms each on MNISTNet, not in the planner's rate model)
-    # trained fewer items than 1 worker (benchmarks/live/README.md "16-core host").
+    # With arrival_interval: measured, time a few training steps and one stale gradient's compensation at
+    # start-up and plan the first stream in this machine's time, compensation counted (services/trainer/
+    # calibration.py, docs/planner.md readings 11 and 14). Off by default: on the 16-core GPU host, before the
+    # compensation was counted, it planned 2 workers that trained fewer items than 1 (benchmarks/live/README.md
+    # "16-core host"); with it counted it has not been measured live.
     calibrate_time: bool = False
     decay: float | None = field(default=None, metadata=meta(check=between(0, None, "a decay constant")))
     lr: float = field(default=1e-3, metadata=meta(check=between(1e-12, None, "a learning rate")))

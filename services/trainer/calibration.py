@@ -14,6 +14,12 @@ So before it plans, the trainer times a few plain training steps (forward, backw
 on the trainer's device and threads) of a copy of its model and starts with k = their median ÷ the
 profile's time per item. The copy leaves the model's weights as they were. Within ``max_seconds`` (plus
 one step): a ResNet-18 on one CPU thread takes ~0.1 s a step.
+
+It also times one stale gradient's compensation by the trainer's compensator over the whole model
+(:func:`compensation_seconds`, τ = 1): the planner adds it to the backward of plans whose gradients can be
+stale (``docs/planner.md`` reading 12). Measured on the 16-core GPU host, the calibrated 1 × 2 plan of a
+392 items/s stream trained half what 1 × 1 did: each stale MNISTNet gradient's ``iter-fisher-lean`` took
+~8.6 ms, more than the ~4.5 ms step, and the plan had not counted it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ferret_core.compensation import CompensatorSettings, make_compensator
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
 
@@ -64,6 +71,32 @@ def step_seconds(model: ZooModel, device: torch.device, *, max_seconds: float = 
     while len(times) < MIN_STEPS or (len(times) < MAX_STEPS and time.perf_counter() - began < max_seconds):
         times.append(step())
     return float(statistics.median(times))
+
+
+def compensation_seconds(
+    model: ZooModel, compensator: str, device: torch.device, settings: CompensatorSettings | None = None
+) -> float:
+    """Median seconds of one stale gradient's compensation (τ = 1) by ``compensator`` over all of
+    ``model``'s weights on ``device`` (λ tuned as in the trainer: the state the call also updates)."""
+    params = [p.detach().to(device) for p in model.as_sequential().parameters()]
+    comp = make_compensator(compensator, params, settings or CompensatorSettings(), 1)
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(p.shape, generator=gen).to(device) for p in params]
+    then = [p.clone() for p in params]
+    now = [p + 1e-3 * torch.randn(p.shape, generator=gen).to(device) for p in params]
+
+    def call() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        comp.compensate(grads, staleness=1, theta_then=then, theta_now=now)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    for _ in range(WARM_STEPS):
+        call()
+    return float(statistics.median(call() for _ in range(MIN_STEPS + 2)))
 
 
 def startup_time_scale(profile: ModelProfile, model: ZooModel, device: torch.device) -> float:

@@ -39,7 +39,7 @@ from services.serving.model_card import ModelCard
 from services.serving.model_stream import ModelStreamWriter, stream_key
 from services.snapshots import Reconnect, SnapshotStore, redis_client, signing_key
 from services.trainer.arrivals import DriftReplanner, SwitchablePlanner, measured_time_scale
-from services.trainer.calibration import startup_time_scale
+from services.trainer.calibration import compensation_seconds, startup_time_scale
 from services.trainer.checkpoints import Checkpoints, no_guard
 from services.trainer.counters import StreamCounters
 from services.trainer.executors import (
@@ -246,12 +246,17 @@ def startup_interval(settings: Settings, profile: ModelProfile) -> float:
     return profile.sequential_time
 
 
+StartTiming = tuple[float, float] | None  # (time scale k, seconds per stale gradient's compensation)
+
+
 def make_planner(
-    settings: Settings, profile: ModelProfile, choice: ExecutorChoice | None = None, *, time_scale: float = 1.0
+    settings: Settings, profile: ModelProfile, choice: ExecutorChoice | None = None, *, timing: StartTiming = None
 ) -> Planner:
     """The start-up planner, capped by the executors that will run its plans (``choice``; default: the
     rule of :func:`~services.trainer.executors.choose_executors`), reading the profile in the machine's time
-    ``time_scale`` (:func:`start_time_scale`)."""
+    and counting a stale gradient's compensation as ``timing`` measured (:func:`start_timing`; None: the
+    profile's time, compensation not counted)."""
+    time_scale, compensation_time = timing or (1.0, 0.0)
     t = settings.trainer
     choice = choice or choose_executors(settings, profile)
     max_workers, max_stages = executor_caps(settings, choice)
@@ -265,35 +270,40 @@ def make_planner(
         max_workers=max_workers,
         max_stages=max_stages,
         time_scale=time_scale,
+        compensation_time=compensation_time,
     )
     return Planner(profile, planner_settings)
 
 
-def start_time_scale(settings: Settings, model: ZooModel, profile: ModelProfile) -> float:
-    """k of the start-up plan: measured here (:mod:`services.trainer.calibration`) when the trainer plans for
-    the stream's own rate (``arrival_interval: measured``) and ``trainer.calibrate_time`` is on, else 1 (a
-    configured interval plans in the profile's time, as the paper does)."""
+def start_timing(settings: Settings, model: ZooModel, profile: ModelProfile) -> StartTiming:
+    """The start-up plan's k and compensation time, measured here (:mod:`services.trainer.calibration`) when
+    the trainer plans for the stream's own rate (``arrival_interval: measured``) and ``trainer.calibrate_time``
+    is on; else None (the profile's time, as the paper plans)."""
     t = settings.trainer
     if not t.calibrate_time or t.arrival_interval != "measured":
-        return 1.0
-    return startup_time_scale(profile, model, resolve_device(t.device))
+        return None
+    device = resolve_device(t.device)
+    scale = startup_time_scale(profile, model, device)
+    compensation = compensation_seconds(model, t.compensator, device)
+    log.info("start-up compensation time: %.3g ms per stale gradient (%s)", compensation * 1e3, t.compensator)
+    return scale, compensation
 
 
 def plan_executors(
-    settings: Settings, model: ZooModel, profile: ModelProfile, *, time_scale: float = 1.0
+    settings: Settings, model: ZooModel, profile: ModelProfile, *, timing: StartTiming = None
 ) -> tuple[ExecutorChoice, SwitchablePlanner, Plan]:
     """The executors, the planner capped for them and the start-up plan. Where the method or compensator
     does not run on process executors, ``auto`` falls back to threads (re-planned with their caps) and a
     configured ``processes`` is a :class:`ConfigError`."""
     choice = choose_executors(settings, profile)
-    planner = SwitchablePlanner(make_planner(settings, profile, choice, time_scale=time_scale))
+    planner = SwitchablePlanner(make_planner(settings, profile, choice, timing=timing))
     planner.current.warm()  # before any gRPC thread can reach the planner
     plan = planner.plan(settings.trainer.budget_bytes)
     if choice.kind == "processes":
         refusal = process_refusal(settings, model, profile, plan)
         if refusal is not None:
             choice = refused(choice, refusal)
-            planner = SwitchablePlanner(make_planner(settings, profile, choice, time_scale=time_scale))
+            planner = SwitchablePlanner(make_planner(settings, profile, choice, timing=timing))
             planner.current.warm()
             plan = planner.plan(settings.trainer.budget_bytes)
     return choice, planner, plan
@@ -315,8 +325,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     # 1. the model, its profile, the planner and the start-up plan
     model = build_zoo_model(settings)
     profile = load_profile(settings, model)
-    scale = start_time_scale(settings, model, profile)
-    choice, planner, plan = plan_executors(settings, model, profile, time_scale=scale)
+    choice, planner, plan = plan_executors(settings, model, profile, timing=start_timing(settings, model, profile))
     # 2. the learner, the topics, the snapshot store
     learner = make_learner(choice, model, plan, settings, profile)
     kafka = settings.kafka

@@ -148,3 +148,40 @@ def test_a_scale_that_keeps_the_plans_shape_swaps_the_planner_without_a_replan()
         drift.close()
     assert switch.current.settings.time_scale == 4.0 and drift.scale_replans == 1
     assert requested == [] and drift.replans == 0  # the 1 × 1 plan in force runs on, undrained
+
+
+def test_compensation_time_adds_to_each_stage_backward_in_proportion_to_its_weights() -> None:
+    """Reading 12 (ours): a stale gradient's compensation is elementwise work over the stage's weights."""
+    from ferret_core.plan import Partition
+    from ferret_core.planning.cost_model import StageGeometry
+
+    geometry = StageGeometry.from_profile(MNISTNET, Partition((0, 2, MNISTNET.num_units)))
+    per_weight = 1e-9
+    stale = geometry.with_compensation(per_weight)
+    assert geometry.with_compensation(0.0) is geometry
+    for j, (b, w) in enumerate(zip(geometry.backward_times, geometry.weights, strict=True)):
+        assert stale.backward_times[j] == pytest.approx(b + per_weight * w)
+    assert stale.t_b == max(stale.backward_times) and stale.t_f == geometry.t_f
+    with pytest.raises(ProfileError):
+        geometry.with_compensation(-1.0)
+    with pytest.raises(ConfigError):
+        PlannerSettings(compensation_time=math.nan)
+
+
+def test_a_plan_whose_gradients_are_never_stale_pays_no_compensation() -> None:
+    """1 worker × 1 stage: nothing is stale, so its plan is the same with or without the compensation time;
+    a plan of several workers counts it, needs more slots to keep up, and has a lower R_F."""
+    slow = 1.5 * MNISTNET.sequential_time  # one worker keeps up
+    fast = MNISTNET.sequential_time / 2.5  # it does not: Alg. 2 wants 3 workers
+    for interval in (slow, fast):
+        plain = Planner(MNISTNET, PlannerSettings(arrival_interval=interval, max_stages=1))
+        costly = Planner(MNISTNET, PlannerSettings(arrival_interval=interval, max_stages=1, compensation_time=5e-3))
+        a, b = plain.plan(None), costly.plan(None)
+        if interval == slow:
+            assert (a.num_workers, a.stage_backward_time, a.adaptation_rate) == (
+                b.num_workers, b.stage_backward_time, b.adaptation_rate,
+            )
+        else:
+            assert a.num_workers == 3 and b.num_workers > a.num_workers
+            assert b.stage_backward_time == pytest.approx(a.stage_backward_time + 5e-3)
+            assert b.adaptation_rate < a.adaptation_rate

@@ -11,7 +11,7 @@ import torch
 from ferret_core.profile import ModelProfile
 from services.config import load_settings
 from services.trainer import calibration
-from services.trainer.runner import build_zoo_model, plan_executors, start_time_scale
+from services.trainer.runner import build_zoo_model, plan_executors, start_timing
 
 PROFILES = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles"
 MNISTNET = ModelProfile.load(PROFILES / "mnistnet.json")  # 1.09 ms per item by the profile
@@ -35,11 +35,21 @@ def test_the_scale_is_the_measured_step_over_the_profiles_time(monkeypatch: pyte
     monkeypatch.setattr(calibration, "step_seconds", lambda model, device: 4 * MNISTNET.sequential_time)
     settings = load_settings(None, env=_env(FERRET_TRAINER_CALIBRATE_TIME="true"))
     model = build_zoo_model(settings)
-    assert start_time_scale(settings, model, MNISTNET) == pytest.approx(4.0)
+    timing = start_timing(settings, model, MNISTNET)
+    assert timing is not None and timing[0] == pytest.approx(4.0) and timing[1] > 0
     # off (the default), or a configured interval (the paper's protocol): the profile's own time
-    assert start_time_scale(load_settings(None, env=_env()), model, MNISTNET) == 1
+    assert start_timing(load_settings(None, env=_env()), model, MNISTNET) is None
     auto = load_settings(None, env=_env(FERRET_TRAINER_ARRIVAL_INTERVAL="auto", FERRET_TRAINER_CALIBRATE_TIME="true"))
-    assert start_time_scale(auto, model, MNISTNET) == 1
+    assert start_timing(auto, model, MNISTNET) is None
+
+
+def test_a_stale_gradients_compensation_is_timed_by_the_trainers_compensator() -> None:
+    """Iter-Fisher's per-weight passes cost far more than ``none``'s identity (a copy-free return)."""
+    model = build_zoo_model(load_settings(None, env=_env()))
+    cpu = torch.device("cpu")
+    lean = calibration.compensation_seconds(model, "iter-fisher-lean", cpu)
+    none = calibration.compensation_seconds(model, "none", cpu)
+    assert lean > 0 and none >= 0 and lean > 10 * none
 
 
 def test_a_stream_one_worker_cannot_keep_up_with_in_this_machines_time_gets_more_workers() -> None:
@@ -49,7 +59,12 @@ def test_a_stream_one_worker_cannot_keep_up_with_in_this_machines_time_gets_more
     env = _env(FERRET_TRAINER_STREAM_RATE="392", FERRET_TRAINER_EXECUTORS="processes", FERRET_TRAINER_MAX_WORKERS="8")
     settings = load_settings(None, env=env)
     model = build_zoo_model(settings)
-    _, _, profile_time = plan_executors(settings, model, MNISTNET, time_scale=1.0)
-    _, _, machine_time = plan_executors(settings, model, MNISTNET, time_scale=4.0)
+    _, _, profile_time = plan_executors(settings, model, MNISTNET)
+    _, _, machine_time = plan_executors(settings, model, MNISTNET, timing=(4.0, 0.0))
     assert profile_time.num_workers == 1
     assert machine_time.num_workers >= 2
+    # each of its stale gradients also compensated, at 8.6 ms (iter-fisher-lean on MNISTNet, measured): a
+    # worker's item takes t + 8.6 ms, so keeping up takes more workers, each item costing more (reading 12)
+    _, _, compensated = plan_executors(settings, model, MNISTNET, timing=(4.0, 8.6e-3))
+    assert compensated.num_workers > machine_time.num_workers
+    assert compensated.stage_backward_time == pytest.approx(machine_time.stage_backward_time + 8.6e-3)
