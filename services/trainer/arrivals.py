@@ -81,16 +81,22 @@ class ArrivalRate:
         return self.estimate
 
 
-def measured_time_scale(profile: ModelProfile, plan: Plan, measured: Sequence[float | None]) -> float | None:
+def measured_time_scale(
+    profile: ModelProfile, plan: Plan, measured: Sequence[float | None], compensation_time: float = 0.0
+) -> float | None:
     """Measured ÷ profiled time per item: over the plan's live workers with a measured service time
     (busy seconds per item at the slowest stage), the largest ratio to the profile's time per item at the
     plan's bottleneck stage, t^f·(1 + c^r) + t^b (``profile`` as given, unscaled); None before any worker
-    is measured."""
+    is measured. In a plan whose gradients can be stale the service time also holds their compensation,
+    which the planner counts apart (``compensation_time``, reading 14): the largest stage's share of it is
+    taken off first, so it is not counted twice."""
     geometry = StageGeometry.from_profile(profile, plan.partition)
+    stale = plan.num_workers > 1 or plan.num_stages > 1
+    extra = compensation_time * max(geometry.weights) / max(1, geometry.total_weights) if stale else 0.0
     ratios = [
-        s / (geometry.t_f * (1 + int(w.recompute)) + geometry.t_b)
+        (s - extra) / (geometry.t_f * (1 + int(w.recompute)) + geometry.t_b)
         for w, s in zip(plan.workers, measured, strict=True)
-        if w.live and s is not None and s > 0
+        if w.live and s is not None and s - extra > 0
     ]
     return max(ratios) if ratios else None
 

@@ -341,7 +341,9 @@ def start_trainer(settings: Settings) -> TrainerProcess:
             planner,
             lambda: learner.plan.budget_bytes,
             ratio=t.arrival_drift_ratio,
-            time_scale=lambda: measured_time_scale(profile, learner.plan, learner.measured_service_times()),
+            time_scale=lambda: measured_time_scale(
+                profile, learner.plan, learner.measured_service_times(), planner.current.settings.compensation_time
+            ),
             plan_in_force=lambda: learner.plan,
         )
     metrics = TrainerMetrics()  # served below when metrics.port is set

@@ -69,6 +69,19 @@ def test_measured_time_scale_is_the_slowest_live_worker_over_the_profile() -> No
     t = MNISTNET.sequential_time
     assert measured_time_scale(MNISTNET, plan, [None]) is None
     assert measured_time_scale(MNISTNET, plan, [4 * t]) == pytest.approx(4.0)
+    # 1 × 1 is never stale: a compensation time is not taken off its service time
+    assert measured_time_scale(MNISTNET, plan, [4 * t], 5e-3) == pytest.approx(4.0)
+
+
+def test_measured_time_scale_leaves_out_the_compensation_the_planner_counts_apart() -> None:
+    """A stale plan's workers also compensate each gradient; with that counted in the plan (reading 14) the
+    scale is read from the rest, so the compensation is not counted twice."""
+    fast = MNISTNET.sequential_time / 2.5
+    plan = Planner(MNISTNET, PlannerSettings(arrival_interval=fast, max_stages=1, compensation_time=5e-3)).plan(None)
+    assert plan.num_workers > 1
+    t = MNISTNET.sequential_time
+    assert measured_time_scale(MNISTNET, plan, [4 * t + 5e-3] * plan.num_workers, 5e-3) == pytest.approx(4.0)
+    assert measured_time_scale(MNISTNET, plan, [4 * t + 5e-3] * plan.num_workers) == pytest.approx(4 + 5e-3 / t)
 
 
 def test_drift_replans_when_the_measured_time_scale_leaves_the_ratio() -> None:
