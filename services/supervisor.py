@@ -13,27 +13,32 @@ starts over after a child that ran ``reset_after_s``; after ``max_restarts`` res
 are forwarded to the child and end supervision (the child drains, snapshots and commits as always).
 Every restart is logged with its count and the child's exit code, and the child gets its count in
 ``FERRET_SUPERVISOR_RESTARTS`` (it logs it at start). The child is sent SIGTERM if the supervisor itself
-dies (Linux ``PR_SET_PDEATHSIG``), so no trainer outlives its supervisor.
+dies (Linux ``PR_SET_PDEATHSIG``), so no trainer outlives its supervisor: set in the child by the
+:mod:`services.localstack.deathsig` trampoline before it ``exec``s the trainer, not by ``preexec_fn``,
+which runs Python in a child forked from a process with threads (grpc, torch) and once crashed before the
+trainer started (a red CI: the first child of ``test_usage_errors_and_infeasible_budgets_are_not_restarted``
+died unlogged and was restarted).
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
+from services.localstack.process import DEATHSIG_TRAMPOLINE
+
 log = logging.getLogger("ferret.supervisor")
 
 NOT_RESTARTED = frozenset({0, 2, 3})  # a clean stop, a usage error, an infeasible budget
 RESTARTS_ENV = "FERRET_SUPERVISOR_RESTARTS"
-PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 @dataclass(frozen=True)
@@ -47,14 +52,10 @@ class RestartPolicy:
     reset_after_s: float = 60.0
 
 
-def _terminate_with_parent() -> None:
-    """In the child before it runs (Linux): SIGTERM when the supervisor dies, even of SIGKILL, so a trainer
-    never outlives it (it drains, snapshots and commits as on any SIGTERM)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: the supervisor's own stop() is the only path
-        pass
+def with_parent_death_signal(argv: Sequence[str]) -> list[str]:
+    """``argv`` started through the deathsig trampoline: SIGTERM when the supervisor dies, even of SIGKILL,
+    so a trainer never outlives it (it drains, snapshots and commits as on any SIGTERM)."""
+    return [sys.executable, "-I", "-S", str(DEATHSIG_TRAMPOLINE), str(os.getpid()), "TERM", "--", *argv]
 
 
 class Supervisor:
@@ -115,7 +116,7 @@ class Supervisor:
         with self._lock:
             if self._stopping.is_set():
                 return 0
-            self._child = subprocess.Popen(self.argv, env=env, preexec_fn=_terminate_with_parent)
+            self._child = subprocess.Popen(with_parent_death_signal(self.argv), env=env)
         return self._child.wait()
 
     def stop(self, signum: int = signal.SIGTERM) -> None:

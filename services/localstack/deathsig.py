@@ -1,8 +1,9 @@
 """A trampoline that makes a child process die with its parent, even when the parent is SIGKILLed.
 
-    python -I -S deathsig.py PARENT_PID -- PROGRAM ARG...
+    python -I -S deathsig.py PARENT_PID [SIGNAL] -- PROGRAM ARG...
 
-On Linux it asks the kernel for ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` and then ``exec``s PROGRAM, which
+On Linux it asks the kernel for ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (or SIGNAL, a name such as ``TERM``:
+the supervisor's trainer drains and snapshots on SIGTERM) and then ``exec``s PROGRAM, which
 keeps the setting (it survives ``execve`` except for set-user-ID programs), so the static Tansu and Valkey
 binaries and the ``ferret run`` / ``ferret produce`` children need no cooperation. Setting it in the
 child before ``exec`` is the robust order: ``subprocess.Popen(preexec_fn=...)`` could do the same, but
@@ -33,23 +34,26 @@ EXIT_USAGE = 2
 EXIT_EXEC_FAILED = 127
 
 
-def die_with_parent() -> bool:
-    """Ask Linux to SIGKILL this process when its parent thread exits; False where unsupported."""
+def die_with_parent(signum: int = signal.SIGKILL) -> bool:
+    """Ask Linux to send ``signum`` to this process when its parent thread exits; False where unsupported."""
     if not sys.platform.startswith("linux"):
         return False
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+    if libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(errno)}")
     return True
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 4 or argv[2] != "--" or not argv[1].isdigit():
-        print("usage: deathsig.py PARENT_PID -- PROGRAM [ARG...]", file=sys.stderr)
+    named = len(argv) >= 5 and argv[3] == "--" and hasattr(signal, f"SIG{argv[2]}")
+    if not (named or (len(argv) >= 4 and argv[2] == "--")) or not argv[1].isdigit():
+        print("usage: deathsig.py PARENT_PID [SIGNAL] -- PROGRAM [ARG...]", file=sys.stderr)
         return EXIT_USAGE
-    parent, program = int(argv[1]), argv[3:]
-    if die_with_parent() and os.getppid() != parent:
+    parent = int(argv[1])
+    signum = getattr(signal, f"SIG{argv[2]}") if named else signal.SIGKILL
+    program = argv[4:] if named else argv[3:]
+    if die_with_parent(signum) and os.getppid() != parent:
         return EXIT_PARENT_GONE  # the parent died before the request took effect: nothing would signal us
     try:
         os.execvp(program[0], program)

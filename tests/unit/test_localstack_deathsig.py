@@ -103,3 +103,47 @@ def test_the_trampoline_runs_the_program_and_reports_usage(tmp_path: Path) -> No
     assert usage.returncode == 2 and "usage" in usage.stderr
     missing = subprocess.run([*run, str(os.getpid()), "--", str(tmp_path / "nope")], capture_output=True, text=True)
     assert missing.returncode == 127 and "cannot run" in missing.stderr
+
+
+@linux_only
+def test_a_supervised_child_gets_sigterm_when_the_supervisor_is_sigkilled(tmp_path: Path) -> None:
+    """The supervisor's trampoline asks for SIGTERM (the trainer drains and snapshots on it), set in the
+    child before exec, not in a preexec_fn of a threaded parent."""
+    marker = tmp_path / "terminated"
+    child_code = (
+        "import signal, sys, time; from pathlib import Path\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: (Path({str(marker)!r}).write_text('TERM'), sys.exit(0)))\n"
+        "print('ready', flush=True); time.sleep(60)\n"
+    )
+    code = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        from services.supervisor import with_parent_death_signal
+        child = subprocess.Popen(with_parent_death_signal([sys.executable, "-c", {child_code!r}]),
+                                 stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline() == "ready\\n"
+        print(child.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(5)
+        assert wait_gone(child), f"child {child} outlived its SIGKILLed supervisor"
+        assert marker.read_text() == "TERM"  # SIGTERM, not SIGKILL: its handler ran
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        if not gone(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_the_trampoline_takes_a_signal_name() -> None:
+    run = [sys.executable, "-I", "-S", str(DEATHSIG_TRAMPOLINE), str(os.getpid())]
+    ok = subprocess.run([*run, "TERM", "--", "sh", "-c", "echo ran"], capture_output=True, text=True)
+    assert (ok.returncode, ok.stdout) == (0, "ran\n")
+    bad = subprocess.run([*run, "NOSUCH", "--", "true"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage" in bad.stderr

@@ -39,7 +39,7 @@ def test_a_failing_child_is_restarted_until_it_exits_cleanly(tmp_path: Path) -> 
 def test_usage_errors_and_infeasible_budgets_are_not_restarted(tmp_path: Path) -> None:
     for code in (2, 3):
         supervisor = Supervisor(child([code, 0], tmp_path / f"runs-{code}"), policy=FAST)
-        assert supervisor.run() == code and supervisor.restarts == 0
+        assert supervisor.run() == code and supervisor.restarts == 0, supervisor.exit_codes
 
 
 def test_too_many_failures_end_supervision_with_the_childs_code(tmp_path: Path) -> None:
