@@ -28,6 +28,7 @@ import copy
 import logging
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -43,34 +44,43 @@ MIN_STEPS = 3
 MAX_STEPS = 20
 
 
+def median_seconds(call: Callable[[], object], device: torch.device, *, max_seconds: float = 0.5) -> float:
+    """Median seconds of ``call()`` on ``device`` (synchronised on CUDA): at least ``MIN_STEPS`` timed calls
+    after ``WARM_STEPS``, then until ``max_seconds`` or ``MAX_STEPS``."""
+
+    def timed() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        call()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    for _ in range(WARM_STEPS):
+        timed()
+    times: list[float] = []
+    began = time.perf_counter()
+    while len(times) < MIN_STEPS or (len(times) < MAX_STEPS and time.perf_counter() - began < max_seconds):
+        times.append(timed())
+    return float(statistics.median(times))
+
+
 def step_seconds(model: ZooModel, device: torch.device, *, max_seconds: float = 0.5) -> float:
     """Median seconds of one item's training step (forward, cross-entropy, backward, SGD step) of a copy of
-    ``model`` on ``device``: at least ``MIN_STEPS`` timed steps after ``WARM_STEPS``, then until
-    ``max_seconds`` or ``MAX_STEPS``."""
+    ``model`` on ``device`` (:func:`median_seconds`)."""
     net = copy.deepcopy(model.as_sequential()).to(device).train()
     opt = torch.optim.SGD(net.parameters(), lr=1e-6)
     gen = torch.Generator().manual_seed(0)
     x = torch.rand((1, *model.input_shape), generator=gen).to(device)
     y = torch.zeros(1, dtype=torch.long, device=device)
 
-    def step() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
+    def step() -> None:
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(net(x), y).backward()  # type: ignore[no-untyped-call]
         opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - t0
 
-    for _ in range(WARM_STEPS):
-        step()
-    times: list[float] = []
-    began = time.perf_counter()
-    while len(times) < MIN_STEPS or (len(times) < MAX_STEPS and time.perf_counter() - began < max_seconds):
-        times.append(step())
-    return float(statistics.median(times))
+    return median_seconds(step, device, max_seconds=max_seconds)
 
 
 def compensation_seconds(
@@ -84,19 +94,7 @@ def compensation_seconds(
     grads = [torch.randn(p.shape, generator=gen).to(device) for p in params]
     then = [p.clone() for p in params]
     now = [p + 1e-3 * torch.randn(p.shape, generator=gen).to(device) for p in params]
-
-    def call() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        comp.compensate(grads, staleness=1, theta_then=then, theta_now=now)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - t0
-
-    for _ in range(WARM_STEPS):
-        call()
-    return float(statistics.median(call() for _ in range(MIN_STEPS + 2)))
+    return median_seconds(lambda: comp.compensate(grads, staleness=1, theta_then=then, theta_now=now), device)
 
 
 def startup_time_scale(profile: ModelProfile, model: ZooModel, device: torch.device) -> float:
