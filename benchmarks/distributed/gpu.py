@@ -10,7 +10,7 @@ The same protocol as ``throughput.py`` (same items, initial weights, learning ra
   the newest, skip the rest while behind);
 * **thread executors 1 × N, cuda**: the wall clock's executor threads, N workers over one master on the GPU,
   each action on a CUDA stream of its own and ended by an event (several workers on one GPU through CUDA
-  streams; MPS needs a daemon this machine does not run);
+  streams; MPS, several processes on one GPU, is not tried: the process executors run no CUDA stage);
 * **thread executors 2 stages × 1, cuda**: one worker's two stages on the same GPU, on separate streams;
 * **plain capacity, cpu** and **process executors 1 × N, cpu**: the host's cores with the process executors
   (:class:`~ferret_core.engine.processes.ProcessClock` is CPU-only: its master lives in host shared memory),
