@@ -1,4 +1,4 @@
-"""The start-up time scale: this machine's time for one item's training step ÷ the profile's.
+"""The start-up timing: this machine's time for one item's training step ÷ the profile's, and one compensation.
 
 The planner reads the profile in the machine's time, k = measured ÷ profiled time per item
 (``docs/planner.md`` reading 11). Once the workers run, the drift re-planner measures k from their busy
@@ -17,7 +17,7 @@ one step): a ResNet-18 on one CPU thread takes ~0.1 s a step.
 
 It also times one stale gradient's compensation by the trainer's compensator over the whole model
 (:func:`compensation_seconds`, τ = 1): the planner adds it to the backward of plans whose gradients can be
-stale (``docs/planner.md`` reading 12). Measured on the 16-core GPU host, the calibrated 1 × 2 plan of a
+stale (``docs/planner.md`` reading 14). Measured on the 16-core GPU host, the calibrated 1 × 2 plan of a
 392 items/s stream trained half what 1 × 1 did: each stale MNISTNet gradient's ``iter-fisher-lean`` took
 ~8.6 ms, more than the ~4.5 ms step, and the plan had not counted it.
 """
