@@ -95,7 +95,7 @@ class StageGeometry:
         return self.t_f + self.t_b + (self.t_f if recompute else 0.0)
 
     def with_compensation(self, seconds_per_weight: float) -> StageGeometry:
-        """The geometry of a plan whose gradients arrive stale (reading 12 of ``docs/planner.md``; ours, not
+        """The geometry of a plan whose gradients arrive stale (reading 14 of ``docs/planner.md``; ours, not
         in the paper): each stage's backward also compensates its gradient, ``seconds_per_weight`` × |w_j|
         (elementwise work over the stage's weights), so t^b = max_j (Σ t̂^b + that) in R_F and Alg. 2's N."""
         if seconds_per_weight == 0.0:

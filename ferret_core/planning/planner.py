@@ -66,7 +66,7 @@ class PlannerSettings:
     recompute_options: tuple[bool, ...] = (False, True)
     # measured ÷ profiled time per item (reading 11, ours): the planner plans with profile.scaled(time_scale)
     time_scale: float = 1.0
-    # seconds one stale gradient's compensation takes for the whole model, in the machine's time (reading 12,
+    # seconds one stale gradient's compensation takes for the whole model, in the machine's time (reading 14,
     # ours): added to each stage's t^b, in proportion to its weights, in plans whose gradients can be stale
     # (N > 1 or P > 1); 0: not counted, as the paper's R_F does not
     compensation_time: float = 0.0
@@ -164,7 +164,7 @@ class Planner:
             rates = {id(g): RateModel(g, self.decay) for g in (fresh, stale)}
             for recompute in self.settings.recompute_options:
                 n = num_worker_slots(fresh, self.arrival_interval, recompute)
-                if n > 1 or partition.num_stages > 1:  # stale gradients: each one also compensated (reading 12)
+                if n > 1 or partition.num_stages > 1:  # stale gradients: each one also compensated (reading 14)
                     n = num_worker_slots(stale, self.arrival_interval, recompute)
                 if self.settings.max_workers is not None:
                     n = min(n, self.settings.max_workers)
