@@ -164,7 +164,7 @@ def test_a_scale_that_keeps_the_plans_shape_swaps_the_planner_without_a_replan()
 
 
 def test_compensation_time_adds_to_each_stage_backward_in_proportion_to_its_weights() -> None:
-    """Reading 12 (ours): a stale gradient's compensation is elementwise work over the stage's weights."""
+    """Reading 14 (ours): a stale gradient's compensation is elementwise work over the stage's weights."""
     from ferret_core.plan import Partition
     from ferret_core.planning.cost_model import StageGeometry
 

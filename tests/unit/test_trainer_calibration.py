@@ -64,7 +64,7 @@ def test_a_stream_one_worker_cannot_keep_up_with_in_this_machines_time_gets_more
     assert profile_time.num_workers == 1
     assert machine_time.num_workers >= 2
     # each of its stale gradients also compensated, at 8.6 ms (iter-fisher-lean on MNISTNet, measured): a
-    # worker's item takes t + 8.6 ms, so keeping up takes more workers, each item costing more (reading 12)
+    # worker's item takes t + 8.6 ms, so keeping up takes more workers, each item costing more (reading 14)
     _, _, compensated = plan_executors(settings, model, MNISTNET, timing=(4.0, 8.6e-3))
     assert compensated.num_workers > machine_time.num_workers
     assert compensated.stage_backward_time == pytest.approx(machine_time.stage_backward_time + 8.6e-3)
