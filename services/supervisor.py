@@ -26,14 +26,13 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
-from services.localstack.process import DEATHSIG_TRAMPOLINE
+from services.localstack.process import dying_with_this_process
 
 log = logging.getLogger("ferret.supervisor")
 
@@ -55,7 +54,7 @@ class RestartPolicy:
 def with_parent_death_signal(argv: Sequence[str]) -> list[str]:
     """``argv`` started through the deathsig trampoline: SIGTERM when the supervisor dies, even of SIGKILL,
     so a trainer never outlives it (it drains, snapshots and commits as on any SIGTERM)."""
-    return [sys.executable, "-I", "-S", str(DEATHSIG_TRAMPOLINE), str(os.getpid()), "TERM", "--", *argv]
+    return list(dying_with_this_process(argv, "TERM"))
 
 
 class Supervisor:

@@ -42,6 +42,7 @@ import torch
 
 from benchmarks.distributed.throughput import (
     CASES,
+    CPU,
     RESULTS,
     balanced_cut,
     engine_wall,
@@ -52,8 +53,6 @@ from benchmarks.distributed.throughput import (
     units_of,
 )
 from benchmarks.support import write_result
-
-CPU = torch.device("cpu")
 
 
 def attempt(arm: Callable[[], dict[str, Any]], device: torch.device) -> dict[str, Any]:

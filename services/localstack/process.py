@@ -25,6 +25,13 @@ DEFAULT_STOP_TIMEOUT = 5.0
 DEATHSIG_TRAMPOLINE = Path(__file__).with_name("deathsig.py")
 
 
+def dying_with_this_process(argv: Sequence[str], signal_name: str = "KILL") -> tuple[str, ...]:
+    """``argv`` started through the :mod:`~services.localstack.deathsig` trampoline: it gets SIG``signal_name``
+    when this process (the thread that spawns it) dies, even of SIGKILL."""
+    prefix = (sys.executable, "-I", "-S", str(DEATHSIG_TRAMPOLINE), str(os.getpid()))
+    return (*prefix, *(() if signal_name == "KILL" else (signal_name,)), "--", *argv)
+
+
 class LocalStackError(FerretError, RuntimeError):
     """A local server could not be started, reached or stopped."""
 
@@ -112,7 +119,7 @@ class ChildProcess:
             raise BinaryNotFoundError(f"could not start {self.name}: {program!r} is not an executable file or on PATH")
         argv = self.argv
         if self.die_with_parent:
-            argv = (sys.executable, "-I", "-S", str(DEATHSIG_TRAMPOLINE), str(os.getpid()), "--", *argv)
+            argv = dying_with_this_process(argv)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             try:

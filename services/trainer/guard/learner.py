@@ -111,7 +111,6 @@ class GuardedLearner:
         # the compensators' state (λ, moments) at the start: a rollback puts it back (what they learnt from the
         # gradients since the last-good is dropped with the weights), and so does guard.drift_reaction
         self._start_compensators = inner.compensator_state()
-        self._fresh_compensators = self._start_compensators if settings.drift_reaction == "reset-compensator" else None
         self._drift = None if settings.drift_detector == "none" else DriftMonitor(settings.drift_detector)
         self._window = _Window()
         self._compared = 0  # labelled items the shadow and the live model both predicted (the test's clock)
@@ -415,8 +414,8 @@ class GuardedLearner:
         self._late.clear()
 
     def _drifted(self, signal: DriftSignal, model_version: int) -> None:
-        reaction = "none" if self._fresh_compensators is None else "reset-compensator"
-        self._reset_due = self._fresh_compensators is not None
+        reaction = self.settings.drift_reaction
+        self._reset_due = reaction == "reset-compensator"
         c = self._counts
         self._counts = replace(c, drifts=c.drifts + 1)
         detail = f"{signal.detector} detected a change at item {signal.item} (mean after: {signal.estimate:.3f})"
