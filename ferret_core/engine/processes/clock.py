@@ -70,6 +70,7 @@ from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.dispatch import Dispatch, Executor
 from ferret_core.engine.processes.executor import ExecutorSpec, executor_main
+from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.engine.processes.settings import (
     CompensationReport,
     ProcessSettings,
@@ -77,7 +78,7 @@ from ferret_core.engine.processes.settings import (
     check_supported,
     shares_deltas,
 )
-from ferret_core.engine.processes.slots import SharedStageVersions, stage_versions
+from ferret_core.engine.processes.slots import SharedStageVersions, slots_needed, stage_versions
 from ferret_core.engine.result import EngineStats
 from ferret_core.engine.stage_exec import build_stages, predict_logits, unit_state
 from ferret_core.engine.state import Counters
@@ -104,10 +105,20 @@ class ProcessClock:
     ...     clock.drain()
     """
 
-    def __init__(self, units: Sequence[nn.Module], setup: PolicySetup, settings: ProcessSettings | None = None) -> None:
+    def __init__(
+        self,
+        units: Sequence[nn.Module],
+        setup: PolicySetup,
+        settings: ProcessSettings | None = None,
+        *,
+        hosts: Hosts | None = None,
+    ) -> None:
         self.settings = s = settings or ProcessSettings()
         plan = setup.plan
         check_supported(setup, s)
+        self.hosts = hosts  # several hosts: which rank owns each stage (:mod:`.hosts`); None: this host owns all
+        if hosts is not None:
+            hosts.check(plan.num_stages)
         self.dispatch = Dispatch(plan, setup.rules, keep_trace=s.keep_trace, queue_slots=s.queue_slots)
         recomputes = any(w.recompute for w in plan.workers)
         programs, initial = build_stages(units, plan.partition, allow_stochastic=not recomputes)
@@ -128,7 +139,9 @@ class ProcessClock:
         self.stages: list[SharedStageVersions] = []
         self._conns: dict[Executor, mpc.Connection] = {}
         self._processes: dict[Executor, Any] = {}
-        self._store: str | None = None  # the executors' gloo rendezvous file (several stages)
+        self._store: str | None = None  # the executors' gloo rendezvous file (several stages, one host)
+        self._store_address: tuple[str, int, str] | None = None  # the TCP store's (several hosts)
+        self._ring_sizes: list[int] = []  # per stage, its delta ring's capacity (0: none), as first allocated
         self._slot_workers = 0  # live workers the version slots are sized for (start())
         self._ctx: Any = None
         self._retiring: set[Executor] = set()  # executors a re-plan removed, exiting on purpose
@@ -174,18 +187,29 @@ class ProcessClock:
         # slots for the live workers (what the byte model counts): a re-plan may keep or remove workers on
         # these processes, one that brings more back needs a new clock
         self._slot_workers = len(self._live)
-        self.stages = stage_versions(self._initial, self._slot_workers, ctx.Lock)
-        for stage in self.stages:
-            stage.watch(lambda: self._error is not None)
+        p = self.plan.num_stages
         # the shared delta rings, sized to each stage's staleness bound (none where the bound is 0: no
         # gradient there is stale under the plan), kept as allocated through re-plans
+        self._ring_sizes = [ring_capacity(self.plan, j) if self._shares_deltas else 0 for j in range(p)]
+        hosts = self.hosts
+        if hosts is None:
+            self.stages = stage_versions(self._initial, self._slot_workers, ctx.Lock)
+        else:  # this host's stages here; a follower copy of every other (its owner holds its slots)
+            slots = [slots_needed(self._slot_workers, p, j) for j in range(p)]
+            followers = hosts.setup(self._initial, slots, self._ring_sizes, ctx.Lock)
+            self.stages = [
+                followers[j] if hosts.remote(j) else SharedStageVersions(v, slots[j], ctx.Lock(), ctx.Lock())
+                for j, v in enumerate(self._initial)
+            ]
+            host, port = hosts.store_address()
+            self._store_address = (host, port, f"clock-{os.getpid()}-{time.monotonic_ns()}/")
+        for stage in self.stages:
+            stage.watch(lambda: self._error is not None)
         self.deltas = [
-            SharedDeltas(j, self._initial[j].params, ring_capacity(self.plan, j))
-            if self._shares_deltas and ring_capacity(self.plan, j) > 0
-            else None
-            for j in range(self.plan.num_stages)
+            SharedDeltas(j, self._initial[j].params, size) if size > 0 and self._local(j) else None
+            for j, size in enumerate(self._ring_sizes)
         ]
-        if self.plan.num_stages > 1:
+        if p > 1 and hosts is None:
             self._store = tempfile.mkdtemp(prefix="ferret-gloo-")
         for executor in self._executors:
             self._spawn(executor)
@@ -209,7 +233,8 @@ class ProcessClock:
             stage=j,
             num_stages=p,
             program=self._programs[j],
-            replica=self.stages[j].pin_current(),  # the worker's first replica: the current master
+            # the worker's first replica: the current master (a remote stage's host pins it there)
+            replica=self.stages[j].pin_current() if self._local(j) else (-1, -1),
             accumulation=worker.accumulation[j],
             recompute=worker.recompute,
             lr=s.lr,
@@ -221,6 +246,7 @@ class ProcessClock:
             rank=rank[executor],
             world_size=len(self._executors) if p > 1 else 1,
             store=None if self._store is None else os.path.join(self._store, "store"),
+            store_address=self._store_address,
             prev_rank=rank.get((n, j - 1)),
             next_rank=rank.get((n, j + 1)),
             max_step_ratio=s.max_step_ratio,
@@ -228,6 +254,9 @@ class ProcessClock:
             measure_memory=s.measure_memory,
             received=self.dispatch.received(n, j),
         )
+        if self.hosts is not None and not self._local(j):
+            self._conns[executor], self._processes[executor] = self.hosts.spawn(spec)  # type: ignore[assignment]
+            return
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
             target=executor_main,
@@ -245,9 +274,12 @@ class ProcessClock:
         compensator walks the master's deltas (0 at a stage without one: a re-plan keeps the rings as
         allocated), else the plan's staleness bound (which also says whether the stage can be stale)."""
         if self._shares_deltas:
-            deltas = self.deltas[stage]
-            return 0 if deltas is None else deltas.capacity
+            return self._ring_sizes[stage]
         return ring_capacity(self.plan, stage)
+
+    def _local(self, stage: int) -> bool:
+        """Whether ``stage``'s master (its slots, ring and executors) lives on this host."""
+        return self.hosts is None or not self.hosts.remote(stage)
 
     def replan(self, setup: PolicySetup, timeout: float = 60.0, *, queue_slots: int | None = None) -> float:
         """Run ``setup``'s plan from here on, keeping the executor processes: drain (every admitted item
@@ -337,6 +369,8 @@ class ProcessClock:
             dead.close()
         self._dead_conns.clear()
         self._stop_processes()
+        if self.hosts is not None and self._started:
+            self.hosts.teardown()
         if self._store is not None:
             shutil.rmtree(self._store, ignore_errors=True)
             self._store = None
@@ -408,7 +442,10 @@ class ProcessClock:
     # ------------------------------------------------------------------------------------ reporting
     def master_state(self) -> list[dict[str, Tensor]]:
         """Copies of the current master's tensors by stage, keyed by the stage module's parameter and
-        buffer names (as :meth:`Pipeline.master_state`)."""
+        buffer names (as :meth:`Pipeline.master_state`). Over several hosts the followers are first brought
+        up to their owners' masters (call drained)."""
+        if self.hosts is not None:
+            self.hosts.sync()
         out = []
         for program, stage in zip(self._programs, self.stages, strict=True):
             tensors = [*stage.copy_current(), *(b.clone() for b in stage.buffers)]
@@ -450,9 +487,10 @@ class ProcessClock:
 
     def shared_bytes(self) -> int:
         """Bytes of the shared version slots and delta rings (each counted once, however many processes
-        map it)."""
+        map it); over several hosts, every host's (and the coordinator's follower copies)."""
         rings = sum(d.nbytes() for d in self.deltas if d is not None)
-        return sum(stage.nbytes() for stage in self.stages) + rings
+        remote = 0 if self.hosts is None else self.hosts.shared_bytes()
+        return sum(stage.nbytes() for stage in self.stages) + rings + remote
 
     def executor_bytes(self) -> dict[Executor, int]:
         """Per executor (worker, stage), the peak bytes it measured in its own process so far (the tensors
@@ -548,6 +586,8 @@ class ProcessClock:
         pins = [stage.pin_current() for stage in self.stages]
         try:
             versions = [stage.view(slot, v) for stage, (slot, v) in zip(self.stages, pins, strict=True)]
+            if self.hosts is not None:
+                self.hosts.observe_prediction([v for _, v in pins])
             if not self.dispatch.shapes:
                 self.dispatch.shapes = self._stage_shapes(versions, xs[0])
             logits = predict_logits(self._predict_runners, versions, torch.stack(list(xs)))

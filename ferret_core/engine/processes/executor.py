@@ -71,7 +71,8 @@ class ExecutorSpec:
     learning rate, the compensator (by registry name), the torch threads it may use and whether it
     flushes denormal floats to zero (``torch.set_flush_denormal``; a process does not inherit its
     coordinator's choice). With several stages, ``rank`` of ``world_size`` in the executors' gloo
-    process group (rendezvous through the file ``store``) and the ranks of the worker's executors of the
+    process group (rendezvous through the file ``store`` on one host, or the TCP store at
+    ``store_address`` the coordinator hosts over several, :mod:`.hosts`) and the ranks of the worker's executors of the
     stages before and after (``None`` at the ends)."""
 
     worker: int
@@ -90,6 +91,7 @@ class ExecutorSpec:
     rank: int = 0
     world_size: int = 1
     store: str | None = None
+    store_address: tuple[str, int, str] | None = None  # (host, port, prefix) of a TCP store: several hosts
     prev_rank: int | None = None
     next_rank: int | None = None
     max_step_ratio: float | None = None  # the norm guard (ferret_core.engine.step_guard)
@@ -431,7 +433,12 @@ def executor_main(
     item: int | None = None
     grouped = spec.world_size > 1
     try:
-        if grouped:
+        if grouped and spec.store_address is not None:  # several hosts: the coordinator's TCP store
+            host, port, prefix = spec.store_address
+            client = dist.TCPStore(host, port, is_master=False)  # type: ignore[attr-defined]
+            store = dist.PrefixStore(prefix, client)  # type: ignore[attr-defined]
+            dist.init_process_group("gloo", store=store, rank=spec.rank, world_size=spec.world_size)
+        elif grouped:
             dist.init_process_group(
                 "gloo", init_method=f"file://{spec.store}", rank=spec.rank, world_size=spec.world_size
             )

@@ -1,0 +1,234 @@
+"""A host of a process clock over several hosts: the owning rank's side (:mod:`.hosts` is the coordinator's).
+
+:func:`serve_host` runs on every rank of the job but the coordinator's. For each clock the coordinator
+starts, it receives the stages this rank owns (their initial tensors, version-slot counts and delta-ring
+capacities), holds their version slots and delta rings in this host's shared memory, starts the
+executors of those stages as child processes (the forkserver the one-host clock uses) when asked, and
+relays: the coordinator's messages down each executor's pipe, each executor's answers and its exit back
+up the job's group (:class:`~ferret_core.engine.processes.link.Link`). After every update of an owned
+stage a follower thread sends the newest master to the coordinator (coalesced: the newest version each
+time the previous send completed), which predicts with that copy.
+
+A lost coordinator (its link fails) ends the executors here and the agent; an executor that dies is
+reported with its exit code after its last words; the agent's own failure is reported as ``failed``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing.connection as mpc
+import threading
+import time
+import traceback
+from typing import Any
+
+import torch.multiprocessing as tmp
+
+from ferret_core.engine.processes.deltas import SharedDeltas
+from ferret_core.engine.processes.dispatch import Executor
+from ferret_core.engine.processes.executor import ExecutorSpec, executor_main
+from ferret_core.engine.processes.hosts import host_follower_message
+from ferret_core.engine.processes.link import TAG_DOWN, TAG_MASTER, TAG_UP, Link, send_object
+from ferret_core.engine.processes.slots import SharedStageVersions
+from ferret_core.errors import ScheduleError
+
+JOIN_TIMEOUT_S = 5.0
+
+
+class _Session:
+    """One clock's stages, executors and follower thread on this host."""
+
+    def __init__(self, link: Link, ctx: Any, owned: dict[int, tuple[Any, int, int]], group: Any) -> None:
+        self.link = link
+        self.ctx = ctx
+        self.group = group
+        self.stages: dict[int, SharedStageVersions] = {}
+        self.deltas: dict[int, SharedDeltas | None] = {}
+        for j, (initial, slots, ring) in owned.items():
+            self.stages[j] = SharedStageVersions(initial, slots, ctx.Lock(), ctx.Lock())
+            self.deltas[j] = SharedDeltas(j, initial.params, ring) if ring > 0 else None
+        self.conns: dict[Executor, mpc.Connection] = {}
+        self.processes: dict[Executor, Any] = {}
+        self._updated = threading.Event()
+        self._stop = False
+        self._sent = {j: stage.current_version() for j, stage in self.stages.items()}
+        self._follower = threading.Thread(target=self._follow, name="ferret-follower", daemon=True)
+        self._follower.start()
+
+    def shared_bytes(self) -> int:
+        rings = sum(d.nbytes() for d in self.deltas.values() if d is not None)
+        return sum(s.nbytes() for s in self.stages.values()) + rings
+
+    def spawn(self, spec: ExecutorSpec) -> None:
+        executor = (spec.worker, spec.stage)
+        stage = self.stages.get(spec.stage)
+        if stage is None:
+            raise ScheduleError(f"stage {spec.stage} is not owned by this host (it owns {sorted(self.stages)})")
+        spec = dataclasses.replace(spec, replica=stage.pin_current())
+        parent, child = self.ctx.Pipe(duplex=True)
+        process = self.ctx.Process(
+            target=executor_main,
+            args=(child, spec, stage, self.deltas[spec.stage]),
+            name=f"ferret-w{spec.worker}s{spec.stage}",
+            daemon=True,
+        )
+        process.start()
+        child.close()
+        self.conns[executor] = parent
+        self.processes[executor] = process
+        self.link.send(("spawned", executor, process.pid))
+
+    def relay_up(self, executor: Executor, answer: Any) -> None:
+        self.link.send(("reply", executor, answer))
+        kind = answer[0] if isinstance(answer, tuple) and answer else None
+        backward = answer[2] if kind == "FB" else answer if kind == "B" else None
+        if backward is not None and backward[6] is not None:
+            self._updated.set()
+
+    def exited(self, executor: Executor) -> None:
+        conn = self.conns.pop(executor)
+        while True:  # its last words first (an error it sent before exiting)
+            try:
+                if not conn.poll():
+                    break
+                self.relay_up(executor, conn.recv())
+            except (EOFError, OSError):
+                break
+        conn.close()
+        process = self.processes.pop(executor)
+        process.join(JOIN_TIMEOUT_S)
+        self.link.send(("exited", executor, process.exitcode))
+
+    def sync(self) -> None:
+        self._updated.set()
+        self.link.send(("synced", {j: stage.current_version() for j, stage in self.stages.items()}))
+
+    def close(self) -> None:
+        deadline = time.perf_counter() + JOIN_TIMEOUT_S
+        for conn in self.conns.values():
+            with contextlib.suppress(OSError, EOFError):
+                conn.send(None)
+        for process in self.processes.values():
+            process.join(max(0.0, deadline - time.perf_counter()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+        for conn in self.conns.values():
+            conn.close()
+        self._stop = True
+        self._updated.set()
+        self._follower.join(JOIN_TIMEOUT_S)
+
+    def _follow(self) -> None:
+        """Send the newest master of every owned stage that moved, after each update (coalesced)."""
+        while True:
+            self._updated.wait()
+            self._updated.clear()
+            if self._stop:
+                return
+            for j, stage in self.stages.items():
+                if stage.current_version() > self._sent[j]:
+                    message = host_follower_message(stage)
+                    try:
+                        send_object(message, self.link.peer, TAG_MASTER, self.group)
+                    except Exception:
+                        return  # the coordinator is gone: the control link reports it
+                    self._sent[j] = message[1]
+
+
+def serve_host(*, coordinator: int = 0, group: Any = None, start_method: str = "forkserver") -> None:
+    """Serve the coordinator's clocks on this rank until it says ``exit`` or is lost (see the module
+    docstring). ``torch.distributed`` must be initialised (under ``torchrun``: ``init_process_group('gloo')``)."""
+    from ferret_core.engine.processes.clock import PRELOAD  # the one-host clock's forkserver preload
+
+    ctx: Any = tmp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
+    link = Link(coordinator, send_tag=TAG_UP, recv_tag=TAG_DOWN, group=group, name="coordinator")
+    inbox_r, inbox_w = mpc.Pipe(duplex=False)
+
+    def receive() -> None:
+        while True:
+            try:
+                message = link.recv()
+            except BaseException as exc:
+                inbox_w.send(("lost", f"{type(exc).__name__}: {exc}"))
+                return
+            inbox_w.send(message)
+            if message[0] == "exit":
+                return
+
+    threading.Thread(target=receive, name="ferret-host-receive", daemon=True).start()
+    session: _Session | None = None
+    try:
+        while True:
+            conns = {} if session is None else {c: e for e, c in session.conns.items()}
+            sentinels = {} if session is None else {p.sentinel: e for e, p in session.processes.items()}
+            for ready in mpc.wait([inbox_r, *conns, *sentinels]):
+                if ready in sentinels:
+                    assert session is not None
+                    if sentinels[ready] in session.processes:
+                        session.exited(sentinels[ready])
+                    break
+                if ready in conns:
+                    assert session is not None
+                    executor = conns[ready]
+                    try:
+                        answer = ready.recv()
+                    except (EOFError, OSError):
+                        continue  # its sentinel reports the exit
+                    session.relay_up(executor, answer)
+                    continue
+                message = inbox_r.recv()
+                kind = message[0]
+                if kind == "to":
+                    _, executor, payload = message
+                    if session is not None and executor in session.conns:
+                        with contextlib.suppress(OSError, EOFError):
+                            session.conns[executor].send(payload)
+                elif kind == "spawn":
+                    if session is None:
+                        raise ScheduleError("spawn before setup")
+                    session.spawn(message[1])
+                    break  # wait on the new executor too
+                elif kind == "kill":
+                    if session is not None and message[1] in session.processes:
+                        session.processes[message[1]].kill()
+                elif kind == "clock":
+                    link.send(("clock", time.perf_counter()))
+                elif kind == "setup":
+                    if session is not None:
+                        session.close()
+                    session = _Session(link, ctx, message[1], group)
+                    link.send(("ready", session.shared_bytes()))
+                elif kind == "sync":
+                    if session is not None:
+                        session.sync()
+                    else:
+                        link.send(("synced", {}))
+                elif kind == "teardown":
+                    if session is not None:
+                        session.close()
+                        session = None
+                    link.send(("torn-down",))
+                    break
+                elif kind in ("exit", "lost"):
+                    if session is not None:
+                        session.close()
+                        session = None
+                    if kind == "exit":
+                        link.send(("bye",))
+                        with contextlib.suppress(Exception):
+                            send_object(None, coordinator, TAG_MASTER, group)
+                    return
+                else:
+                    raise ScheduleError(f"host got an unknown message {kind!r}")
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            link.send(("failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        if session is not None:
+            session.close()
+        raise
+    finally:
+        link.close()

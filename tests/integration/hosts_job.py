@@ -1,0 +1,144 @@
+"""A job over two "hosts", run by ``tests/integration/test_hosts.py`` as two ``torchrun`` launchers that
+meet through c10d rendezvous on loopback. Rank 0 is the coordinator, every other rank serves its stages
+(:func:`serve_host`). ``python -m torch.distributed.run ... hosts_job.py SCENARIO OUT.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.testing import assert_close
+
+from ferret_core.engine.policies import PolicySetup
+from ferret_core.engine.processes import ProcessClock, ProcessSettings
+from ferret_core.engine.processes.host_agent import serve_host
+from ferret_core.engine.processes.hosts import Hosts
+from ferret_core.errors import ExecutorLost
+from ferret_core.plan import Plan
+from ferret_core.schedule.scheduler import PlanRules
+from tests.unit.test_engine_equivalence import EXACT, plain_sgd
+from tests.unit.test_engine_support import make_plan, stream, tiny_units
+
+
+def setup_for(plan: Plan) -> PolicySetup:
+    return PolicySetup("ferret", plan, PlanRules(plan), instant=False, planned=None)
+
+
+def transparency(hosts: Hosts) -> dict[str, Any]:
+    """One worker over 3 stages, stages 1 and 2 owned by the other host, each item trained before the
+    next: the same weights as plain SGD, the trace valid across hosts."""
+    units, items = tiny_units(), stream(20)
+    plan = make_plan(3, 1, num_units=3)
+    with ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.05), hosts=hosts.place([0, 1, 1])) as clock:
+        pids = {f"{n},{j}": p.pid for (n, j), p in clock._processes.items()}
+        for item in items:
+            arrival = clock.submit(item.x, item.y)
+            assert arrival.skipped is None
+            clock.drain(timeout=30)
+        stages = plan.partition.stages
+        state = {
+            f"{stages[j][int(k.split('.', 1)[0])]}.{k.split('.', 1)[1]}": v
+            for j, tensors in enumerate(clock.master_state())
+            for k, v in tensors.items()
+        }
+        clock.validate()
+        updates = [list(row) for row in clock.counters.updates]
+        versions = [stage.current_version() for stage in clock.stages]
+    reference = plain_sgd(units, items, 0.05)
+    assert_close(state, {k: reference[k] for k in state}, **EXACT)
+    return {"updates": updates, "pids": pids, "follower_versions": versions, "coordinator_pid": os.getpid()}
+
+
+def saturated(hosts: Hosts) -> dict[str, Any]:
+    """2 workers × 2 stages, stage 1 on the other host, a saturating stream: every item accounted for, the
+    trace valid, predictions' freshness measured."""
+    units, items = tiny_units(), stream(200)
+    plan = make_plan(2, 2, num_units=3)
+    with ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.05), hosts=hosts.place([0, 1])) as clock:
+        for item in items:
+            clock.submit(item.x, item.y)
+            time.sleep(0.002)
+        clock.drain(timeout=60)
+        c = clock.counters
+        assert c.items == 200 and c.trained_any_stage + sum(c.skipped.values()) == 200, c
+        clock.validate()
+        fresh = hosts.freshness()
+        usage = clock.usage()
+        shared = clock.shared_bytes()
+    return {
+        "trained": c.trained,
+        "freshness": fresh.__dict__,
+        "executors": sorted([u.worker, u.stage, u.pid] for u in usage),
+        "shared_bytes": shared,
+    }
+
+
+def killed(hosts: Hosts) -> dict[str, Any]:
+    """kill -9 of an executor on the other host mid-run: the caller gets ExecutorLost within seconds."""
+    units, items = tiny_units(), stream(400)
+    plan = make_plan(2, 1, num_units=3)
+    clock = ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.05), hosts=hosts.place([0, 1])).start()
+    remote = clock._processes[(0, 1)]
+    error = None
+    t_kill = None
+    try:
+        for k, item in enumerate(items):
+            if k == 50:
+                while remote.pid < 0:
+                    time.sleep(0.01)
+                os.kill(remote.pid, signal.SIGKILL)  # loopback: the other "host" is this machine
+                t_kill = time.perf_counter()
+            clock.submit(item.x, item.y)
+            time.sleep(0.002)
+        clock.drain(timeout=30)
+    except ExecutorLost as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    t_error = time.perf_counter()
+    clock.close(reraise=False)
+    t_closed = time.perf_counter()
+    assert t_kill is not None
+    return {
+        "error": error,
+        "seconds_to_error": t_error - t_kill,
+        "seconds_to_closed": t_closed - t_kill,
+        "pids": [p for p in (remote.pid,)],
+    }
+
+
+SCENARIOS = {"transparency": transparency, "saturated": saturated, "killed": killed}
+
+
+def main(scenario: str, out: str) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if rank != 0:
+        serve_host()
+        dist.destroy_process_group()
+        return
+    hosts = Hosts("127.0.0.1")
+    result: dict[str, Any] = {"world_size": dist.get_world_size()}
+    try:
+        result.update(SCENARIOS[scenario](hosts))
+        if scenario == "killed":  # the host survives its executor's death: the next clock runs
+            result["after"] = transparency(hosts)["updates"]
+        result["ok"] = True
+    except BaseException:
+        result["ok"] = False
+        result["traceback"] = traceback.format_exc()
+    finally:
+        hosts.shutdown()
+        with open(out, "w") as f:
+            json.dump(result, f)
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main(sys.argv[1], sys.argv[2])
