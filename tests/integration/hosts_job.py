@@ -112,6 +112,19 @@ def killed(hosts: Hosts) -> dict[str, Any]:
     }
 
 
+def coordinator_killed(hosts: Hosts, out: str) -> None:
+    """kill -9 of the coordinator mid-run: writes what runs on the other host, then dies (the test checks
+    that the host's agent and executors end on their own)."""
+    units, items = tiny_units(), stream(100)
+    plan = make_plan(2, 1, num_units=3)
+    clock = ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.05), hosts=hosts.place([0, 1])).start()
+    for item in items[:30]:
+        clock.submit(item.x, item.y)
+    with open(out, "w") as f:
+        json.dump({"agent": hosts.host_pids[1], "executors": [clock._processes[(0, 1)].pid]}, f)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 SCENARIOS = {"transparency": transparency, "saturated": saturated, "killed": killed}
 
 
@@ -119,10 +132,16 @@ def main(scenario: str, out: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     if rank != 0:
-        serve_host()
+        try:
+            serve_host()
+        except ExecutorLost as exc:  # the coordinator is gone: end now (a receive may still be blocked)
+            print(f"host: {exc}", file=sys.stderr, flush=True)
+            os._exit(3)
         dist.destroy_process_group()
         return
     hosts = Hosts("127.0.0.1")
+    if scenario == "coordinator_killed":
+        coordinator_killed(hosts, out)
     result: dict[str, Any] = {"world_size": dist.get_world_size()}
     try:
         result.update(SCENARIOS[scenario](hosts))

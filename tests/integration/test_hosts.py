@@ -26,8 +26,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_job(scenario: str, tmp_path: Path, timeout: float = 180.0) -> dict[str, Any]:
-    """Start two launchers (one per "host"), wait for both, return the coordinator's result."""
+def run_job(scenario: str, tmp_path: Path, timeout: float = 180.0, *, succeed: bool = True) -> dict[str, Any]:
+    """Start two launchers (one per "host"), wait for both, return the coordinator's result (and, where
+    the job is to ``succeed``, check that it and both launchers did)."""
     out = tmp_path / f"{scenario}.json"
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
@@ -54,8 +55,11 @@ def run_job(scenario: str, tmp_path: Path, timeout: float = 180.0) -> dict[str, 
     codes = [launcher.returncode for launcher in launchers]
     assert out.exists(), f"no result; launchers exited {codes}\n" + "\n---\n".join(logs)
     result: dict[str, Any] = json.loads(out.read_text())
-    assert result["ok"], result.get("traceback")
-    assert codes == [0, 0], f"launchers exited {codes}\n" + "\n---\n".join(logs)
+    result["launcher_codes"] = codes
+    result["seconds"] = time.monotonic() - (deadline - timeout)
+    if succeed:
+        assert result["ok"], result.get("traceback")
+        assert codes == [0, 0], f"launchers exited {codes}\n" + "\n---\n".join(logs)
     return result
 
 
@@ -96,3 +100,11 @@ def test_a_killed_executor_on_another_host_fails_the_clock_within_seconds(tmp_pa
     assert result["seconds_to_closed"] < 10.0
     assert _gone(result["pids"][0])
     assert result["after"] == [[20, 20, 20]]  # the host serves the next clock
+
+
+def test_a_killed_coordinator_ends_the_other_hosts_agent_and_executors(tmp_path: Path) -> None:
+    """No orphan: the host hears nothing from the killed coordinator for LOST_AFTER_S, ends its
+    executors and exits; both launchers report the failure."""
+    result = run_job("coordinator_killed", tmp_path, succeed=False)
+    assert all(code != 0 for code in result["launcher_codes"]), result
+    assert all(_gone(pid) for pid in [result["agent"], *result["executors"]]), result

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import multiprocessing.connection as mpc
+import os
 import threading
 import time
 import traceback
@@ -28,10 +29,10 @@ import torch.multiprocessing as tmp
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.dispatch import Executor
 from ferret_core.engine.processes.executor import ExecutorSpec, executor_main
-from ferret_core.engine.processes.hosts import host_follower_message
+from ferret_core.engine.processes.hosts import HEARTBEAT_S, LOST_AFTER_S, host_follower_message
 from ferret_core.engine.processes.link import TAG_DOWN, TAG_MASTER, TAG_UP, Link, send_object
 from ferret_core.engine.processes.slots import SharedStageVersions
-from ferret_core.errors import ScheduleError
+from ferret_core.errors import ExecutorLost, ScheduleError
 
 JOIN_TIMEOUT_S = 5.0
 
@@ -161,11 +162,18 @@ def serve_host(*, coordinator: int = 0, group: Any = None, start_method: str = "
 
     threading.Thread(target=receive, name="ferret-host-receive", daemon=True).start()
     session: _Session | None = None
+    heard = pinged = time.monotonic()
     try:
         while True:
+            now = time.monotonic()
+            if now - pinged >= HEARTBEAT_S:
+                link.send(("ping",))
+                pinged = now
+            if now - heard > LOST_AFTER_S:
+                raise ExecutorLost(f"the coordinator (rank {coordinator}) has been silent for {now - heard:.1f} s")
             conns = {} if session is None else {c: e for e, c in session.conns.items()}
             sentinels = {} if session is None else {p.sentinel: e for e, p in session.processes.items()}
-            for ready in mpc.wait([inbox_r, *conns, *sentinels]):
+            for ready in mpc.wait([inbox_r, *conns, *sentinels], timeout=HEARTBEAT_S):
                 if ready in sentinels:
                     assert session is not None
                     if sentinels[ready] in session.processes:
@@ -181,7 +189,10 @@ def serve_host(*, coordinator: int = 0, group: Any = None, start_method: str = "
                     session.relay_up(executor, answer)
                     continue
                 message = inbox_r.recv()
+                heard = time.monotonic()
                 kind = message[0]
+                if kind == "ping":
+                    continue
                 if kind == "to":
                     _, executor, payload = message
                     if session is not None and executor in session.conns:
@@ -201,7 +212,8 @@ def serve_host(*, coordinator: int = 0, group: Any = None, start_method: str = "
                     if session is not None:
                         session.close()
                     session = _Session(link, ctx, message[1], group)
-                    link.send(("ready", session.shared_bytes()))
+                    link.send(("ready", session.shared_bytes(), os.getpid()))
+                    break
                 elif kind == "sync":
                     if session is not None:
                         session.sync()
@@ -213,14 +225,15 @@ def serve_host(*, coordinator: int = 0, group: Any = None, start_method: str = "
                         session = None
                     link.send(("torn-down",))
                     break
-                elif kind in ("exit", "lost"):
+                elif kind == "lost":
+                    raise ExecutorLost(f"the link to the coordinator (rank {coordinator}) failed: {message[1]}")
+                elif kind == "exit":
                     if session is not None:
                         session.close()
                         session = None
-                    if kind == "exit":
-                        link.send(("bye",))
-                        with contextlib.suppress(Exception):
-                            send_object(None, coordinator, TAG_MASTER, group)
+                    link.send(("bye",))
+                    with contextlib.suppress(Exception):
+                        send_object(None, coordinator, TAG_MASTER, group)
                     return
                 else:
                     raise ScheduleError(f"host got an unknown message {kind!r}")

@@ -55,6 +55,8 @@ from ferret_core.errors import ConfigError, ExecutorLost, ScheduleError
 
 FOLLOWER_SLOTS = 4  # a follower's slots: the current copy, a prediction's pin, master_state's pin, the one written
 REPLY_TIMEOUT_S = 60.0
+HEARTBEAT_S = 1.0  # each side of a link says it is alive this often
+LOST_AFTER_S = 10.0  # a peer silent this long is lost (a blocked gloo receive does not notice a dead peer)
 CLOCK_PROBES = 7
 
 
@@ -155,6 +157,7 @@ class Hosts:
         self._processes: dict[Executor, RemoteProcess] = {}
         self._replies: dict[tuple[int, str], Any] = {}
         self._shared: dict[int, int] = {}  # per remote rank, the bytes of its stages' shared slots and rings
+        self.host_pids: dict[int, int] = {}  # per remote rank, its agent's pid (there)
         self._offset: dict[int, float] = {}  # per remote rank, its monotonic clock minus ours (0: the same clock)
         self._announced: dict[int, dict[int, float]] = {}  # per remote stage: version → when first announced
         self._newest: dict[int, int] = {}  # per remote stage: the newest master version announced
@@ -170,6 +173,10 @@ class Hosts:
                 thread = threading.Thread(target=target, args=(rank,), name=f"ferret-host{rank}-{name}", daemon=True)
                 thread.start()
                 self._threads.append(thread)
+        self._last_heard = {rank: time.monotonic() for rank in self._links}
+        self._closing = threading.Event()
+        beat = threading.Thread(target=self._heartbeat, name="ferret-hosts-heartbeat", daemon=True)
+        beat.start()
         for rank in self._links:
             self._offset[rank] = self._measure_offset(rank)
 
@@ -227,7 +234,7 @@ class Hosts:
             owned = {j: (initial[j], slots[j], ring_sizes[j]) for j in range(len(initial)) if self.owners[j] == rank}
             self._send_down(rank, ("setup", owned))
         for rank in self._links:
-            self._shared[rank] = self._await(rank, "ready")
+            self._shared[rank], self.host_pids[rank] = self._await(rank, "ready")
         return dict(self._followers)
 
     def spawn(self, spec: ExecutorSpec) -> tuple[RemoteConnection, RemoteProcess]:
@@ -271,6 +278,7 @@ class Hosts:
 
     def shutdown(self) -> None:
         """End every host's agent (the job is over)."""
+        self._closing.set()
         for rank, link in self._links.items():
             self._send_down(rank, ("exit",), quiet=True)
             link.close()
@@ -354,7 +362,11 @@ class Hosts:
             except BaseException as exc:
                 self._lose(rank, exc)
                 return
+            with self._lock:
+                self._last_heard[rank] = time.monotonic()
             kind = message[0]
+            if kind == "ping":
+                continue
             if kind == "reply":
                 _, executor, answer = message
                 answer = self._shift(answer, self._offset.get(rank, 0.0))
@@ -399,6 +411,17 @@ class Hosts:
                 follower.publish(slot, version)
             with self._lock:
                 self._lock.notify_all()
+
+    def _heartbeat(self) -> None:
+        """Ping every host each HEARTBEAT_S; a host silent for LOST_AFTER_S is lost (its executors too)."""
+        while not self._closing.wait(HEARTBEAT_S):
+            now = time.monotonic()
+            for rank in self._links:
+                self._send_down(rank, ("ping",), quiet=True)
+                with self._lock:
+                    silent = now - self._last_heard[rank]
+                if silent > LOST_AFTER_S and self.error is None:
+                    self._lose(rank, TimeoutError(f"no message for {silent:.1f} s"))
 
     def _announce(self, stage: int, answer: Any) -> None:
         """Note the master version an executor's answer says it wrote (when the coordinator first heard)."""
