@@ -18,11 +18,11 @@ from torch.testing import assert_close
 
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
-from ferret_core.engine.processes.host_agent import serve_host
 from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.errors import ExecutorLost
 from ferret_core.plan import Plan
 from ferret_core.schedule.scheduler import PlanRules
+from services.hosts.job import coordinator_address, join, serve
 from tests.unit.test_engine_equivalence import EXACT, plain_sgd
 from tests.unit.test_engine_support import make_plan, stream, tiny_units
 
@@ -129,17 +129,9 @@ SCENARIOS = {"transparency": transparency, "saturated": saturated, "killed": kil
 
 
 def main(scenario: str, out: str) -> None:
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    if rank != 0:
-        try:
-            serve_host()
-        except ExecutorLost as exc:  # the coordinator is gone: end now (a receive may still be blocked)
-            print(f"host: {exc}", file=sys.stderr, flush=True)
-            os._exit(3)
-        dist.destroy_process_group()
-        return
-    hosts = Hosts("127.0.0.1")
+    if join() != 0:
+        sys.exit(serve())
+    hosts = Hosts(coordinator_address())
     if scenario == "coordinator_killed":
         coordinator_killed(hosts, out)
     result: dict[str, Any] = {"world_size": dist.get_world_size()}

@@ -1,0 +1,58 @@
+"""Joining a ``torchrun`` job as its coordinator or as a host that owns stages.
+
+Every rank of the job runs under ``torchrun --nnodes H --nproc-per-node 1 --rdzv-backend c10d
+--rdzv-endpoint HOST:PORT`` (one launcher per machine). :func:`join` initialises the job's gloo group from
+the launcher's environment; rank 0 is the coordinator (it builds a
+:class:`~ferret_core.engine.processes.hosts.Hosts` with :func:`coordinator_address` and runs the clock),
+every other rank calls :func:`serve` (or is started as ``python -m services.hosts``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from ferret_core.engine.processes.host_agent import serve_host
+from ferret_core.errors import ConfigError, ExecutorLost
+
+log = logging.getLogger("ferret.hosts")
+
+EXIT_LOST = 3  # the coordinator went away: this host ended its executors
+SETUP_TIMEOUT = timedelta(minutes=5)
+
+
+def join() -> int:
+    """Initialise the job's gloo group from ``torchrun``'s environment; returns this rank."""
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise ConfigError(
+            f"not started by torchrun: {', '.join(missing)} unset; run every host as `torchrun --nnodes H "
+            "--nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST:PORT ...`"
+        )
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=SETUP_TIMEOUT)
+    return dist.get_rank()
+
+
+def coordinator_address() -> str:
+    """Where the other hosts reach rank 0 (its executors' TCP store listens there): torchrun's MASTER_ADDR."""
+    return os.environ["MASTER_ADDR"]
+
+
+def serve() -> int:
+    """Serve the coordinator's clocks on this rank (not 0) until it ends the job; the exit status."""
+    rank = join()
+    if rank == 0:
+        raise ConfigError("rank 0 is the coordinator: it runs the clock, the other ranks serve it")
+    try:
+        serve_host()
+    except ExecutorLost as exc:  # a receive may still be blocked on the dead peer: leave now
+        log.error("host rank %d: %s", rank, exc)
+        sys.stderr.flush()
+        os._exit(EXIT_LOST)
+    dist.destroy_process_group()
+    return 0
