@@ -48,6 +48,7 @@ from benchmarks.support import run_record, write_result
 from ferret_core.engine import EngineSettings, StreamEngine
 from ferret_core.engine.policies import PolicySetup, sequential_plan
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
+from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.plan import Partition, Plan, WorkerConfig
 from ferret_core.schedule.scheduler import PlanRules
 from ferret_core.zoo import build_model
@@ -230,9 +231,13 @@ def engine_wall(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: 
 
 
 def processes(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: list[int], lr: float, rate: float,
-              workers: int, warm: Warm, window: float, boundaries: tuple[int, ...] | None = None) -> dict[str, Any]:
+              workers: int, warm: Warm, window: float, boundaries: tuple[int, ...] | None = None,
+              hosts: Hosts | None = None) -> dict[str, Any]:
+    """Process executors on the stream; with ``hosts`` (placed by the caller), over several hosts, with
+    the predictions' freshness."""
     setup = setup_for(model, len(units), workers, 1.0 / rate, boundaries)
-    clock = ProcessClock(units, setup, ProcessSettings(lr=lr, keep_trace=False, flush_denormal=True))
+    settings = ProcessSettings(lr=lr, keep_trace=False, flush_denormal=True)
+    clock = ProcessClock(units, setup, settings, hosts=hosts)
     with clock:
         start_s = clock.start_seconds
         for x, y in zip(*warm, strict=True):  # every executor's first actions (kernels, allocator), untimed
@@ -251,7 +256,9 @@ def processes(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: li
         elapsed = time.perf_counter() - t0
         usage = clock.usage()
         shared = clock.shared_bytes()
+    fresh = {} if hosts is None else {"freshness": dataclasses.asdict(hosts.freshness())}
     return {
+        **fresh,
         "trained": trained,
         "elapsed_s": elapsed,
         "cpu_s": time.process_time() - cpu0,
