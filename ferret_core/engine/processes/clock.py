@@ -18,20 +18,23 @@ interpreter's 1–2 s), and the caller's process is the **coordinator**:
   stage that can be stale has one delta ring in shared memory (:mod:`.deltas`), sized to the stage's
   staleness bound: the updater pushes θ_new − θ_old, every executor of the stage compensates from it;
 * with several stages, a worker's stage executors are ranks of one gloo process group (rendezvous through
-  a file store: one host) and pass activations forward and their gradients backward point to point,
-  tagged by item; the coordinator only says which action runs next.
+  a file store on one host) and pass activations forward and their gradients backward point to point,
+  tagged by item; the coordinator only says which action runs next;
+* over several hosts (``hosts=``, :mod:`.hosts`), each stage's master and executors live on the rank that
+  owns it, the coordinator's messages travel over ``torch.distributed`` links, the executors meet through
+  a TCP store, and predictions read a follower copy of every remote stage's master.
 
-**What runs here today.** Any plan's N workers × P stages on one host's CPUs, T1–T4 included, with
-every compensator but ``gap-aware``. Refused with :class:`~ferret_core.errors.NotImplementedFeatureError`
-(run them on the wall clock): buffering methods, flushing schedules, instant methods, and compensators
-that fold every master update into state of their own (``gap-aware``'s average step); the engine has no
-OCL algorithm or SGD momentum option here (vanilla, plain SGD). Each executor keeps its own compensator
-state (the thread engine shares one per stage): a stateful compensator (Fisher's moments, Iter-Fisher's
-λ, v_r, v_a) learns from its worker's gradients only; only Alg. 1's deltas are shared. The delta rings
-hold the plan's bound, which this clock does not enforce: a staler gradient is compensated with the
-most recent deltas and counted as truncated (:meth:`ProcessClock.compensations`). A script that starts
-process executors needs the ``if __name__ == "__main__":`` guard (the forkserver imports the main module
-by path, as torch's DataLoader workers do).
+**What runs here today.** Any plan's N workers × P stages on one host's CPUs or over several hosts' CPUs,
+T1–T4 included, with every compensator but ``gap-aware``. Refused with
+:class:`~ferret_core.errors.NotImplementedFeatureError` (run them on the wall clock): buffering methods,
+flushing schedules, instant methods, and compensators that fold every master update into state of their own
+(``gap-aware``'s average step); the engine has no OCL algorithm or SGD momentum option here (vanilla, plain
+SGD). Each executor keeps its own compensator state (the thread engine shares one per stage): a stateful
+compensator (Fisher's moments, Iter-Fisher's λ, v_r, v_a) learns from its worker's gradients only; only
+Alg. 1's deltas are shared. The delta rings hold the plan's bound, which this clock does not enforce: a
+staler gradient is compensated with the most recent deltas and counted as truncated
+(:meth:`ProcessClock.compensations`). A script that starts process executors needs the ``if __name__ ==
+"__main__":`` guard (the forkserver imports the main module by path, as torch's DataLoader workers do).
 
 **Memory.** The shared version slots and delta rings are counted once (:meth:`ProcessClock.shared_bytes`);
 each executor measures the tensors it holds in its own process after every action (its items' inputs,
