@@ -29,8 +29,9 @@ import torch.multiprocessing as tmp
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.dispatch import Executor
 from ferret_core.engine.processes.executor import ExecutorSpec, executor_main
-from ferret_core.engine.processes.hosts import HEARTBEAT_S, LOST_AFTER_S, host_follower_message
-from ferret_core.engine.processes.link import TAG_DOWN, TAG_MASTER, TAG_UP, Link, send_object
+from ferret_core.engine.processes.follow import BYE, END_OF_SESSION, FOLLOW_SHARE, send_marker, send_master
+from ferret_core.engine.processes.hosts import HEARTBEAT_S, LOST_AFTER_S
+from ferret_core.engine.processes.link import TAG_DOWN, TAG_UP, Link
 from ferret_core.engine.processes.slots import SharedStageVersions
 from ferret_core.errors import ExecutorLost, ScheduleError
 
@@ -52,6 +53,7 @@ class _Session:
         self.conns: dict[Executor, mpc.Connection] = {}
         self.processes: dict[Executor, Any] = {}
         self._updated = threading.Event()
+        self._stopping = threading.Event()
         self._stop = False
         self._sent = {j: stage.current_version() for j, stage in self.stages.items()}
         self._follower = threading.Thread(target=self._follow, name="ferret-follower", daemon=True)
@@ -102,7 +104,7 @@ class _Session:
         self.link.send(("exited", executor, process.exitcode))
 
     def sync(self) -> None:
-        self._updated.set()
+        self._updated.set()  # the newest masters, at most FOLLOW_SHARE's wait from now
         self.link.send(("synced", {j: stage.current_version() for j, stage in self.stages.items()}))
 
     def close(self) -> None:
@@ -118,24 +120,29 @@ class _Session:
         for conn in self.conns.values():
             conn.close()
         self._stop = True
+        self._stopping.set()
         self._updated.set()
-        self._follower.join(JOIN_TIMEOUT_S)
+        self._follower.join(JOIN_TIMEOUT_S)  # its last send is END_OF_SESSION, which the coordinator waits for
 
     def _follow(self) -> None:
-        """Send the newest master of every owned stage that moved, after each update (coalesced)."""
-        while True:
-            self._updated.wait()
-            self._updated.clear()
-            if self._stop:
-                return
-            for j, stage in self.stages.items():
-                if stage.current_version() > self._sent[j]:
-                    message = host_follower_message(stage)
-                    try:
-                        send_object(message, self.link.peer, TAG_MASTER, self.group)
-                    except Exception:
-                        return  # the coordinator is gone: the control link reports it
-                    self._sent[j] = message[1]
+        """Send the newest master of every owned stage that moved, after updates (coalesced), spending at
+        most FOLLOW_SHARE of this thread's time sending (:mod:`.follow`); then end the clock's masters."""
+        try:
+            while True:
+                self._updated.wait()
+                if self._stop:
+                    break
+                self._updated.clear()
+                t0 = time.perf_counter()
+                for j, stage in self.stages.items():
+                    if stage.current_version() > self._sent[j]:
+                        self._sent[j] = send_master(stage, self.link.peer, self.group)
+                spent = time.perf_counter() - t0
+                if self._stopping.wait(spent * (1 / FOLLOW_SHARE - 1)):
+                    break
+            send_marker(END_OF_SESSION, self.link.peer, self.group)
+        except Exception:
+            return  # the coordinator is gone: the control link reports it
 
 
 def serve_host(*, coordinator: int = 0, group: Any = None, start_method: str = "forkserver") -> None:
@@ -233,7 +240,7 @@ def serve_host(*, coordinator: int = 0, group: Any = None, start_method: str = "
                         session = None
                     link.send(("bye",))
                     with contextlib.suppress(Exception):
-                        send_object(None, coordinator, TAG_MASTER, group)
+                        send_marker(BYE, coordinator, group)
                     return
                 else:
                     raise ScheduleError(f"host got an unknown message {kind!r}")

@@ -19,7 +19,7 @@ passes :class:`Hosts` to the clock on the coordinator's rank.
   coordinator hosts (:meth:`Hosts.store_address`) instead of a file.
 * **Predictions** never wait for training: the coordinator predicts with a **follower copy** of every
   remote stage's master (:meth:`Hosts.follower`), which the owning host refreshes after its updates
-  (the newest version each time, coalesced: ``TAG_MASTER``). Every prediction keeps the version sum it
+  (zero-copy, rate-limited and coalesced: :mod:`.follow`). Every prediction keeps the version sum it
   used; how far the follower was behind the newest master the coordinator had heard of (updates, and
   milliseconds since the first newer one was announced) is recorded per prediction
   (:meth:`Hosts.freshness`). :meth:`Hosts.sync` brings every follower up to its owner's master (what
@@ -42,13 +42,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 import torch.distributed as dist
-from torch import Tensor
 
 from ferret_core.engine.processes.dispatch import Executor
 from ferret_core.engine.processes.executor import ExecutorSpec
-from ferret_core.engine.processes.link import TAG_DOWN, TAG_MASTER, TAG_UP, Link, recv_object
+from ferret_core.engine.processes.follow import BYE, END_OF_SESSION, recv_header, recv_master
+from ferret_core.engine.processes.link import TAG_DOWN, TAG_UP, Link
 from ferret_core.engine.processes.slots import SharedStageVersions
 from ferret_core.engine.versions import StageVersion
 from ferret_core.errors import ConfigError, ExecutorLost, ScheduleError
@@ -152,7 +151,8 @@ class Hosts:
         self.group = group
         self._lock = threading.Condition()
         self._links: dict[int, Link] = {}
-        self._followers: dict[int, SharedStageVersions] = {}
+        self._followers: dict[int, SharedStageVersions] = {}  # kept until every host ended the clock's masters
+        self._masters_done: dict[int, threading.Event] = {}  # per remote rank: its last master of the clock taken
         self._conns: dict[Executor, RemoteConnection] = {}
         self._processes: dict[Executor, RemoteProcess] = {}
         self._replies: dict[tuple[int, str], Any] = {}
@@ -167,6 +167,7 @@ class Hosts:
         self._store: Any = None
         self._threads: list[threading.Thread] = []
         for rank in sorted(set(range(self.world_size)) - {self.rank}):
+            self._masters_done[rank] = threading.Event()
             link = Link(rank, send_tag=TAG_DOWN, recv_tag=TAG_UP, group=group, name=f"host{rank}")
             self._links[rank] = link
             for target, name in ((self._receive, "up"), (self._receive_masters, "masters")):
@@ -223,6 +224,9 @@ class Hosts:
             self._processes.clear()
             self._fresh_updates.clear()
             self._fresh_ms.clear()
+            self._followers.clear()
+            for done in self._masters_done.values():
+                done.clear()
             for stage in range(len(initial)):
                 if self.remote(stage):
                     self._followers[stage] = SharedStageVersions(
@@ -274,7 +278,7 @@ class Hosts:
         for rank in self._links:
             if self.error is None:
                 self._await(rank, "torn-down", timeout)
-        self._followers.clear()
+                self._masters_done[rank].wait(timeout)  # no master of this clock is still on its way
 
     def shutdown(self) -> None:
         """End every host's agent (the job is over)."""
@@ -392,23 +396,18 @@ class Hosts:
                     self._lock.notify_all()
 
     def _receive_masters(self, rank: int) -> None:
+        """Take rank ``rank``'s newest masters into the followers (:mod:`.follow`)."""
         while True:
             try:
-                message = recv_object(rank, TAG_MASTER, self.group)
+                stage, version = recv_header(rank, self.group)
+                if stage == BYE:
+                    return
+                if stage == END_OF_SESSION:
+                    self._masters_done[rank].set()
+                    continue
+                recv_master(self._followers[stage], version, rank, self.group)
             except BaseException:
                 return  # the control link reports the loss
-            if message is None:
-                return
-            stage, version, tensors = message
-            follower = self._followers.get(stage)
-            if follower is None or version <= follower.current_version():
-                continue
-            with follower.update_lock:
-                slot = follower.free_slot()
-                with torch.no_grad():
-                    for dst, src in zip(follower.params[slot], tensors, strict=True):
-                        dst.copy_(src)
-                follower.publish(slot, version)
             with self._lock:
                 self._lock.notify_all()
 
@@ -479,12 +478,3 @@ class Hosts:
     def _raise_if_failed(self) -> None:
         if self.error is not None:
             raise self.error
-
-
-def host_follower_message(stage: SharedStageVersions) -> tuple[int, int, list[Tensor]]:
-    """(stage, version, copies of its master's parameters): what a host sends its coordinator's follower."""
-    slot, version = stage.pin_current()
-    try:
-        return stage.stage, version, [p.clone() for p in stage.params[slot]]
-    finally:
-        stage.unpin(slot)

@@ -5,7 +5,8 @@ Across hosts there is no pipe and no shared memory, so the coordinator's message
 (its next action, a question, a re-plan's settings) and the answers travel over the job's process group
 (gloo, joined through ``torchrun``'s c10d rendezvous): each message is pickled and sent as a length
 (one int64) and its bytes (uint8), with the link's tag, so the two directions never match each other's
-receives. One sender thread per link drains a queue, so :meth:`Link.send` never blocks its caller (the
+receives; a message that fits in FRAME bytes (every control message but a stage-0 input of a large
+image) is one send. One sender thread per link drains a queue, so :meth:`Link.send` never blocks its caller (the
 clock sends under its lock); one thread of the owner receives. A failure of either direction (the peer
 gone, the group broken) closes the link: later sends raise :class:`BrokenPipeError`, as a dead pipe's do,
 so the clock treats a lost host as it treats a lost executor process.
@@ -28,21 +29,36 @@ TAG_MASTER = 13  # host → coordinator: the newest master of an owned stage (th
 _STOP = object()
 
 
+FRAME = 4096  # bytes of a message's first send: its length (8 bytes) and as much of it as fits
+_HEADER = 8
+
+
 def send_object(obj: Any, dst: int, tag: int, group: Any = None) -> None:
-    """Send ``obj`` (pickled) to rank ``dst``: its length, then its bytes (blocks until received)."""
+    """Send ``obj`` (pickled) to rank ``dst`` (blocks until received): one frame of FRAME bytes holding
+    its length and its first bytes (a control message fits: one send), then the rest if any."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    dist.send(torch.tensor([payload.numel()], dtype=torch.int64), dst, group=group, tag=tag)
-    dist.send(payload, dst, group=group, tag=tag)
+    frame = bytearray(FRAME)
+    frame[:_HEADER] = len(data).to_bytes(_HEADER, "little")
+    head = data[: FRAME - _HEADER]
+    frame[_HEADER : _HEADER + len(head)] = head
+    dist.send(torch.frombuffer(frame, dtype=torch.uint8), dst, group=group, tag=tag)
+    if len(data) > len(head):
+        rest = torch.frombuffer(bytearray(data[len(head) :]), dtype=torch.uint8)
+        dist.send(rest, dst, group=group, tag=tag)
 
 
 def recv_object(src: int, tag: int, group: Any = None) -> Any:
     """Receive one :func:`send_object` message from rank ``src``."""
-    size = torch.zeros(1, dtype=torch.int64)
-    dist.recv(size, src, group=group, tag=tag)
-    payload = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.recv(payload, src, group=group, tag=tag)
-    return pickle.loads(payload.numpy().tobytes())
+    frame = torch.empty(FRAME, dtype=torch.uint8)
+    dist.recv(frame, src, group=group, tag=tag)
+    raw = frame.numpy().tobytes()
+    size = int.from_bytes(raw[:_HEADER], "little")
+    data = raw[_HEADER : _HEADER + size]
+    if size > FRAME - _HEADER:
+        rest = torch.empty(size - (FRAME - _HEADER), dtype=torch.uint8)
+        dist.recv(rest, src, group=group, tag=tag)
+        data += rest.numpy().tobytes()
+    return pickle.loads(data)
 
 
 class Link:

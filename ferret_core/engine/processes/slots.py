@@ -121,6 +121,11 @@ class FlatTensors:
             )
         return cached
 
+    def regions(self, copy: int) -> list[Tensor]:
+        """Copy ``copy`` as one contiguous 1-D view per dtype (in a fixed order): what a process sends or
+        receives whole, without a copy of its own (the follower copies over several hosts)."""
+        return [self._flat[dtype][copy * n : (copy + 1) * n] for dtype, n in self._sizes.items()]
+
     def nbytes(self) -> int:
         return int(sum(t.numel() * t.element_size() for t in self._flat.values()))
 
@@ -305,6 +310,10 @@ class SharedStageVersions:
         """Storage keys of every slot, the buffers and the slot table in this process (the segments
         :meth:`nbytes` counts)."""
         return [*self._params.storages(), *self._buffers.storages(), storage_key(self.meta)]
+
+    def regions(self, slot: int) -> list[Tensor]:
+        """Slot ``slot``'s parameters as one contiguous 1-D view per dtype (:meth:`FlatTensors.regions`)."""
+        return self._params.regions(slot)
 
     def copy_current(self) -> list[Tensor]:
         """Copies of the master's parameters (snapshots, tests)."""
