@@ -132,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
                 "out": str(result.directory),
                 "snapshot_version": m.snapshot_version,
                 "model_version": m.model_version,
+                "model_lineage": m.model_lineage,
                 "model": m.card.model,
                 "weights_bytes": m.weights_bytes,
                 "sha256": m.sha256,

@@ -117,6 +117,7 @@ def status_reply(status: TrainerStatus, *, state: TrainerState, time_ms: int, up
         promotions=status.promotions,
         drifts=status.drifts,
         last_good_version=status.last_good_version,
+        model_lineage=status.model_lineage,
     )
     if status.budget_bytes is not None:
         reply.budget_bytes = status.budget_bytes

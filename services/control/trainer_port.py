@@ -93,6 +93,7 @@ class TrainerStatus:
     promotions: int = 0  # the live model's weights made last-good
     drifts: int = 0  # drifts detected on the prediction outcomes
     last_good_version: int = 0  # the model version of the last-good weights (0: not guarded)
+    model_lineage: int = 0  # the lineage model_version counts along (services.trainer.lineage)
     counters: Mapping[str, int] = field(default_factory=dict)
 
     @property

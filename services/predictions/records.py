@@ -97,6 +97,7 @@ class PredictionRecord:
     partition: int
     offset: int
     timestamp_ms: int | None  # the Kafka record's timestamp (None when the broker gave none)
+    model_lineage: int = 0  # the lineage model_version counts along (0: a trainer before the field)
 
     @classmethod
     def from_message(
@@ -122,6 +123,7 @@ class PredictionRecord:
             decision=decision_name(int(message.decision)),
             worker=message.worker if message.worker >= 0 else None,
             model_version=message.model_version,
+            model_lineage=message.model_lineage,
             plan_version=message.plan_version,
             online_accuracy=message.online_accuracy,
             latency_ms=message.latency_ms,

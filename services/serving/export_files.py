@@ -79,6 +79,7 @@ class ExportManifest:
     created_time_ms: int = 0
     onnx: bool = False
     torch_export: TorchExportFile | None = None
+    model_lineage: int = 0  # the lineage model_version counts along (0: unknown)
 
     @property
     def files(self) -> list[str]:
@@ -94,6 +95,7 @@ class ExportManifest:
             "weights_bytes": self.weights_bytes,
             "card": self.card.to_dict(),
             "model_version": self.model_version,
+            "model_lineage": self.model_lineage,
             "plan": dict(self.plan),
             "offsets": {t: {str(p): int(o) for p, o in parts.items()} for t, parts in self.offsets.items()},
             "snapshot_version": self.snapshot_version,
@@ -123,6 +125,7 @@ class ExportManifest:
                 created_time_ms=int(doc.get("created_time_ms", 0)),
                 onnx=bool(doc.get("onnx")),
                 torch_export=TorchExportFile.from_dict(doc["torch_export"]) if doc.get("torch_export") else None,
+                model_lineage=int(doc.get("model_lineage", 0)),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ExportError(f"{where} is not a Ferret export manifest: {exc}") from exc

@@ -28,7 +28,7 @@ from services.serving.export_files import (
     torch_export_bytes,
     write_export,
 )
-from services.serving.model_card import ModelCard, model_version, rebuild, unit_weights
+from services.serving.model_card import ModelCard, model_lineage, model_version, rebuild, unit_weights
 from services.snapshots import SnapshotPayload, SnapshotStore
 
 log = logging.getLogger("ferret.export")
@@ -77,6 +77,7 @@ def export_snapshot(
     manifest = ExportManifest(
         card=card,
         model_version=model_version(payload.tensors),
+        model_lineage=model_lineage(payload.tensors),
         sha256=sha256_hex(data),
         weights_bytes=len(data),
         plan=payload.plan,

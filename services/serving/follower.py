@@ -68,7 +68,9 @@ class ModelFollower:
 
     def _apply(self, update: ModelUpdate) -> None:
         weights = decode_weights(update.data, f"model update v{update.version}")
-        served = ServedModel.of(rebuild(update.card, weights), update.card, update.version, update.update_ms)
+        served = ServedModel.of(
+            rebuild(update.card, weights), update.card, update.version, update.update_ms, update.lineage
+        )
         self._holder.set(served)
         # one line per update (~1/s): what benchmarks/serving measures freshness from
         log.info("model v%d in force: trainer update %d ms, received %d ms, %d bytes", served.version,

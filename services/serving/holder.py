@@ -25,10 +25,11 @@ class ServedModel:
     version: int
     update_ms: int  # the trainer's update wall time (ms)
     received_ms: int  # when this process had it in force (ms)
+    lineage: int = 0  # the lineage the version counts along (0: unknown)
 
     @classmethod
-    def of(cls, model: nn.Module, card: ModelCard, version: int, update_ms: int) -> ServedModel:
-        return cls(model, card, card.decoder(), version, update_ms, time.time_ns() // 1_000_000)
+    def of(cls, model: nn.Module, card: ModelCard, version: int, update_ms: int, lineage: int = 0) -> ServedModel:
+        return cls(model, card, card.decoder(), version, update_ms, time.time_ns() // 1_000_000, lineage)
 
 
 class ModelHolder:

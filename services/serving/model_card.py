@@ -28,6 +28,7 @@ DEFAULT_INPUT_RANGE = (-1000.0, 1000.0)
 NORMALISERS = ("none", "clip", "minmax")
 MODEL_PREFIX = "model."  # the snapshot's and the learners' names of the master's tensors
 VERSION_KEY = "engine.updates"  # the snapshot's model version tensor
+LINEAGE_KEY = "engine.lineage"  # the lineage that version counts along (services.trainer.lineage)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,12 @@ def unit_weights(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
 def model_version(tensors: Mapping[str, torch.Tensor]) -> int:
     """The optimizer updates a learner's / snapshot's tensors reflect (``engine.updates``; 0 when absent)."""
     value = tensors.get(VERSION_KEY)
+    return 0 if value is None else int(value)
+
+
+def model_lineage(tensors: Mapping[str, torch.Tensor]) -> int:
+    """The lineage the version counts along (``engine.lineage``; 0 when absent: written before lineages)."""
+    value = tensors.get(LINEAGE_KEY)
     return 0 if value is None else int(value)
 
 

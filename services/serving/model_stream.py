@@ -6,6 +6,7 @@ at most ``chunk_bytes`` (default 8 MiB; a Redis value holds at most 512 MB), wri
 reader sees an update whole or not at all. Fields of every entry::
 
     v   model version (optimizer updates applied)      n   chunk index     of   chunk count
+    l   the lineage v counts along (ms; absent before lineages: 0, services.trainer.lineage)
     t   the trainer's update wall time (ms, the weights read from the master)
     p   the wall time the update was written (ms)      h   sha256 of the whole update's bytes
     c   the model card (JSON; chunk 0 only)             d   the chunk's bytes
@@ -49,6 +50,7 @@ class ModelUpdate:
     data: bytes
     published_ms: int = 0
     entry_id: bytes = b""  # the stream id of its last chunk (where a follower goes on from)
+    lineage: int = 0  # the lineage the version counts along
 
 
 class ModelStreamWriter:
@@ -66,7 +68,7 @@ class ModelStreamWriter:
         self.chunk_bytes = chunk_bytes
         self.keep = keep
 
-    def publish(self, version: int, update_ms: int, card: ModelCard, data: bytes) -> int:
+    def publish(self, version: int, update_ms: int, card: ModelCard, data: bytes, lineage: int = 0) -> int:
         """Append one update (all its chunks in one MULTI); returns the bytes written (weights + card)."""
         chunks = [data[i : i + self.chunk_bytes] for i in range(0, len(data), self.chunk_bytes)] or [b""]
         digest = hashlib.sha256(data).hexdigest()
@@ -75,7 +77,8 @@ class ModelStreamWriter:
         pipe = self._redis.pipeline(transaction=True)
         for index, chunk in enumerate(chunks):
             fields: dict[str, bytes | str | int] = {
-                "v": version, "n": index, "of": len(chunks), "t": update_ms, "p": published, "h": digest, "d": chunk,
+                "v": version, "l": lineage, "n": index, "of": len(chunks), "t": update_ms, "p": published,
+                "h": digest, "d": chunk,
             }  # fmt: skip
             if index == 0:
                 fields["c"] = card_json
@@ -120,7 +123,8 @@ def _assemble(entries: Iterator[tuple[bytes, dict[bytes, bytes]]] | Sequence[tup
             continue  # not an update entry
         if index == 0:
             head, parts = fields, []
-        if head is None or fields.get(b"v") != head.get(b"v") or index != len(parts):
+        same = fields.get(b"v") == head.get(b"v") and fields.get(b"l") == head.get(b"l") if head else False
+        if head is None or not same or index != len(parts):
             head, parts = None, []
             continue
         parts.append(fields.get(b"d", b""))
@@ -140,6 +144,7 @@ def _update(head: dict[bytes, bytes], data: bytes, entry_id: bytes) -> ModelUpda
             data=data,
             published_ms=int(head[b"p"]),
             entry_id=entry_id,
+            lineage=int(head.get(b"l", b"0")),
         )
     except (KeyError, ValueError, UnicodeDecodeError) as exc:
         raise ModelStreamError(f"model update at stream id {entry_id!r} is corrupt: {exc}") from exc

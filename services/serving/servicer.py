@@ -95,6 +95,7 @@ def answer(served: ServedModel, xs: torch.Tensor) -> serving_pb2.PredictReply:
         model_version=served.version,
         model_update_time_ms=served.update_ms,
         model_received_time_ms=served.received_ms,
+        model_lineage=served.lineage,
     )
     reply.probabilities.shape.extend(probs.shape)
     reply.probabilities.dtype = "float32"

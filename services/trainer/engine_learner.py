@@ -35,6 +35,7 @@ from ferret_core.zoo import ZooModel
 from services.config import Settings
 from services.failpoints import failpoint, is_enabled
 from services.trainer.learner import ArrivalOutcome, LearnerFailed, LearnerStats
+from services.trainer.lineage import Lineage
 from services.trainer.live_methods import live_setup, not_planned, plans_for_budget
 from services.trainer.unit_weights import (
     arrival_outcome,
@@ -70,6 +71,7 @@ class EngineLearner:
         self.training_thread = settings.trainer.training_thread
         self._peak_before = 0
         self._updates_before = 0
+        self.lineage = Lineage()  # what model versions count along (a restore begins a new one)
         self._backprops_before = 0
         self._truncated_before = 0  # compensations cut short under earlier plans, not carried over
         self._non_finite_before = 0
@@ -149,7 +151,8 @@ class EngineLearner:
             except Exception as exc:
                 raise self._failed(item, exc) from exc
             return arrival_outcome(
-                arrival, self._updates_before, self.top_k, self._largest_weight, self.engine_settings.lr
+                arrival, self._updates_before, self.top_k, self._largest_weight, self.engine_settings.lr,
+                self.lineage.value,
             )
 
         return outcome
@@ -233,14 +236,15 @@ class EngineLearner:
 
     # -- state -----------------------------------------------------------------------------------------
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        return snapshot_tensors(self.engine.unit_state(), self._model_version())
+        return snapshot_tensors(self.engine.unit_state(), self._model_version(), self.lineage.value)
 
     def master_tensors(self) -> dict[str, torch.Tensor]:
-        return snapshot_tensors(self.engine.unit_state(), self._model_version())
+        return snapshot_tensors(self.engine.unit_state(), self._model_version(), self.lineage.value)
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self.clock.drain()
         self._updates_before = load_snapshot_tensors(self.model, tensors)
+        self.lineage.branch()  # the version went back (or elsewhere): a new line of updates
         self._backprops_before += self.engine.stats().trained_any_stage
         self._non_finite_before += self.engine.stats().skipped.get(SkipReason.NON_FINITE.value, 0)
         plan = self.engine.plan
@@ -272,6 +276,7 @@ class EngineLearner:
             staleness_bound=stats.staleness_bound,
             compensations_truncated=self._truncated_before + sum(stats.compensations_truncated),
             non_finite=self._non_finite_before + stats.skipped.get(SkipReason.NON_FINITE.value, 0),
+            model_lineage=self.lineage.value,
         )
 
     def _truncated_now(self) -> int:

@@ -61,6 +61,7 @@ class ArrivalOutcome:
     skipped: SkipReason | None
     worker: int | None
     top_k: tuple[tuple[int, float], ...] = ()
+    model_lineage: int = 0  # the lineage model_version counts along (services.trainer.lineage)
 
     @property
     def dispatched(self) -> bool:
@@ -72,7 +73,7 @@ class LearnerStats:
     """Cheap counters of a learner, named as in the trainer's status (and its proto, metrics)."""
 
     backward_passes: int  # items back-propagated at one stage at least, since the start
-    model_version: int  # optimizer updates applied to the master, since the start
+    model_version: int  # optimizer updates applied to the master, along model_lineage
     measured_bytes: int  # measured peak under the plan in force (0 when not measured)
     peak_bytes: int  # measured peak since the start, across plans
     mean_staleness: float | None = None  # of applied gradients, over the stages; None when unknown
@@ -82,6 +83,7 @@ class LearnerStats:
     compensations_truncated: int = 0  # compensations cut short (staler than the deltas kept), since start
     non_finite: int = 0  # items whose non-finite loss or gradient was dropped (skipped ``non_finite``)
     guard: GuardCounts | None = None  # the guard's counters (services/trainer/guard); None: not guarded
+    model_lineage: int = 0  # the lineage model_version counts along (services.trainer.lineage)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ferret_core.errors import ConfigError
 from services.serving.export_files import encode_weights
-from services.serving.model_card import ModelCard, model_version, unit_weights
+from services.serving.model_card import ModelCard, model_lineage, model_version, unit_weights
 from services.serving.model_stream import ModelStreamWriter
 
 log = logging.getLogger("ferret.trainer")
@@ -67,7 +67,7 @@ class ModelPublisher:
         self._lock = threading.Lock()
         self._published = self._skipped = self._failures = self._last_bytes = 0
         self._last_version = -1
-        self._captured_version = -1
+        self._captured: tuple[int, int] = (-1, -1)  # (lineage, version) of the last update handed over
         self._logged_at = -LOG_EVERY_S
         self._thread = threading.Thread(target=self._run, name="ferret-model-stream", daemon=True)
         self._thread.start()
@@ -84,9 +84,10 @@ class ModelPublisher:
             return
         tensors = self._capture()
         version = model_version(tensors)
-        if version == self._captured_version:
+        captured = (model_lineage(tensors), version)
+        if captured == self._captured:  # the same weights (a rollback to an equal number is a new lineage)
             return
-        self._captured_version = version
+        self._captured = captured
         self._idle.clear()
         self._handoff.put_nowait((version, time.time_ns() // 1_000_000, tensors))
 
@@ -98,7 +99,7 @@ class ModelPublisher:
             version, update_ms, tensors = job
             try:
                 data = encode_weights(unit_weights(tensors))
-                written = self._writer.publish(version, update_ms, self._card, data)
+                written = self._writer.publish(version, update_ms, self._card, data, model_lineage(tensors))
                 with self._lock:
                     self._published += 1
                     self._last_version, self._last_bytes = version, written

@@ -65,6 +65,7 @@ def prediction_message(
         has_label=has_label,
         correct=has_label and outcome.predicted_class == sample.label,
         model_version=outcome.model_version,
+        model_lineage=outcome.model_lineage,
         latency_ms=latency_ms,
         online_accuracy=online_accuracy,
         duplicate=duplicate,

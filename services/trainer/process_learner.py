@@ -50,6 +50,7 @@ from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
 from services.config import Settings
 from services.trainer.learner import ArrivalOutcome, LearnerFailed, LearnerStats
+from services.trainer.lineage import Lineage
 from services.trainer.live_methods import live_setup, not_planned, plans_for_budget
 from services.trainer.unit_weights import (
     arrival_outcome,
@@ -125,6 +126,7 @@ class ProcessLearner:
         self._outcomes: dict[int, Arrival | Exception] = {}
         self._peak_before = 0
         self._updates_before = 0
+        self.lineage = Lineage()  # what model versions count along (a restore or a restart from last-good: new)
         self._backprops_before = 0
         self._non_finite_before = 0
         self.recovery_seconds: list[float] = []  # per executor restart (_recover), its duration
@@ -185,7 +187,9 @@ class ProcessLearner:
             arrival = self._outcomes.pop(item)
             if isinstance(arrival, Exception):
                 raise arrival
-            return arrival_outcome(arrival, self._updates_before, self.top_k, self._largest_weight, self.lr)
+            return arrival_outcome(
+                arrival, self._updates_before, self.top_k, self._largest_weight, self.lr, self.lineage.value
+            )
 
         return outcome
 
@@ -246,9 +250,11 @@ class ProcessLearner:
             copy_into_units(self.model, state)
         elif self._last_good is not None:
             self._updates_before = load_snapshot_tensors(self.model, self._last_good)  # the version goes back
+            self.lineage.branch()
             source = "the last snapshot's weights"
         else:
             self._updates_before = self._started_at  # the units still hold what this clock started from
+            self.lineage.branch()
             source = "the weights the executors started from"
         self.clock = self._start(self.plan)
         self.recovery_seconds.append(time.perf_counter() - began)
@@ -346,12 +352,15 @@ class ProcessLearner:
     # -- state -----------------------------------------------------------------------------------------
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """The snapshot's tensors (taken drained); kept as the last good weights for :meth:`_recover`."""
-        self._last_good = snapshot_tensors(self.clock.unit_state(), self._updates_before + self.clock.updates())
+        self._last_good = snapshot_tensors(
+            self.clock.unit_state(), self._updates_before + self.clock.updates(), self.lineage.value
+        )
         return self._last_good
 
     def master_tensors(self) -> dict[str, torch.Tensor]:
         """The master in shared memory now (not drained; ``_last_good`` is left alone)."""
-        return snapshot_tensors(self.clock.unit_state(), self._updates_before + self.clock.updates())
+        version = self._updates_before + self.clock.updates()
+        return snapshot_tensors(self.clock.unit_state(), version, self.lineage.value)
 
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self.drain()
@@ -359,6 +368,7 @@ class ProcessLearner:
         self._last_good = dict(tensors)
         self._retire_counts()
         self._updates_before = version
+        self.lineage.branch()  # the version went back (or elsewhere): a new line of updates
         plan = self.plan
         self.clock.close()
         self.clock = self._start(plan)
@@ -388,6 +398,7 @@ class ProcessLearner:
             max_staleness=stats.max_staleness,
             staleness_bound=stats.staleness_bound,
             non_finite=self._non_finite_before + stats.skipped.get(SkipReason.NON_FINITE.value, 0),
+            model_lineage=self.lineage.value,
         )
 
     def close(self) -> None:

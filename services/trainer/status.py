@@ -95,6 +95,7 @@ class StatusView:
                 promotions=guard.promotions,
                 drifts=guard.drifts,
                 last_good_version=guard.last_good_version,
+                model_lineage=stats.model_lineage,
                 counters=staleness_counters(stats),
             )
 

@@ -1,6 +1,7 @@
 """The model's units as the learners' common ground: the master copied into them before an engine is
-rebuilt, and the snapshot tensors (``model.<unit>.<name>`` plus ``engine.updates``) both learners write and
-read, so a snapshot taken on one kind of executor restores on the other."""
+rebuilt, and the snapshot tensors (``model.<unit>.<name>`` plus ``engine.updates`` and ``engine.lineage``,
+:mod:`services.trainer.lineage`) both learners write and read, so a snapshot taken on one kind of executor
+restores on the other."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ferret_core.zoo import ZooModel
 from services.trainer.learner import ArrivalOutcome, ModelDivergedError
 
 UPDATES_KEY = "engine.updates"
+LINEAGE_KEY = "engine.lineage"  # the lineage the version counts along (services.trainer.lineage)
 
 
 def unit_tensor(model: ZooModel, unit: int, name: str) -> torch.Tensor:
@@ -29,10 +31,13 @@ def copy_into_units(model: ZooModel, state: Mapping[tuple[int, str], torch.Tenso
             unit_tensor(model, unit, name).copy_(value)
 
 
-def snapshot_tensors(state: Mapping[tuple[int, str], torch.Tensor], model_version: int) -> dict[str, torch.Tensor]:
-    """A master's tensors as a snapshot stores them, with the model version."""
+def snapshot_tensors(
+    state: Mapping[tuple[int, str], torch.Tensor], model_version: int, model_lineage: int = 0
+) -> dict[str, torch.Tensor]:
+    """A master's tensors as a snapshot stores them, with the model version and its lineage (0: unknown)."""
     out = {f"model.{unit}.{name}": value for (unit, name), value in state.items()}
     out[UPDATES_KEY] = torch.tensor(model_version)
+    out[LINEAGE_KEY] = torch.tensor(model_lineage, dtype=torch.int64)
     return out
 
 
@@ -47,7 +52,12 @@ def load_snapshot_tensors(model: ZooModel, tensors: Mapping[str, torch.Tensor]) 
 
 
 def arrival_outcome(
-    arrival: Arrival, version_before: int, top_k: int, largest_weight: Callable[[], float], lr: float
+    arrival: Arrival,
+    version_before: int,
+    top_k: int,
+    largest_weight: Callable[[], float],
+    lr: float,
+    lineage: int,
 ) -> ArrivalOutcome:
     """An engine :class:`Arrival` as the record path's outcome; a non-finite prediction is a diverged model
     (``largest_weight``: the master's largest |weight|, for the message; read only on that path)."""
@@ -60,6 +70,7 @@ def arrival_outcome(
         skipped=arrival.skipped,
         worker=arrival.worker,
         top_k=arrival.top_k[:top_k],
+        model_lineage=lineage,
     )
 
 

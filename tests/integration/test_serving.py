@@ -127,6 +127,8 @@ def test_serve_follows_the_trainer_and_export_round_trips(env: dict[str, str], t
         produce_digits(bootstrap, topics.samples, 50, start=300, labels=False)  # predicted, never trained
         predictions = [p for p in read_predictions(bootstrap, topics.predictions, 350) if p.sequence >= 300]
         assert len(predictions) == 50 and {p.model_version for p in predictions} == {version}
+        lineage = client.get_status().model_lineage
+        assert lineage > 0 and {p.model_lineage for p in predictions} == {lineage}
         predictions.sort(key=lambda p: p.sequence)
         xs = digits(300, 50)
 
@@ -142,6 +144,7 @@ def test_serve_follows_the_trainer_and_export_round_trips(env: dict[str, str], t
         assert list(reply.classes) == [p.predicted_class for p in predictions]
         np.testing.assert_allclose(reply.confidences, [p.confidence for p in predictions], rtol=0, atol=1e-6)
         assert reply.model_update_time_ms <= reply.model_received_time_ms
+        assert reply.model_lineage == lineage  # (lineage, version): the very weights the trainer predicted with
 
         # 2. ferret export of a snapshot, loaded in a fresh process: the trainer's predictions again
         snapshot = subprocess.run(
@@ -158,6 +161,7 @@ def test_serve_follows_the_trainer_and_export_round_trips(env: dict[str, str], t
                               text=True, timeout=120, check=False)  # fmt: skip
     assert exported.returncode == 0, exported.stderr
     assert json.loads(exported.stdout)["model_version"] == version
+    assert json.loads((out / "manifest.json").read_text())["model_lineage"] == lineage
     np.save(tmp_path / "inputs.npy", xs)
     script = (
         "import json, sys, numpy as np, torch\n"

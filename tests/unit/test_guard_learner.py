@@ -21,6 +21,7 @@ from services.kafka.record_codec import SampleDecoder, encode_sample
 from services.proto_gen.ferret.v1 import messages_pb2
 from services.trainer.guard.learner import GuardedLearner
 from services.trainer.learner import ArrivalOutcome, LearnerStats, settled
+from services.trainer.lineage import Lineage
 from services.trainer.runner import assemble
 from tests.unit.test_engine_support import make_plan
 from tests.unit.test_trainer_stream import FakeConsumer, FakeMessage, FakeProducer
@@ -43,6 +44,7 @@ class FakeLearner:
     def __init__(self, model: ZooModel) -> None:
         self.net = copy.deepcopy(model.units[0])
         self.version = 0
+        self.lineage = Lineage()
         self.loaded = 0
         self.compensators: list[Sequence[Mapping[str, Any]]] = []  # what load_compensator_state was given
 
@@ -63,7 +65,7 @@ class FakeLearner:
         with torch.no_grad():
             p = torch.softmax(self.net(x.reshape(1, -1))[0], 0)
         c = int(p.argmax())
-        outcome = ArrivalOutcome(c, float(p[c]), self.version, None, 0)
+        outcome = ArrivalOutcome(c, float(p[c]), self.version, None, 0, model_lineage=self.lineage.value)
         self.version += 1  # trained on it
         return settled(outcome)
 
@@ -92,6 +94,7 @@ class FakeLearner:
             self.net.weight.copy_(tensors["model.0.weight"])
             self.net.bias.copy_(tensors["model.0.bias"])
         self.version = int(tensors["engine.updates"])
+        self.lineage.branch()  # as the real learners: a load begins a new lineage
         self.loaded += 1
 
     def compensator_state(self) -> list[dict[str, Any]]:
@@ -101,7 +104,13 @@ class FakeLearner:
         self.compensators.append(states)
 
     def stats(self) -> LearnerStats:
-        return LearnerStats(backward_passes=self.version, model_version=self.version, measured_bytes=0, peak_bytes=0)
+        return LearnerStats(
+            backward_passes=self.version,
+            model_version=self.version,
+            measured_bytes=0,
+            peak_bytes=0,
+            model_lineage=self.lineage.value,
+        )
 
     def close(self) -> None: ...
 
@@ -237,6 +246,10 @@ def test_events_reach_the_events_topic_with_their_stream_position() -> None:
             published.append(p)
     after = [p.model_version for p in published if p.item > rollback.item]
     assert after[0] == rollback.model_version  # downstream sees the version go back
+    lineages = [p.model_lineage for p in published]
+    assert len(set(lineages)) == 2 and lineages == sorted(lineages)  # one lineage before, one after
+    assert {p.model_lineage for p in published if p.item > rollback.item} == {rollback.model_lineage}
+    assert rollback.model_lineage > published[0].model_lineage  # (lineage, version) names the weights
 
 
 def test_the_guard_counts_reach_get_status_the_cli_and_the_metrics() -> None:

@@ -37,13 +37,15 @@ class FakeWriter:
         self.gate = gate
         self.fail = fail
         self.published: list[tuple[int, int, bytes]] = []
+        self.lineages: list[int] = []
 
-    def publish(self, version: int, update_ms: int, card: ModelCard, data: bytes) -> int:
+    def publish(self, version: int, update_ms: int, card: ModelCard, data: bytes, lineage: int = 0) -> int:
         if self.gate is not None:
             self.gate.wait(10)
         if self.fail:
             raise redis.ConnectionError("Redis is down")
         self.published.append((version, update_ms, data))
+        self.lineages.append(lineage)
         return len(data)
 
 
@@ -52,11 +54,16 @@ class Master:
 
     def __init__(self) -> None:
         self.version = 1
+        self.lineage = 1000
         self.captures = 0
 
     def __call__(self) -> Mapping[str, torch.Tensor]:
         self.captures += 1
-        return {"model.0.weight": torch.full((3, 4), float(self.version)), "engine.updates": torch.tensor(self.version)}
+        return {
+            "model.0.weight": torch.full((3, 4), float(self.version)),
+            "engine.updates": torch.tensor(self.version),
+            "engine.lineage": torch.tensor(self.lineage),
+        }
 
 
 def publisher(writer: FakeWriter, master: Master, clock: Clock, interval_s: float = 1.0) -> ModelPublisher:
@@ -91,6 +98,21 @@ def test_an_unchanged_version_is_not_published_again() -> None:
     p.tick()
     p.close()
     assert len(writer.published) == 1
+
+
+def test_a_rollback_to_the_same_version_number_is_a_new_lineage_and_is_published() -> None:
+    """A rollback (or restore) lands on a version number already published, with other weights: the pair
+    (lineage, version) differs, so the update goes out and serving follows it."""
+    writer, master, clock = FakeWriter(), Master(), Clock()
+    p = publisher(writer, master, clock)
+    p.tick()
+    assert p.flush(5)
+    master.lineage = 2000  # the version number stays 1
+    clock.now = 5.0
+    p.tick()
+    p.close()
+    assert [v for v, _, _ in writer.published] == [1, 1]
+    assert writer.lineages == [1000, 2000]
 
 
 def test_a_slow_write_makes_the_loop_skip_updates_never_wait() -> None:

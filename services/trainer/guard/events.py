@@ -26,6 +26,7 @@ class ModelEvent:
     detector: str = ""
     reaction: str = "none"
     detail: str = ""
+    model_lineage: int = 0  # the lineage model_version counts along (a rollback begins a new one)
 
 
 def event_message(event: ModelEvent, *, instance_id: str, partition: int, offset: int) -> messages_pb2.ModelEvent:
@@ -43,4 +44,5 @@ def event_message(event: ModelEvent, *, instance_id: str, partition: int, offset
         reaction=event.reaction,
         detail=event.detail,
         time_ms=event.time_ms,
+        model_lineage=event.model_lineage,
     )

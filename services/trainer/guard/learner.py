@@ -442,4 +442,5 @@ class GuardedLearner:
         return "compensator state reset to the start's"
 
     def _event(self, event: ModelEvent) -> None:
-        self._events.append(event)
+        """Queue ``event`` with the lineage in force after it (a rollback's: the new one its load began)."""
+        self._events.append(replace(event, model_lineage=self.inner.stats().model_lineage))

@@ -128,7 +128,7 @@ class WatchStatusRequest(_message.Message):
     def __init__(self, interval_s: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("instance_id", "state", "time_ms", "uptime_s", "items_received", "items_valid", "items_dead_lettered", "predictions_published", "duplicates_published", "items_dispatched", "items_skipped", "backward_passes", "labels_joined", "online_accuracy", "labelled_predictions", "correct_predictions", "budget_bytes", "predicted_bytes", "measured_bytes", "lag_items", "lag_seconds", "items_per_second", "latency_ms_p50", "latency_ms_p99", "model_version", "plan_version", "replans", "pauses", "last_snapshot_version", "counters", "rollbacks", "promotions", "drifts", "last_good_version")
+    __slots__ = ("instance_id", "state", "time_ms", "uptime_s", "items_received", "items_valid", "items_dead_lettered", "predictions_published", "duplicates_published", "items_dispatched", "items_skipped", "backward_passes", "labels_joined", "online_accuracy", "labelled_predictions", "correct_predictions", "budget_bytes", "predicted_bytes", "measured_bytes", "lag_items", "lag_seconds", "items_per_second", "latency_ms_p50", "latency_ms_p99", "model_version", "plan_version", "replans", "pauses", "last_snapshot_version", "counters", "rollbacks", "promotions", "drifts", "last_good_version", "model_lineage")
     class ItemsSkippedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +177,7 @@ class StatusReply(_message.Message):
     PROMOTIONS_FIELD_NUMBER: _ClassVar[int]
     DRIFTS_FIELD_NUMBER: _ClassVar[int]
     LAST_GOOD_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_LINEAGE_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     state: ServiceState
     time_ms: int
@@ -211,7 +212,8 @@ class StatusReply(_message.Message):
     promotions: int
     drifts: int
     last_good_version: int
-    def __init__(self, instance_id: _Optional[str] = ..., state: _Optional[_Union[ServiceState, str]] = ..., time_ms: _Optional[int] = ..., uptime_s: _Optional[float] = ..., items_received: _Optional[int] = ..., items_valid: _Optional[int] = ..., items_dead_lettered: _Optional[int] = ..., predictions_published: _Optional[int] = ..., duplicates_published: _Optional[int] = ..., items_dispatched: _Optional[int] = ..., items_skipped: _Optional[_Mapping[str, int]] = ..., backward_passes: _Optional[int] = ..., labels_joined: _Optional[int] = ..., online_accuracy: _Optional[float] = ..., labelled_predictions: _Optional[int] = ..., correct_predictions: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., predicted_bytes: _Optional[int] = ..., measured_bytes: _Optional[int] = ..., lag_items: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., items_per_second: _Optional[float] = ..., latency_ms_p50: _Optional[float] = ..., latency_ms_p99: _Optional[float] = ..., model_version: _Optional[int] = ..., plan_version: _Optional[int] = ..., replans: _Optional[int] = ..., pauses: _Optional[int] = ..., last_snapshot_version: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., rollbacks: _Optional[int] = ..., promotions: _Optional[int] = ..., drifts: _Optional[int] = ..., last_good_version: _Optional[int] = ...) -> None: ...
+    model_lineage: int
+    def __init__(self, instance_id: _Optional[str] = ..., state: _Optional[_Union[ServiceState, str]] = ..., time_ms: _Optional[int] = ..., uptime_s: _Optional[float] = ..., items_received: _Optional[int] = ..., items_valid: _Optional[int] = ..., items_dead_lettered: _Optional[int] = ..., predictions_published: _Optional[int] = ..., duplicates_published: _Optional[int] = ..., items_dispatched: _Optional[int] = ..., items_skipped: _Optional[_Mapping[str, int]] = ..., backward_passes: _Optional[int] = ..., labels_joined: _Optional[int] = ..., online_accuracy: _Optional[float] = ..., labelled_predictions: _Optional[int] = ..., correct_predictions: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., predicted_bytes: _Optional[int] = ..., measured_bytes: _Optional[int] = ..., lag_items: _Optional[int] = ..., lag_seconds: _Optional[float] = ..., items_per_second: _Optional[float] = ..., latency_ms_p50: _Optional[float] = ..., latency_ms_p99: _Optional[float] = ..., model_version: _Optional[int] = ..., plan_version: _Optional[int] = ..., replans: _Optional[int] = ..., pauses: _Optional[int] = ..., last_snapshot_version: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., rollbacks: _Optional[int] = ..., promotions: _Optional[int] = ..., drifts: _Optional[int] = ..., last_good_version: _Optional[int] = ..., model_lineage: _Optional[int] = ...) -> None: ...
 
 class SaveSnapshotRequest(_message.Message):
     __slots__ = ("metadata",)

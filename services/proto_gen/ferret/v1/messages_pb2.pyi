@@ -67,7 +67,7 @@ class ClassProbability(_message.Message):
     def __init__(self, class_index: _Optional[int] = ..., probability: _Optional[float] = ...) -> None: ...
 
 class Prediction(_message.Message):
-    __slots__ = ("sample_id", "sequence", "predicted_class", "confidence", "has_label", "correct", "model_version", "latency_ms", "online_accuracy", "duplicate", "item", "decision", "worker", "plan_version", "task", "stream", "predicted_time_ms", "instance_id", "source_partition", "source_offset", "label", "top_k")
+    __slots__ = ("sample_id", "sequence", "predicted_class", "confidence", "has_label", "correct", "model_version", "latency_ms", "online_accuracy", "duplicate", "item", "decision", "worker", "plan_version", "task", "stream", "predicted_time_ms", "instance_id", "source_partition", "source_offset", "label", "top_k", "model_lineage")
     SAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_CLASS_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class Prediction(_message.Message):
     SOURCE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MODEL_LINEAGE_FIELD_NUMBER: _ClassVar[int]
     sample_id: str
     sequence: int
     predicted_class: int
@@ -112,10 +113,11 @@ class Prediction(_message.Message):
     source_offset: int
     label: int
     top_k: _containers.RepeatedCompositeFieldContainer[ClassProbability]
-    def __init__(self, sample_id: _Optional[str] = ..., sequence: _Optional[int] = ..., predicted_class: _Optional[int] = ..., confidence: _Optional[float] = ..., has_label: _Optional[bool] = ..., correct: _Optional[bool] = ..., model_version: _Optional[int] = ..., latency_ms: _Optional[float] = ..., online_accuracy: _Optional[float] = ..., duplicate: _Optional[bool] = ..., item: _Optional[int] = ..., decision: _Optional[_Union[TrainingDecision, str]] = ..., worker: _Optional[int] = ..., plan_version: _Optional[int] = ..., task: _Optional[int] = ..., stream: _Optional[str] = ..., predicted_time_ms: _Optional[int] = ..., instance_id: _Optional[str] = ..., source_partition: _Optional[int] = ..., source_offset: _Optional[int] = ..., label: _Optional[int] = ..., top_k: _Optional[_Iterable[_Union[ClassProbability, _Mapping]]] = ...) -> None: ...
+    model_lineage: int
+    def __init__(self, sample_id: _Optional[str] = ..., sequence: _Optional[int] = ..., predicted_class: _Optional[int] = ..., confidence: _Optional[float] = ..., has_label: _Optional[bool] = ..., correct: _Optional[bool] = ..., model_version: _Optional[int] = ..., latency_ms: _Optional[float] = ..., online_accuracy: _Optional[float] = ..., duplicate: _Optional[bool] = ..., item: _Optional[int] = ..., decision: _Optional[_Union[TrainingDecision, str]] = ..., worker: _Optional[int] = ..., plan_version: _Optional[int] = ..., task: _Optional[int] = ..., stream: _Optional[str] = ..., predicted_time_ms: _Optional[int] = ..., instance_id: _Optional[str] = ..., source_partition: _Optional[int] = ..., source_offset: _Optional[int] = ..., label: _Optional[int] = ..., top_k: _Optional[_Iterable[_Union[ClassProbability, _Mapping]]] = ..., model_lineage: _Optional[int] = ...) -> None: ...
 
 class ModelEvent(_message.Message):
-    __slots__ = ("kind", "instance_id", "model_version", "previous_model_version", "item", "source_partition", "source_offset", "detector", "reaction", "detail", "time_ms")
+    __slots__ = ("kind", "instance_id", "model_version", "previous_model_version", "item", "source_partition", "source_offset", "detector", "reaction", "detail", "time_ms", "model_lineage")
     KIND_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +129,7 @@ class ModelEvent(_message.Message):
     REACTION_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_LINEAGE_FIELD_NUMBER: _ClassVar[int]
     kind: str
     instance_id: str
     model_version: int
@@ -138,4 +141,5 @@ class ModelEvent(_message.Message):
     reaction: str
     detail: str
     time_ms: int
-    def __init__(self, kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., model_version: _Optional[int] = ..., previous_model_version: _Optional[int] = ..., item: _Optional[int] = ..., source_partition: _Optional[int] = ..., source_offset: _Optional[int] = ..., detector: _Optional[str] = ..., reaction: _Optional[str] = ..., detail: _Optional[str] = ..., time_ms: _Optional[int] = ...) -> None: ...
+    model_lineage: int
+    def __init__(self, kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., model_version: _Optional[int] = ..., previous_model_version: _Optional[int] = ..., item: _Optional[int] = ..., source_partition: _Optional[int] = ..., source_offset: _Optional[int] = ..., detector: _Optional[str] = ..., reaction: _Optional[str] = ..., detail: _Optional[str] = ..., time_ms: _Optional[int] = ..., model_lineage: _Optional[int] = ...) -> None: ...

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from services.proto_gen.ferret.v1 import messages_pb2 as ferret_dot_v1_dot_messages__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65rret/v1/serving.proto\x12\tferret.v1\x1a\x18\x66\x65rret/v1/messages.proto\"3\n\x0ePredictRequest\x12!\n\x06inputs\x18\x01 \x01(\x0b\x32\x11.ferret.v1.Tensor\"\xb3\x01\n\x0cPredictReply\x12\x0f\n\x07\x63lasses\x18\x01 \x03(\x03\x12\x13\n\x0b\x63onfidences\x18\x02 \x03(\x02\x12(\n\rprobabilities\x18\x03 \x01(\x0b\x32\x11.ferret.v1.Tensor\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\x12\x1c\n\x14model_update_time_ms\x18\x05 \x01(\x03\x12\x1e\n\x16model_received_time_ms\x18\x06 \x01(\x03\x32H\n\x07Serving\x12=\n\x07Predict\x12\x19.ferret.v1.PredictRequest\x1a\x17.ferret.v1.PredictReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65rret/v1/serving.proto\x12\tferret.v1\x1a\x18\x66\x65rret/v1/messages.proto\"3\n\x0ePredictRequest\x12!\n\x06inputs\x18\x01 \x01(\x0b\x32\x11.ferret.v1.Tensor\"\xca\x01\n\x0cPredictReply\x12\x0f\n\x07\x63lasses\x18\x01 \x03(\x03\x12\x13\n\x0b\x63onfidences\x18\x02 \x03(\x02\x12(\n\rprobabilities\x18\x03 \x01(\x0b\x32\x11.ferret.v1.Tensor\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\x12\x1c\n\x14model_update_time_ms\x18\x05 \x01(\x03\x12\x1e\n\x16model_received_time_ms\x18\x06 \x01(\x03\x12\x15\n\rmodel_lineage\x18\x07 \x01(\x03\x32H\n\x07Serving\x12=\n\x07Predict\x12\x19.ferret.v1.PredictRequest\x1a\x17.ferret.v1.PredictReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,7 +35,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREDICTREQUEST']._serialized_start=64
   _globals['_PREDICTREQUEST']._serialized_end=115
   _globals['_PREDICTREPLY']._serialized_start=118
-  _globals['_PREDICTREPLY']._serialized_end=297
-  _globals['_SERVING']._serialized_start=299
-  _globals['_SERVING']._serialized_end=371
+  _globals['_PREDICTREPLY']._serialized_end=320
+  _globals['_SERVING']._serialized_start=322
+  _globals['_SERVING']._serialized_end=394
 # @@protoc_insertion_point(module_scope)

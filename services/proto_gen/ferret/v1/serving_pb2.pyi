@@ -14,17 +14,19 @@ class PredictRequest(_message.Message):
     def __init__(self, inputs: _Optional[_Union[_messages_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class PredictReply(_message.Message):
-    __slots__ = ("classes", "confidences", "probabilities", "model_version", "model_update_time_ms", "model_received_time_ms")
+    __slots__ = ("classes", "confidences", "probabilities", "model_version", "model_update_time_ms", "model_received_time_ms", "model_lineage")
     CLASSES_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCES_FIELD_NUMBER: _ClassVar[int]
     PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_UPDATE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     MODEL_RECEIVED_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_LINEAGE_FIELD_NUMBER: _ClassVar[int]
     classes: _containers.RepeatedScalarFieldContainer[int]
     confidences: _containers.RepeatedScalarFieldContainer[float]
     probabilities: _messages_pb2.Tensor
     model_version: int
     model_update_time_ms: int
     model_received_time_ms: int
-    def __init__(self, classes: _Optional[_Iterable[int]] = ..., confidences: _Optional[_Iterable[float]] = ..., probabilities: _Optional[_Union[_messages_pb2.Tensor, _Mapping]] = ..., model_version: _Optional[int] = ..., model_update_time_ms: _Optional[int] = ..., model_received_time_ms: _Optional[int] = ...) -> None: ...
+    model_lineage: int
+    def __init__(self, classes: _Optional[_Iterable[int]] = ..., confidences: _Optional[_Iterable[float]] = ..., probabilities: _Optional[_Union[_messages_pb2.Tensor, _Mapping]] = ..., model_version: _Optional[int] = ..., model_update_time_ms: _Optional[int] = ..., model_received_time_ms: _Optional[int] = ..., model_lineage: _Optional[int] = ...) -> None: ...
