@@ -72,7 +72,7 @@ from torch import Tensor, nn
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.dispatch import Dispatch, Executor
-from ferret_core.engine.processes.executor import ExecutorSpec, executor_main
+from ferret_core.engine.processes.executor import PRELOAD, START_METHOD, ExecutorSpec, executor_main
 from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.engine.processes.settings import (
     CompensationReport,
@@ -95,8 +95,6 @@ from ferret_core.schedule.actions import TraceEvent
 from ferret_core.schedule.scheduler import Scheduler
 from ferret_core.staleness import ring_capacity
 
-START_METHOD = "forkserver"
-PRELOAD = ["torch", "ferret_core.engine.processes.executor"]
 JOIN_TIMEOUT_S = 5.0  # a closed executor that has not exited by then is killed
 
 

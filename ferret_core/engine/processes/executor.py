@@ -63,6 +63,9 @@ from ferret_core.engine.state import GradientBuffer
 from ferret_core.engine.step_guard import bounded
 from ferret_core.errors import ScheduleError
 
+START_METHOD = "forkserver"  # executors start from a forkserver that has imported these (PRELOAD)
+PRELOAD = ["torch", "ferret_core.engine.processes.executor"]
+
 
 @dataclass(frozen=True)
 class ExecutorSpec:

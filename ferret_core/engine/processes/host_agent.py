@@ -28,7 +28,7 @@ import torch.multiprocessing as tmp
 
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.dispatch import Executor
-from ferret_core.engine.processes.executor import ExecutorSpec, executor_main
+from ferret_core.engine.processes.executor import PRELOAD, START_METHOD, ExecutorSpec, executor_main
 from ferret_core.engine.processes.follow import BYE, END_OF_SESSION, FOLLOW_SHARE, send_marker, send_master
 from ferret_core.engine.processes.hosts import HEARTBEAT_S, LOST_AFTER_S
 from ferret_core.engine.processes.link import TAG_DOWN, TAG_UP, Link
@@ -145,11 +145,9 @@ class _Session:
             return  # the coordinator is gone: the control link reports it
 
 
-def serve_host(*, coordinator: int = 0, group: Any = None, start_method: str = "forkserver") -> None:
+def serve_host(*, coordinator: int = 0, group: Any = None, start_method: str = START_METHOD) -> None:
     """Serve the coordinator's clocks on this rank until it says ``exit`` or is lost (see the module
     docstring). ``torch.distributed`` must be initialised (under ``torchrun``: ``init_process_group('gloo')``)."""
-    from ferret_core.engine.processes.clock import PRELOAD  # the one-host clock's forkserver preload
-
     ctx: Any = tmp.get_context(start_method)
     if start_method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)
