@@ -70,33 +70,18 @@ from torch import Tensor
 from ferret_core.compensation import StageCompensator
 from ferret_core.engine.memory_meter import MemoryMeter, StorageKey, storage_keys
 from ferret_core.engine.optim import Optimizer
-from ferret_core.engine.stage_exec import (
-    StageProgram,
-    backward,
-    forward_no_grad,
-    forward_with_grad,
-    on_device,
-    predict_logits,
-)
+from ferret_core.engine.predictor import MasterView, Predictor
+from ferret_core.engine.stage_exec import StageProgram, backward, forward_no_grad, forward_with_grad, on_device
 from ferret_core.engine.state import Counters, GradientBuffer, InFlightItem, Stamps
 from ferret_core.engine.steps import Algorithm, Batch, Feeder, PlainSteps, TrainingStep
 from ferret_core.engine.trace import TraceSemantics
 from ferret_core.engine.versions import StageVersion, VersionStore
 from ferret_core.errors import ConfigError, ScheduleError
-from ferret_core.metrics import OnlineAccuracy, TestAccuracy
+from ferret_core.metrics import OnlineAccuracy
 from ferret_core.plan import Plan
 from ferret_core.schedule.actions import Action, Kind, SkipReason, TraceEvent
 from ferret_core.schedule.scheduler import Scheduler, ScheduleRules
 from ferret_core.schedule.step_shape import StepShape
-
-# Compensators whose observe_update does nothing: skipping it saves computing θ_new − θ_old (a pass over
-# the stage's parameters and an allocation of their size) on every update.
-
-
-# Up to this many classes a prediction's top k is sorted in Python from one read-out of the probabilities
-# (stable, as torch.sort(stable=True): ties keep the lower class first): fewer torch calls on the record
-# path's thread, each of which hands the GIL to the training thread and waits to get it back.
-SORT_IN_PYTHON = 64
 
 
 class Pipeline:
@@ -156,8 +141,7 @@ class Pipeline:
         self._non_finite: set[int] = set()  # in-flight items with a dropped (non-finite) gradient
         self.failed_item: int | None = None  # the item of the first action that raised
         self._runners = {(w.index, j): p.runner() for w in plan.workers if w.live for j, p in enumerate(programs)}
-        self._predict_runners = [p.runner() for p in programs]
-        self._algorithm_runners = [p.runner() for p in programs]  # the algorithm's whole-model passes
+        self.predictor = Predictor(programs, self.masters)
         self._devices = [v.params[0].device if v.params else torch.device("cpu") for v in initial]
         self._generations = [c.state_generation for c in compensators]
         if feeder is not None and plan.num_workers != 1:
@@ -175,7 +159,7 @@ class Pipeline:
             plan.num_workers == 1 and plan.num_stages == 1 and feeder is None and type(self.algorithm) is PlainSteps
         )
         self._items_at_gradient_sample = -1  # arrivals counted at the last B's memory sample
-        self.algorithm.bind(_MasterView(self, lr))
+        self.algorithm.bind(MasterView(programs, self.masters, lr))
         if meter is not None:  # versions, optimizer and compensator state change at an update (see _accumulate)
             meter.add_source("versions", self.store.held, stable=True)
             meter.add_source("optimizer", self._optimizer_storages, stable=True)
@@ -203,45 +187,30 @@ class Pipeline:
         """The device of each stage's tensors."""
         return tuple(self._devices)
 
-    # -------------------------------------------------------------------------------------- arrivals
+    # ------------------------------------------------------------------------------- the predictions
     def predict(self, x: Tensor) -> int:
-        """The master's prediction for one sample (no grad; the caller counts it)."""
-        return self.predict_with_confidence(x)[0]
+        """The master's prediction for one sample (no grad; the caller counts it; :class:`Predictor`)."""
+        return self.predictor.predict(x)
 
     def predict_with_confidence(self, x: Tensor) -> tuple[int, float]:
         """The master's predicted class for one sample and its softmax probability."""
-        return self.predict_top_k(x, 1)[0]
+        return self.predictor.predict_with_confidence(x)
 
     def predict_top_k(self, x: Tensor, k: int) -> tuple[tuple[int, float], ...]:
-        """The master's ``k`` most probable classes for one sample as (class, softmax probability), most
-        probable first (all classes when the model has fewer than ``k``). Ties keep the lower class first,
-        so entry 0 is the argmax, the predicted class."""
-        return self.predict_top_k_batch(x.unsqueeze(0), k)[0]
+        """The master's ``k`` most probable classes for one sample (:meth:`Predictor.predict_top_k`)."""
+        return self.predictor.predict_top_k(x, k)
 
     def predict_top_k_batch(
         self, xs: Tensor, k: int, versions: Sequence[StageVersion] | None = None
     ) -> list[tuple[tuple[int, float], ...]]:
-        """:meth:`predict_top_k` for every sample of the batch ``xs`` (first dimension), in one forward
-        pass on the same master version (``versions``: the masters the caller took with :meth:`masters`,
-        to know which version predicted; default: the current ones): how the wall clock predicts arrivals
-        that queued up together (a consumer batch after a pause) without each waiting for the previous
-        one's forward."""
-        if k < 1:
-            raise ConfigError(f"top-k needs k >= 1, got {k}")
-        logits = predict_logits(self._predict_runners, self.masters() if versions is None else versions, xs)
-        probs = torch.softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=1)  # one call less
-        n = min(k, probs.shape[1])
-        if probs.shape[1] <= SORT_IN_PYTHON:  # few classes: one read-out, Python's stable sort
-            rows: list[list[float]] = probs.tolist()
-            if all(math.isfinite(sum(row)) for row in rows):  # a NaN row (a diverged model) sorts as torch does
-                return [
-                    tuple((c, row[c]) for c in sorted(range(len(row)), key=lambda c: -row[c])[:n]) for row in rows
-                ]
-        values, classes = torch.sort(probs, dim=1, descending=True, stable=True)
-        return [
-            tuple(zip(c, v, strict=True)) for c, v in zip(classes[:, :n].tolist(), values[:, :n].tolist(), strict=True)
-        ]
+        """:meth:`predict_top_k` for every sample of ``xs`` in one pass (:meth:`Predictor.predict_top_k_batch`)."""
+        return self.predictor.predict_top_k_batch(xs, k, versions)
 
+    def evaluate(self, x: Tensor, y: Tensor, *, batch: int = 1000) -> float:
+        """Test accuracy (percent) of the master on a labelled split, in batches."""
+        return self.predictor.evaluate(x, y, batch=batch)
+
+    # -------------------------------------------------------------------------------------- arrivals
     def dispatch(
         self,
         index: int,
@@ -672,17 +641,6 @@ class Pipeline:
             with lock:
                 compensator.load_state_dict(state)
 
-    def evaluate(self, x: Tensor, y: Tensor, *, batch: int = 1000) -> float:
-        """Test accuracy (percent) of the master on a labelled split, in batches."""
-        acc = TestAccuracy()
-        for start in range(0, len(y), batch):
-            logits = predict_logits(self._predict_runners, self.masters(), x[start : start + batch])
-            acc.update(logits.argmax(dim=1).cpu(), y[start : start + batch])
-        return acc.get()
-
-    def algorithm_logits(self, x: Tensor, versions: Sequence[StageVersion]) -> Tensor:
-        return predict_logits(self._algorithm_runners, versions, x)
-
     # ------------------------------------------------------------------------- memory measurement
     def _stash_storages(self) -> Iterator[StorageKey]:
         done = self.store.version_ids()  # most stashes are a replica or the master: counted already
@@ -753,40 +711,3 @@ def _all_finite_exact(tensors: Sequence[Tensor]) -> bool:
     0.2 ms."""
     ends = [torch.stack(torch.aminmax(t)) for t in tensors if t.numel()]
     return not ends or bool(torch.isfinite(torch.cat(ends)).all())
-
-
-class _MasterView:
-    """:class:`~ferret_core.engine.steps.ModelView` over a pipeline's masters, with runners of its own."""
-
-    def __init__(self, pipeline: Pipeline, lr: float) -> None:
-        self._pipeline = pipeline
-        self._lr = lr
-
-    @property
-    def lr(self) -> float:
-        return self._lr
-
-    def masters(self) -> tuple[StageVersion, ...]:
-        return self._pipeline.masters()
-
-    def logits(self, x: Tensor, versions: Sequence[StageVersion] | None = None) -> Tensor:
-        return self._pipeline.algorithm_logits(x, self.masters() if versions is None else versions)
-
-    def gradients(
-        self, x: Tensor, objective: Callable[[Tensor], Tensor], versions: Sequence[StageVersion] | None = None
-    ) -> list[tuple[Tensor, ...]]:
-        chosen = self.masters() if versions is None else tuple(versions)
-        leaves = [tuple(p.detach().requires_grad_(True) for p in v.params) for v in chosen]
-        with torch.enable_grad():
-            out = x
-            for runner, version, params in zip(self._pipeline._algorithm_runners, chosen, leaves, strict=True):
-                device = params[0].device if params else out.device
-                out = runner(params, version.buffers, out.to(device, non_blocking=True))
-            flat = [p for stage in leaves for p in stage]
-            grads = torch.autograd.grad(objective(out), flat, allow_unused=True, materialize_grads=True)
-        out_grads: list[tuple[Tensor, ...]] = []
-        start = 0
-        for stage in leaves:
-            out_grads.append(tuple(grads[start : start + len(stage)]))
-            start += len(stage)
-        return out_grads

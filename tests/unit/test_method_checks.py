@@ -161,7 +161,7 @@ def _logits(engine: StreamEngine, x: torch.Tensor) -> torch.Tensor:
     from ferret_core.engine.stage_exec import predict_logits
 
     p = engine.pipeline
-    return predict_logits(p._predict_runners, p.store.masters(), x)
+    return predict_logits(p.predictor.runners, p.store.masters(), x)
 
 
 CHECKS: tuple[Callable[[str, str], None], ...] = (

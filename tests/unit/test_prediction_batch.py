@@ -122,20 +122,20 @@ def test_the_python_top_k_equals_torch_sort(case: str, monkeypatch: pytest.Monke
     """Few classes are sorted in Python from one read-out (``SORT_IN_PYTHON``): the same classes
     and probabilities, in the same order, as the stable ``torch.sort`` (ties: lower class first; a NaN row,
     a diverged model, sorts as torch does, so its NaN reaches the caller's check)."""
-    from ferret_core.engine import pipeline as pipeline_module
+    from ferret_core.engine import predictor as predictor_module
 
     pipeline = _engine().pipeline
     xs = torch.stack([item.x for item in stream(12)])
-    logits = pipeline_module.predict_logits(pipeline._predict_runners, pipeline.masters(), xs)
+    logits = predictor_module.predict_logits(pipeline.predictor.runners, pipeline.masters(), xs)
     if case == "ties":
         logits = torch.zeros_like(logits)
     elif case == "nan":
         logits[3, 0] = float("nan")
-    monkeypatch.setattr(pipeline_module, "predict_logits", lambda *args: logits)
+    monkeypatch.setattr(predictor_module, "predict_logits", lambda *args: logits)
     for k in (1, 3, 100):
         fast = pipeline.predict_top_k_batch(xs, k)
-        monkeypatch.setattr(pipeline_module, "SORT_IN_PYTHON", 0)
+        monkeypatch.setattr(predictor_module, "SORT_IN_PYTHON", 0)
         slow = pipeline.predict_top_k_batch(xs, k)
-        monkeypatch.setattr(pipeline_module, "SORT_IN_PYTHON", 64)
+        monkeypatch.setattr(predictor_module, "SORT_IN_PYTHON", 64)
         assert [[c for c, _ in row] for row in fast] == [[c for c, _ in row] for row in slow]
         assert repr(fast) == repr(slow)  # the same floats (and NaN where torch puts it)
