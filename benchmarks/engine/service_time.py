@@ -58,8 +58,8 @@ def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def instrument() -> None:
-    """Wrap the pipeline's segments (module-level functions it imported, and its methods)."""
-    from ferret_core.engine import memory, pipeline, wall_clock
+    """Wrap the pipeline's segments (module-level functions it imported, and its and its parts' methods)."""
+    from ferret_core.engine import memory_meter, pipeline, predictor, stage_update, wall_clock
 
     P = pipeline.Pipeline
     for name in (
@@ -67,21 +67,24 @@ def instrument() -> None:
         "_forward",
         "_backward",
         "_offer_gradient",
-        "_compensate",
         "_after_gradient",
         "_update",
-        "_apply",
         "_finish_item",
         "_record",
-        "predict_top_k",
-        "predict_top_k_batch",
         "dispatch",
         "pull",
     ):
         setattr(P, name, timed(name, getattr(P, name)))
-    for name in ("forward_with_grad", "forward_no_grad", "backward", "all_finite"):
+    U = stage_update.StageUpdater
+    for name, method in (("_compensate", "compensate"), ("_apply", "apply")):
+        setattr(U, method, timed(name, getattr(U, method)))
+    for name in ("predict_top_k", "predict_top_k_batch"):
+        setattr(predictor.Predictor, name, timed(name, getattr(predictor.Predictor, name)))
+    for name in ("forward_with_grad", "forward_no_grad", "backward"):
         setattr(pipeline, name, timed(name, getattr(pipeline, name)))
-    memory.MemoryMeter.sample = timed("meter.sample", memory.MemoryMeter.sample)  # type: ignore[method-assign]
+    stage_update.all_finite = timed("all_finite", stage_update.all_finite)  # type: ignore[assignment]
+    meter = memory_meter.MemoryMeter
+    meter.sample = timed("meter.sample", meter.sample)  # type: ignore[method-assign]
     vs = pipeline.VersionStore
     for name in ("publish", "refresh", "recycled"):
         setattr(vs, name, timed(f"store.{name}", getattr(vs, name)))

@@ -1,6 +1,9 @@
 """What the workers of a plan do when an action runs: the state both clocks drive (DESIGN §3.13, §2).
 
-:class:`Pipeline` owns the versions, the scheduler, the per-item state and the counters. A clock calls
+:class:`Pipeline` owns the versions, the scheduler, the per-item state and the counters, and composes the
+parts that own the rest: the stage updater (:mod:`ferret_core.engine.stage_update`: optimizer, compensators,
+stage locks, accumulation buffers, the writes of new masters) and the predictor
+(:mod:`ferret_core.engine.predictor`: passes on the masters outside the executors). A clock calls
 
 * :meth:`Pipeline.predict` then :meth:`Pipeline.dispatch` for every arrival (the master predicts every
   item, skipped or not, before any training on it; dispatch: slot n = i mod N, reasons
@@ -24,22 +27,12 @@ Per worker n and stage j (plan semantics, T1–T4):
 * **B** (preceded by **R**, a forward on the stash with grad, under T1) computes the stage's parameter
   gradients and, unless j is the item's lowest back-propagated stage, the gradient of its input, which
   becomes stage j−1's ``grad_output``.
-* **Accumulation** (T2): right after its B, under stage j's update lock, the item's gradient is
-  compensated from its own read version to the master as it is *then* (τ = master version − read
-  version, θ_then = its stash, θ_now = the master) and added into worker n's one accumulation buffer
-  of stage j; the stash is released there. So T2 keeps one gradient buffer instead of c^a gradients
-  and their versions (the saving eq. ferret-svre credits T2 with; DESIGN §3.10, ``docs/planner.md``).
-  With c^a = 1 this is exactly "compensate at the update". With c^a > 1, master updates that other
-  workers make between an item's B and the update that applies it are not compensated: accumulation's
-  own delay, which R_F already charges (the j of A_{i,j} in eq. ferret-svre).
-* **U** follows the B that makes worker n's count of accumulated gradients of stage j reach c^a_{n,j},
-  still under the stage's lock: the optimizer builds new master tensors from the buffer, the
-  compensator observes ``θ_new − θ_old`` (not computed for ``none`` and ``step-aware``, whose
-  ``observe_update`` ignores it), the master version advances, and worker n's replica is refreshed to
-  it. The staleness counted for each applied gradient is the master version at the update minus its
-  read version. The new tensors go into storage of a dead version, or — when nothing but the store and
-  this update references the old master (``in_place``; see :mod:`ferret_core.engine.versions`) — into
-  the old master itself. Accumulated gradients left when a stream ends are not applied.
+* **Accumulation** (T2) and **U**: right after its B, under stage j's lock, the item's gradient is
+  compensated from its own read version to the master as it is *then* and added into worker n's one
+  accumulation buffer of stage j; the stash is released there. The B that makes the buffer hold c^a_{n,j}
+  gradients is followed by U, still under the lock: new master tensors, the master version advances and
+  worker n's replica is refreshed to it (:class:`~ferret_core.engine.stage_update.StageUpdater`, whose
+  module says what each step computes, and when the update writes in place).
 * **Non-finite** values never reach the weights: a gradient that holds NaN or ±inf when B computes it
   (a non-finite loss makes every gradient of the item so), or that compensation makes non-finite, is
   dropped instead of accumulated; the item is counted once as skipped ``non_finite`` (not trained).
@@ -57,8 +50,6 @@ sampled; on CUDA ``max_memory_allocated`` covers them.
 
 from __future__ import annotations
 
-import math
-import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -72,7 +63,8 @@ from ferret_core.engine.memory_meter import MemoryMeter, StorageKey, storage_key
 from ferret_core.engine.optim import Optimizer
 from ferret_core.engine.predictor import MasterView, Predictor
 from ferret_core.engine.stage_exec import StageProgram, backward, forward_no_grad, forward_with_grad, on_device
-from ferret_core.engine.state import Counters, GradientBuffer, InFlightItem, Stamps
+from ferret_core.engine.stage_update import StageUpdater
+from ferret_core.engine.state import Counters, InFlightItem, Stamps
 from ferret_core.engine.steps import Algorithm, Batch, Feeder, PlainSteps, TrainingStep
 from ferret_core.engine.trace import TraceSemantics
 from ferret_core.engine.versions import StageVersion, VersionStore
@@ -85,8 +77,12 @@ from ferret_core.schedule.step_shape import StepShape
 
 
 class Pipeline:
-    """Versions, scheduler, in-flight items and counters of one engine run (thread-safe where the wall
-    clock needs it: ``lock`` guards dispatch, counters, trace and sampling; stage locks guard updates)."""
+    """Versions, scheduler, in-flight items and counters of one engine run, with the parts that own the rest
+    (:attr:`updater`, :attr:`predictor`; thread-safe where the wall clock needs it: ``lock`` guards
+    dispatch, counters, trace and sampling; the updater's stage locks guard updates)."""
+
+    # the kind of stage updater this pipeline's updates run on (a schedule's pipeline may bring its own)
+    updater_type: type[StageUpdater] = StageUpdater
 
     def __init__(
         self,
@@ -116,9 +112,6 @@ class Pipeline:
         self.store = VersionStore(
             initial, plan.num_workers, clone_replicas=clone_replicas, live=[w.live for w in plan.workers]
         )
-        self.optimizer = optimizer
-        self.compensators = tuple(compensators)
-        self._observes = tuple(c.needs_deltas for c in compensators)
         self.meter = meter
         self.counters = Counters(plan.num_workers, plan.num_stages)
         self.online = OnlineAccuracy()
@@ -126,24 +119,17 @@ class Pipeline:
         self.trace: list[TraceEvent] | None = [] if keep_trace else None
         self.trace_semantics = TraceSemantics()  # how the validator reads this pipeline's trace
         self.lock = threading.RLock()
-        self._stage_locks = [threading.Lock() for _ in programs]
         self.end_of_action: Callable[[], None] = end_of_action or (lambda: None)
-        self.in_place = in_place  # may overwrite an unshared master in place (see _apply)
-        # held while taking references to the masters (predictions, snapshots, the algorithm's view) and
-        # while an update decides to write in place and writes: no reader sees a half-written master
-        self._masters_guard = threading.Lock()
         self._items: dict[int, InFlightItem] = {}
         # the storage keys of admitted items no action has touched yet (input and target, fixed until their
         # first action): the memory meter reads them instead of walking each waiting item's tensors at
         # every sample — with K items queued that walk would be most of a tiny model's sample
         self._unstarted_keys: dict[int, tuple[StorageKey, ...]] = {}
-        self._buffers = [[GradientBuffer() for _ in programs] for _ in plan.workers]
         self._non_finite: set[int] = set()  # in-flight items with a dropped (non-finite) gradient
         self.failed_item: int | None = None  # the item of the first action that raised
         self._runners = {(w.index, j): p.runner() for w in plan.workers if w.live for j, p in enumerate(programs)}
         self.predictor = Predictor(programs, self.masters)
         self._devices = [v.params[0].device if v.params else torch.device("cpu") for v in initial]
-        self._generations = [c.state_generation for c in compensators]
         if feeder is not None and plan.num_workers != 1:
             raise ConfigError(f"a buffering method trains one sequential worker, the plan has {plan.num_workers}")
         if feeder is not None and not feeder.takes_algorithms and algorithm is not None and algorithm.name != "vanilla":
@@ -153,6 +139,15 @@ class Pipeline:
             )
         self.feeder = feeder
         self.algorithm: Algorithm = algorithm if algorithm is not None else PlainSteps()
+        self.updater = self.updater_type(
+            self.store,
+            optimizer,
+            compensators,
+            self.algorithm,
+            self.counters,
+            in_place=in_place,
+            state_changed=self._invalidate_memory,
+        )
         # one worker, one stage, a plain method: an in-place update's memory sample may be dominated
         # (see _update_sample_dominated)
         self._single_plain_worker = (
@@ -160,13 +155,13 @@ class Pipeline:
         )
         self._items_at_gradient_sample = -1  # arrivals counted at the last B's memory sample
         self.algorithm.bind(MasterView(programs, self.masters, lr))
-        if meter is not None:  # versions, optimizer and compensator state change at an update (see _accumulate)
+        if meter is not None:  # versions, optimizer and compensator state change at an update (see _update)
             meter.add_source("versions", self.store.held, stable=True)
             meter.add_source("optimizer", self._optimizer_storages, stable=True)
             meter.add_source("compensators", self._compensator_storages, stable=True)
             meter.add_source("stashes", self._stash_storages)
             meter.add_source("activations", self._activation_storages)
-            meter.add_source("pending_gradients", self._pending_storages)
+            meter.add_source("pending_gradients", self.updater.pending_storages)
             meter.add_source("algorithm", lambda: storage_keys(self.algorithm.state_tensors()))
             if feeder is not None:
                 meter.add_source("arrival_buffer", lambda: storage_keys(feeder.state_tensors()))
@@ -177,15 +172,45 @@ class Pipeline:
 
     def masters(self) -> tuple[StageVersion, ...]:
         """The current master version of every stage, for a reader on any thread (predictions, snapshots):
-        holding them keeps them from being overwritten in place (:meth:`_apply`), and they are never taken
-        while an in-place write is under way."""
-        with self._masters_guard:
-            return self.store.masters()
+        holding them keeps them from being overwritten in place (:meth:`StageUpdater.apply`), and they are
+        never taken while an in-place write is under way."""
+        return self.updater.masters()
 
     @property
     def devices(self) -> tuple[torch.device, ...]:
         """The device of each stage's tensors."""
         return tuple(self._devices)
+
+    # ------------------------------------------------------------------------------ the updater's state
+    @property
+    def optimizer(self) -> Optimizer:
+        return self.updater.optimizer
+
+    @property
+    def compensators(self) -> tuple[StageCompensator, ...]:
+        """Each stage's compensator (the updater's)."""
+        return self.updater.compensators
+
+    @compensators.setter
+    def compensators(self, compensators: tuple[StageCompensator, ...]) -> None:
+        self.updater.compensators = compensators
+
+    @property
+    def in_place(self) -> bool:
+        """Whether an update may overwrite an unshared master in place (the wall clock turns it off on CUDA)."""
+        return self.updater.in_place
+
+    @in_place.setter
+    def in_place(self, in_place: bool) -> None:
+        self.updater.in_place = in_place
+
+    def compensator_states(self) -> list[dict[str, Any]]:
+        """Each stage compensator's ``state_dict()`` (:meth:`StageUpdater.compensator_states`)."""
+        return self.updater.compensator_states()
+
+    def load_compensator_states(self, states: Sequence[Mapping[str, Any]]) -> None:
+        """Restore :meth:`compensator_states` (:meth:`StageUpdater.load_compensator_states`)."""
+        self.updater.load_compensator_states(states)
 
     # ------------------------------------------------------------------------------- the predictions
     def predict(self, x: Tensor) -> int:
@@ -417,7 +442,7 @@ class Pipeline:
             item.grad_outputs[j - 1] = grad_in
         del grad_in
         read = version.version
-        with self._stage_locks[j]:
+        with self.updater.locks[j]:
             self._offer_gradient(a, grads, version)
             del grads, version  # the stash is released here: the buffer holds the compensated gradient
             self.end_of_action()
@@ -454,43 +479,22 @@ class Pipeline:
         return t_split
 
     def _offer_gradient(self, a: Action, grads: Sequence[Tensor], version: StageVersion) -> None:
-        """Keep action ``a``'s parameter gradients (:meth:`_keep_gradient`) when they are finite; a
-        non-finite loss or gradient is dropped here instead, counted against the item: it never reaches
-        the weights. Every path that hands a gradient to an update goes through this (call under the
-        stage's lock)."""
-        if not all_finite(grads) or not self._keep_gradient(a.worker, a.stage, grads, version):
+        """Hand action ``a``'s parameter gradients to the updater (:meth:`StageUpdater.offer`); one it does
+        not keep (a non-finite loss or gradient) is counted against the item: it never reaches the weights.
+        Every path that hands a gradient to an update goes through this (call under the stage's lock)."""
+        if not self.updater.offer(a.worker, a.stage, grads, version):
             self._count_non_finite(a.item)
 
-    def _keep_gradient(self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion) -> bool:
-        """Compensate one item's parameter gradients of ``stage`` and add them to the worker's buffer (T2:
-        one buffer, the stash released; call under the stage's lock). False (nothing added) when the
-        compensated gradient is not finite."""
-        fixed = self._compensate(stage, grads, version)
-        unchanged = len(fixed) == len(grads) and all(f is g for f, g in zip(fixed, grads, strict=True))
-        if not unchanged and not all_finite(fixed):  # the caller checked ``grads`` (τ = 0 returns them)
-            return False
-        self._buffers[worker][stage].add(fixed, version.version)
-        return True
-
-    def _compensate(self, stage: int, grads: Sequence[Tensor], version: StageVersion) -> list[Tensor]:
-        """``grads`` (read from ``version``) compensated to the current master (call under the stage's lock)."""
-        master = self.store.master(stage)
-        compensator = self.compensators[stage]
-        fixed = compensator.compensate(
-            list(grads), staleness=master.version - version.version, theta_then=version.params, theta_now=master.params
-        )
-        if compensator.state_generation != self._generations[stage]:  # it allocated state: re-count it
-            self._generations[stage] = compensator.state_generation
-            if self.meter is not None:
-                with self.lock:
-                    self.meter.invalidate()
-        return fixed
+    def _invalidate_memory(self) -> None:
+        """A compensator allocated state: the meter re-counts its stable sources at the next sample."""
+        if self.meter is not None:
+            with self.lock:
+                self.meter.invalidate()
 
     def _after_gradient(self, a: Action, stamps: Stamps, t_end: float) -> None:
-        """T2: update once the worker's buffer of the stage holds c^a_{n,j} gradients (only executor
-        (n, j) touches that buffer, so the count needs no lock)."""
-        if self._buffers[a.worker][a.stage].count >= self.plan.workers[a.worker].accumulation[a.stage]:
-            with self._stage_locks[a.stage]:
+        """T2: update once the worker's buffer of the stage holds c^a_{n,j} gradients."""
+        if self.updater.accumulated(a.worker, a.stage) >= self.plan.workers[a.worker].accumulation[a.stage]:
+            with self.updater.locks[a.stage]:
                 self._update(a, stamps, t_end)
 
     def _finish_item(self, item: InFlightItem) -> None:
@@ -522,33 +526,19 @@ class Pipeline:
             self.counters.skipped[SkipReason.NON_FINITE.value] += count
 
     def _update(self, a: Action, stamps: Stamps, t0: float) -> None:
-        """Apply worker ``a.worker``'s buffer of stage ``a.stage`` to the master (call under the stage's lock)."""
+        """U: apply worker ``a.worker``'s buffer of stage ``a.stage`` to the master (:meth:`StageUpdater.update`),
+        then count, trace and sample it (call under the stage's lock)."""
         n, j = a.worker, a.stage
-        grads, reads = self._buffers[n][j].take()
-        read = self.store.master(j).version
-        in_place_before = self.counters.in_place_updates
-        new_params = self._apply(n, j, grads, len(reads))
-        del grads
-        # an in-place update of a stateless optimizer, with replicas sharing the master, keeps every storage
-        # the stable sources hold (same data_ptr and size): their cached keys stay right
-        same_storages = (
-            self.counters.in_place_updates != in_place_before
-            and not self.store.clones_replicas
-            and next(iter(self.optimizer.state_tensors()), None) is None
-        )
-        written = self.store.publish(j, new_params)
-        del new_params
-        self.store.refresh(n, j)
+        done = self.updater.update(n, j)
         self.end_of_action()
-        stalenesses = [read - r for r in reads]
         with self.lock:
             c = self.counters
             c.updates[n][j] += 1
-            c.add_staleness(j, stalenesses)
-            self._record(Kind.U, a, read, written.version, t0, stamps.end())
-            if self.meter is not None and not same_storages:
+            c.add_staleness(j, done.stalenesses)
+            self._record(Kind.U, a, done.read, done.written, t0, stamps.end())
+            if self.meter is not None and not done.same_storages:
                 self.meter.invalidate()
-            if not self._update_sample_dominated(same_storages):
+            if not self._update_sample_dominated(done.same_storages):
                 self._sample()
 
     def _update_sample_dominated(self, same_storages: bool) -> bool:
@@ -563,39 +553,6 @@ class Pipeline:
         only other writer of the sources; checked under :attr:`lock`, where both count). Then the sources
         hold what the B sample counted minus the gradient the update consumed. Call under :attr:`lock`."""
         return same_storages and self._single_plain_worker and self._items_at_gradient_sample == self.counters.items
-
-    def _apply(self, worker: int, stage: int, total: list[Tensor], steps: int = 1) -> list[Tensor]:
-        """Step the optimizer with the accumulated gradient of ``steps`` steps, after the OCL algorithm's
-        ``regularise`` (which scales a penalty by ``steps``): the new master tensors (a function, so no
-        temporary outlives it)."""
-        master = self.store.master(stage)
-        compensator = self.compensators[stage]
-        total = self.algorithm.regularise(stage, master.params, total, steps)
-        observes = self._observes[stage]
-        if self.in_place and not observes:
-            # decided and written under the masters' guard: a reader on another thread (the wall clock's
-            # predictions) either took the master before (its reference makes it shared: out of place) or
-            # takes it after the write
-            with self._masters_guard:
-                if self._unshared(master, worker):
-                    self.counters.in_place_updates += 1
-                    return self.optimizer.step(stage, master.params, total, out=self.store.reuse(master))
-        new_params = self.optimizer.step(stage, master.params, total, out=self.store.recycled(stage))
-        if observes:
-            with torch.no_grad():
-                compensator.observe_update([new - old for new, old in zip(new_params, master.params, strict=True)])
-        return new_params
-
-    def _unshared(self, master: StageVersion, worker: int) -> bool:
-        """Whether nothing but the master slot, ``worker``'s own replica slot (refreshed right after) and
-        the caller's local references ``master``: then no other replica, stash, pending gradient, running
-        prediction or outside holder will read it again, and the update may overwrite it in place
-        (copy-on-write decided by CPython reference counts)."""
-        own = 1 + (self.store.replica(worker, master.stage) is master)
-        if self.store.slots_holding(master) != own:
-            return False
-        # references: those slots, the caller's local, this frame's argument, getrefcount's argument
-        return sys.getrefcount(master) == own + 3
 
     # ------------------------------------------------------------------------------------ reporting
     def _record(self, kind: Kind, a: Action, read: int, written: int | None, start: float, end: float) -> None:
@@ -624,23 +581,6 @@ class Pipeline:
             out.append({k: t.detach().clone() for k, t in zip(names, version.tensors(), strict=True)})
         return out
 
-    def compensator_states(self) -> list[dict[str, Any]]:
-        """Each stage compensator's ``state_dict()`` (tensors are copies), in stage order; taken under the
-        stage locks, so no update is half applied."""
-        states = []
-        for lock, compensator in zip(self._stage_locks, self.compensators, strict=True):
-            with lock:
-                states.append(compensator.state_dict())
-        return states
-
-    def load_compensator_states(self, states: Sequence[Mapping[str, Any]]) -> None:
-        """Restore :meth:`compensator_states` (one per stage, same compensator, shapes and ring capacities)."""
-        if len(states) != self.num_stages:
-            raise ConfigError(f"need one compensator state per stage ({self.num_stages}), got {len(states)}")
-        for lock, compensator, state in zip(self._stage_locks, self.compensators, states, strict=True):
-            with lock:
-                compensator.load_state_dict(state)
-
     # ------------------------------------------------------------------------- memory measurement
     def _stash_storages(self) -> Iterator[StorageKey]:
         done = self.store.version_ids()  # most stashes are a replica or the master: counted already
@@ -655,11 +595,6 @@ class Pipeline:
         for index, item in list(self._items.items()):
             keys = unstarted.get(index)
             yield from storage_keys(item.tensors()) if keys is None else keys
-
-    def _pending_storages(self) -> Iterator[StorageKey]:
-        for row in self._buffers:
-            for buffer in row:
-                yield from storage_keys(buffer.tensors())
 
     def _optimizer_storages(self) -> Iterator[StorageKey]:
         return storage_keys(self.optimizer.state_tensors())
@@ -682,32 +617,3 @@ def _evict_blamed(item: InFlightItem) -> None:
         held = item.held[row]
         if held is not None:
             held.buffer.evict(held.slot, held.stamp)
-
-
-def all_finite(tensors: Sequence[Tensor]) -> bool:
-    """Whether no tensor holds NaN or ±inf.
-
-    Fast path, exact when it answers: one ``sum`` per tensor (the cheapest full reduction), their sum read
-    once. A finite total proves every element finite (a NaN makes every sum NaN, ±inf makes it ±inf or
-    NaN); only a non-finite total, from a non-finite element or from finite values overflowing float32,
-    takes the exact check (:func:`_all_finite_exact`). The fast path is 1.5–3× cheaper per call than the
-    exact check alone on the MLP's 6 small tensors and MNISTNet's 1.2 M values (``benchmarks/engine``
-    (j)), with the same answer (``tests/unit/test_engine_non_finite.py``)."""
-    sums = [t.sum() for t in tensors if t.numel()]
-    if not sums:
-        return True
-    if len({(s.dtype, s.device) for s in sums}) > 1:  # one stack needs one dtype and device
-        sums = [s.to("cpu", torch.float64) for s in sums]
-    if math.isfinite(float(torch.stack(sums).sum())):
-        return True
-    return _all_finite_exact(tensors)
-
-
-def _all_finite_exact(tensors: Sequence[Tensor]) -> bool:
-    """Whether no tensor holds NaN or ±inf: one ``aminmax`` pass over each (NaN propagates to both ends,
-    ±inf is an end), then one check of the 2 ends per tensor. ``isfinite(t).all()`` allocated a bool
-    tensor of t's size and took 3.1 ms per call on MNISTNet's 1.2 M gradients (two calls per item: 9 of
-    the live trainer's 17 ms per item, ``benchmarks/engine/results/service_time-before.md``); this takes
-    0.2 ms."""
-    ends = [torch.stack(torch.aminmax(t)) for t in tensors if t.numel()]
-    return not ends or bool(torch.isfinite(torch.cat(ends)).all())

@@ -48,10 +48,10 @@ tensor handed to another stream or thread is complete and its memory is not reus
 reads it (tests marked ``gpu``).
 
 In-place updates. An update writes a master in place only when nothing else references it (no stash,
-no other replica, no prediction running on it: :meth:`Pipeline._apply`, decided and written under the
-masters' guard, so a prediction waits at most for that one write, ~0.2 ms on MNISTNet). A 1 × 1 plan's
-updates are in place, as a plain loop's are; on CUDA never (a prediction's kernels may still read a
-master after its reference is dropped).
+no other replica, no prediction running on it: :meth:`~ferret_core.engine.stage_update.StageUpdater.apply`,
+decided and written under the masters' guard, so a prediction waits at most for that one write, ~0.2 ms
+on MNISTNet). A 1 × 1 plan's updates are in place, as a plain loop's are; on CUDA never (a prediction's
+kernels may still read a master after its reference is dropped).
 
 Buffering methods (random-n, last-n, camel): an arrival their window takes is reported as admitted
 (``skipped`` is ``None``); its fate is decided when the trainer is free and draws a mini-batch

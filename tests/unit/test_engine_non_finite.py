@@ -23,7 +23,7 @@ from ferret_core.engine import (
     make_policy,
 )
 from ferret_core.engine.buffering import BufferingSettings
-from ferret_core.engine.pipeline import _all_finite_exact, all_finite
+from ferret_core.engine.stage_update import _all_finite_exact, all_finite
 from ferret_core.ocl import AlgorithmSettings, make_algorithm
 from tests.unit.test_engine_support import Item, make_plan, stream, tiny_units, uniform_times
 

@@ -55,10 +55,10 @@ from torch import Tensor
 
 from ferret_core.compensation import CompensatorSettings, make_compensator
 from ferret_core.engine.memory_meter import MemoryMeter, StorageKey, storage_key, storage_keys
-from ferret_core.engine.pipeline import all_finite
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.slots import SharedStageVersions
 from ferret_core.engine.stage_exec import StageGraph, StageProgram, backward, forward_no_grad, forward_with_grad
+from ferret_core.engine.stage_update import all_finite
 from ferret_core.engine.state import GradientBuffer
 from ferret_core.engine.step_guard import bounded
 from ferret_core.errors import ScheduleError

@@ -5,10 +5,11 @@ SC'23 — see :mod:`ferret_core.engine.schedules.synchronous`).
 Differences from :class:`~ferret_core.engine.pipeline.Pipeline` (everything else — versions, stashes,
 T1's recompute, counting, memory sampling — is the engine's):
 
-* **Gradient accumulation.** A row keeps one gradient buffer per stage: the first gradient of a group
-  is kept as it is, later ones are added into it in place (as ``loss.backward()`` accumulates into
-  ``.grad`` between optimizer steps). Every gradient of a group read the same version, so nothing is
-  lost by summing before the update: the compensator would see τ = 0 anyway.
+* **Gradient accumulation** (:class:`FlushUpdater`). A row keeps one gradient buffer per stage: the
+  first gradient of a group is kept as it is, later ones are added into it in place (as
+  ``loss.backward()`` accumulates into ``.grad`` between optimizer steps). Every gradient of a group
+  read the same version, so nothing is lost by summing before the update: the compensator would see
+  τ = 0 anyway.
 * **Flush.** When the scheduler reports that the last gradient of a closed group at stage j is in
   (:meth:`FlushScheduler.gradient_done`), the buffers of every row are summed, the optimizer steps the
   master once, the master version advances and *every* row's replica is refreshed to it; one ``U`` is
@@ -24,26 +25,99 @@ T1's recompute, counting, memory sampling — is the engine's):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
+from ferret_core.compensation import StageCompensator
 from ferret_core.engine.memory_meter import StorageKey, storage_keys
-from ferret_core.engine.pipeline import Pipeline, all_finite
+from ferret_core.engine.optim import Optimizer
+from ferret_core.engine.pipeline import Pipeline
 from ferret_core.engine.schedules.split_backward import backward_root, input_gradient, weight_gradients
 from ferret_core.engine.stage_exec import StageProgram, backward
-from ferret_core.engine.state import InFlightItem, Stamps
+from ferret_core.engine.stage_update import StageUpdater, all_finite
+from ferret_core.engine.state import Counters, InFlightItem, Stamps
+from ferret_core.engine.steps import Algorithm
 from ferret_core.engine.trace import TraceSemantics
-from ferret_core.engine.versions import StageVersion
+from ferret_core.engine.versions import StageVersion, VersionStore
 from ferret_core.errors import ConfigError, ScheduleError
 from ferret_core.plan import Plan
 from ferret_core.schedule.actions import Action, Kind
 from ferret_core.schedule.flush_scheduler import FlushRules, FlushScheduler
 
 
+class FlushUpdater(StageUpdater):
+    """The engine's stage updater with one gradient sum per row and stage for the open flush group, in place
+    of the per-worker accumulation buffers: the gradients are kept as they come and compensated and
+    applied at the flush (:meth:`FlushPipeline._flush`)."""
+
+    def __init__(
+        self,
+        store: VersionStore,
+        optimizer: Optimizer,
+        compensators: Sequence[StageCompensator],
+        algorithm: Algorithm,
+        counters: Counters,
+        *,
+        in_place: bool,
+        state_changed: Callable[[], None],
+    ) -> None:
+        super().__init__(
+            store, optimizer, compensators, algorithm, counters, in_place=in_place, state_changed=state_changed
+        )
+        rows, stages = counters.num_workers, counters.num_stages
+        # steps whose gradients each row's one pending buffer per stage sums (an algorithm's penalty scales by it)
+        self._held_steps = [[0] * stages for _ in range(rows)]
+        # row n, stage j → the group's gradient sum and the version every gradient of it read
+        self._pending: list[list[list[tuple[list[Tensor], StageVersion]]]] = [
+            [[] for _ in range(stages)] for _ in range(rows)
+        ]
+
+    def keep(self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion) -> bool:
+        """Add the gradient into the row's group sum (compensated at the flush: always kept here)."""
+        self._held_steps[worker][stage] += 1
+        pending = self._pending[worker][stage]
+        if not pending:
+            pending.append((list(grads), version))
+            return True
+        buffer, held = pending[0]
+        if held.version != version.version:
+            raise ScheduleError(
+                f"row {worker} stage {stage}: a gradient read version {version.version} while its group's "
+                f"read {held.version}; a flush group must read one version"
+            )
+        with torch.no_grad():
+            torch._foreach_add_(buffer, list(grads))
+        return True
+
+    def take_group(self, stage: int) -> tuple[list[tuple[list[Tensor], StageVersion]], int]:
+        """Every row's sum of ``stage`` for the flush, with the version it read, and the steps they sum; the
+        rows hold none afterwards (call under the stage's lock)."""
+        pending = [entry for row in self._pending for entry in row[stage]]
+        for row in self._pending:
+            row[stage] = []
+        steps = sum(row[stage] for row in self._held_steps)
+        for held in self._held_steps:
+            held[stage] = 0
+        return pending, steps
+
+    def pending_steps(self, stage: int) -> int:
+        return sum(row[stage] for row in self._held_steps)
+
+    def pending_storages(self) -> Iterator[StorageKey]:
+        for row in self._pending:
+            for pending in row:
+                for grads, version in list(pending):
+                    yield from storage_keys(grads)
+                    yield from version.storages
+
+
 class FlushPipeline(Pipeline):
     """The engine's pipeline for a :class:`FlushRules` schedule (see the module docstring)."""
+
+    updater_type = FlushUpdater
+    updater: FlushUpdater
 
     def __init__(
         self,
@@ -61,8 +135,6 @@ class FlushPipeline(Pipeline):
         super().__init__(plan, rules, programs, initial, **kwargs)  # type: ignore[arg-type]
         self.flush_rules = rules
         self.scheduler: FlushScheduler = FlushScheduler(rules)
-        # steps whose gradients each row's one pending buffer per stage sums (an algorithm's penalty scales by it)
-        self._held_steps = [[0] * plan.num_stages for _ in range(plan.num_workers)]
         self.trace_semantics = TraceSemantics(
             shared_updates=True,
             devices={(n, j): rules.device(n, j) for n in range(rules.num_workers) for j in range(rules.num_stages)}
@@ -71,10 +143,6 @@ class FlushPipeline(Pipeline):
             bounds=(0,) * rules.num_stages,
         )
         self._roots: dict[tuple[int, int], Tensor] = {}  # (item, stage) → loss kept between B and W
-        # row n, stage j → the group's gradient sum and the version every gradient of it read
-        self._pending: list[list[list[tuple[list[Tensor], StageVersion]]]] = [
-            [[] for _ in range(plan.num_stages)] for _ in range(plan.num_workers)
-        ]
         if self.meter is not None:
             self.meter.add_source("split_backward_roots", self._root_storages)
 
@@ -87,23 +155,6 @@ class FlushPipeline(Pipeline):
         else:
             super()._run(action, stamps)
 
-    def _keep_gradient(self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion) -> bool:
-        """Add the gradient into the row's group sum (compensated at the flush: always kept here)."""
-        self._held_steps[worker][stage] += 1
-        pending = self._pending[worker][stage]
-        if not pending:
-            pending.append((list(grads), version))
-            return True
-        buffer, held = pending[0]
-        if held.version != version.version:
-            raise ScheduleError(
-                f"row {worker} stage {stage}: a gradient read version {version.version} while its group's "
-                f"read {held.version}; a flush group must read one version"
-            )
-        with torch.no_grad():
-            torch._foreach_add_(buffer, list(grads))
-        return True
-
     def _after_gradient(self, a: Action, stamps: Stamps, t_end: float) -> None:
         with self.lock:
             due = self.scheduler.gradient_done(a.item, a.stage)
@@ -113,22 +164,17 @@ class FlushPipeline(Pipeline):
     def _flush(self, a: Action, stamps: Stamps, t0: float) -> None:
         """Apply every row's accumulated gradient of the stage once and refresh every row's replica."""
         j = a.stage
-        with self._stage_locks[j]:
+        with self.updater.locks[j]:
             read = self.store.master(j).version
-            pending = [entry for row in self._pending for entry in row[j]]
-            for row in self._pending:
-                row[j] = []
+            pending, steps = self.updater.take_group(j)
             summed = self._compensated_sum(j, pending)
-            steps = sum(row[j] for row in self._held_steps)
-            for held in self._held_steps:
-                held[j] = 0
             del pending
             if summed is None:  # every gradient of the group was non-finite (dropped): no update
                 with self.lock:
                     self.scheduler.flushed(j)
                 return
             total, stalenesses = summed
-            new_params = self._apply(a.worker, j, total, steps)
+            new_params = self.updater.apply(a.worker, j, total, steps)
             del total
             written = self.store.publish(j, new_params)
             del new_params
@@ -156,7 +202,7 @@ class FlushPipeline(Pipeline):
         total: list[Tensor] | None = None
         stalenesses = []
         for grads, version in pending:
-            fixed = self._compensate(stage, grads, version)
+            fixed = self.updater.compensate(stage, grads, version)
             if not all_finite(fixed):
                 self._count_non_finite(None)
                 continue
@@ -259,12 +305,5 @@ class FlushPipeline(Pipeline):
             self._finish_item(item)
 
     # ------------------------------------------------------------------------- memory measurement
-    def _pending_storages(self) -> Iterator[StorageKey]:
-        for row in self._pending:
-            for pending in row:
-                for grads, version in list(pending):
-                    yield from storage_keys(grads)
-                    yield from version.storages
-
     def _root_storages(self) -> Iterator[StorageKey]:
         return storage_keys(list(self._roots.values()))
