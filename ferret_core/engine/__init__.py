@@ -5,15 +5,16 @@ T1–T4, stale-gradient compensation, a virtual and a wall clock, and independen
 Modules, one concept each: ``versions`` (master, replicas, stashes), ``stage_exec`` (one stage's passes
 on a given version), ``optim`` (out-of-place SGD), ``pipeline`` (what an action does), ``stage_update``
 (accumulation, compensation and the update of a stage's master), ``predictor`` (the masters' predictions
-and the algorithm's view of them), ``state`` (its in-flight items and counters), ``virtual_clock``,
-``wall_clock`` (executor threads, or the caller's thread), ``processes`` (executors as OS processes over
-a master in shared memory), ``memory_meter`` (measurement), ``trace`` (validator, table, staleness),
-``policies`` (Oracle, 1-Skip, Ferret), ``steps`` (what an admitted arrival trains, and the Algorithm /
-Feeder hooks of OCL algorithms and buffering methods), ``buffering`` and ``coreset`` (Random-N / Last-N
-B-Skip, Camel), ``schedules`` (DAPPLE, ZB, Hanayo, PipeDream, PipeDream-2BW), ``method_registry`` (every
-method by name), ``result``, ``carry`` (compensator state across a re-plan), ``engine`` (the facade),
-``ablation`` (compensators on one fixed plan: :func:`run_compensators`). The actions and the scheduler
-that orders them are :mod:`ferret_core.schedule`; OCL algorithms live in :mod:`ferret_core.ocl`.
+and the algorithm's view of them), ``pipeline_memory`` (a pipeline's memory sources), ``state`` (its
+in-flight items and counters), ``virtual_clock``, ``wall_clock`` (executor threads, or the caller's
+thread), ``processes`` (executors as OS processes over a master in shared memory), ``memory_meter``
+(measurement), ``trace`` (validator, table, staleness), ``policies`` (Oracle, 1-Skip, Ferret), ``steps``
+(what an admitted arrival trains, and the Algorithm / Feeder hooks of OCL algorithms and buffering
+methods), ``buffering`` and ``coreset`` (Random-N / Last-N B-Skip, Camel), ``schedules`` (DAPPLE, ZB,
+Hanayo, PipeDream, PipeDream-2BW), ``method_registry`` (every method by name), ``result``, ``carry``
+(compensator state across a re-plan), ``engine`` (the facade), ``ablation`` (compensators on one fixed
+plan: :func:`run_compensators`). The actions and the scheduler that orders them are
+:mod:`ferret_core.schedule`; OCL algorithms live in :mod:`ferret_core.ocl`.
 """
 
 from ferret_core.engine.ablation import AblationRun, RunInputs, run_compensators

@@ -2,8 +2,9 @@
 
 :class:`Pipeline` owns the versions, the scheduler, the per-item state and the counters, and composes the
 parts that own the rest: the stage updater (:mod:`ferret_core.engine.stage_update`: optimizer, compensators,
-stage locks, accumulation buffers, the writes of new masters) and the predictor
-(:mod:`ferret_core.engine.predictor`: passes on the masters outside the executors). A clock calls
+stage locks, accumulation buffers, the writes of new masters), the predictor
+(:mod:`ferret_core.engine.predictor`: passes on the masters outside the executors) and the memory meter's
+sources (:mod:`ferret_core.engine.pipeline_memory`). A clock calls
 
 * :meth:`Pipeline.predict` then :meth:`Pipeline.dispatch` for every arrival (the master predicts every
   item, skipped or not, before any training on it; dispatch: slot n = i mod N, reasons
@@ -51,7 +52,7 @@ sampled; on CUDA ``max_memory_allocated`` covers them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -61,6 +62,7 @@ from torch import Tensor
 from ferret_core.compensation import StageCompensator
 from ferret_core.engine.memory_meter import MemoryMeter, StorageKey, storage_keys
 from ferret_core.engine.optim import Optimizer
+from ferret_core.engine.pipeline_memory import PipelineSources
 from ferret_core.engine.predictor import MasterView, Predictor
 from ferret_core.engine.stage_exec import StageProgram, backward, forward_no_grad, forward_with_grad, on_device
 from ferret_core.engine.stage_update import StageUpdater
@@ -155,16 +157,9 @@ class Pipeline:
         )
         self._items_at_gradient_sample = -1  # arrivals counted at the last B's memory sample
         self.algorithm.bind(MasterView(programs, self.masters, lr))
+        self.sources = PipelineSources(self.store, self.updater, self._items, self._unstarted_keys)
         if meter is not None:  # versions, optimizer and compensator state change at an update (see _update)
-            meter.add_source("versions", self.store.held, stable=True)
-            meter.add_source("optimizer", self._optimizer_storages, stable=True)
-            meter.add_source("compensators", self._compensator_storages, stable=True)
-            meter.add_source("stashes", self._stash_storages)
-            meter.add_source("activations", self._activation_storages)
-            meter.add_source("pending_gradients", self.updater.pending_storages)
-            meter.add_source("algorithm", lambda: storage_keys(self.algorithm.state_tensors()))
-            if feeder is not None:
-                meter.add_source("arrival_buffer", lambda: storage_keys(feeder.state_tensors()))
+            self.sources.register(meter, self.algorithm, feeder)
 
     @property
     def num_stages(self) -> int:
@@ -580,28 +575,6 @@ class Pipeline:
             names = program.param_names + program.buffer_names
             out.append({k: t.detach().clone() for k, t in zip(names, version.tensors(), strict=True)})
         return out
-
-    # ------------------------------------------------------------------------- memory measurement
-    def _stash_storages(self) -> Iterator[StorageKey]:
-        done = self.store.version_ids()  # most stashes are a replica or the master: counted already
-        for item in list(self._items.values()):
-            for version in item.stashes:
-                if version is not None and id(version) not in done:
-                    done.add(id(version))
-                    yield from version.storages
-
-    def _activation_storages(self) -> Iterator[StorageKey]:
-        unstarted = self._unstarted_keys
-        for index, item in list(self._items.items()):
-            keys = unstarted.get(index)
-            yield from storage_keys(item.tensors()) if keys is None else keys
-
-    def _optimizer_storages(self) -> Iterator[StorageKey]:
-        return storage_keys(self.optimizer.state_tensors())
-
-    def _compensator_storages(self) -> Iterator[StorageKey]:
-        for compensator in self.compensators:
-            yield from compensator.state_storages()
 
 
 def _evict_blamed(item: InFlightItem) -> None:

@@ -89,7 +89,7 @@ def test_stashes_are_freed_when_no_item_references_them() -> None:
     engine, result = run_plan(plan, stream(30))
     p = engine.pipeline
     assert p.in_flight() == 0
-    assert list(p._stash_storages()) == []
+    assert list(p.sources.stashes()) == []
     assert p.meter is not None and p.meter.sample() <= result.peak_bytes  # type: ignore[operator]
 
 
