@@ -35,7 +35,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 RESULTS = HERE / "results"
-CONFIGS = ("plain", "1-skip", "ferret", "ferret-60%")
+CONFIGS = ("plain", "1-skip", "ferret", "ferret-60%", "ferret-calibrated")
+CALIBRATED = {"FERRET_TRAINER_CALIBRATE_TIME": "true"}  # ferret-calibrated: the start-up plan in this machine's time
 DISPATCHED = messages_pb2.TRAINING_DECISION_DISPATCHED
 WARMUP_ITEMS = 100  # per run, unlabelled, before the measured stream (warm_up)
 SETTLE_S = 1.0  # after the warm-up stream's predictions are back (a re-plan's pause is over by then)
@@ -61,12 +62,15 @@ class SharedStack:
 class LiveService(h.Service):
     """``ferret run`` as a separate process for one (dataset, model, method, budget)."""
 
-    def __init__(self, dataset: str, model: str, method: str, budget_bytes: int | None) -> None:
+    def __init__(
+        self, dataset: str, model: str, method: str, budget_bytes: int | None, extra_env: dict[str, str] | None = None
+    ) -> None:
         super().__init__(model, budget_bytes=budget_bytes)
         self.dataset, self.method = dataset, method
+        self.extra_env = dict(extra_env or {})
 
     def trainer_env(self) -> dict[str, str]:
-        env = super().trainer_env()
+        env = {**super().trainer_env(), **self.extra_env}
         env["FERRET_TRAINER_DATASET"] = self.dataset
         env["FERRET_TRAINER_METHOD"] = self.method
         env["FERRET_TRAINER_PROFILE"] = str(profile_path(self.dataset, self.model))
@@ -163,12 +167,16 @@ def run_ferret(
     rate: float,
     items: int,
     repeat: int = 0,
+    *,
+    calibrated: bool = False,
 ) -> dict[str, Any]:
     config = "ferret" if method == "ferret" and budget is None else ("ferret-60%" if method == "ferret" else method)
+    if calibrated:
+        config = "ferret-calibrated"
     stream = f"s{uuid.uuid4().hex[:6]}"
     t0 = time.monotonic()
     phases: dict[str, float] = {}
-    with LiveService(dataset_name, model, method, budget) as service:
+    with LiveService(dataset_name, model, method, budget, CALIBRATED if calibrated else None) as service:
         assert service.client is not None
         phases["start_s"] = time.monotonic() - t0
         sampler = h.Sampler(service.client, service.pids, interval=0.5)
@@ -352,6 +360,11 @@ def goals(rows: list[dict[str, Any]], multipliers: list[float]) -> list[str]:
                          f"plain = {mean:+.1f}" + ("" if math.isnan(se) else f" ± {se:.1f}"))  # fmt: skip
         if m >= 2:
             lines.append(f"- {m}×: Ferret − plain = {judged(gap, 0.0, strict=True)} (goal > 0)")
+        calibrated = paired(by, "ferret-calibrated", "ferret", m)
+        if calibrated:
+            mean, se = mean_se(calibrated)
+            lines.append(f"  - {m}×: calibrated − profile-timed Ferret = {mean:+.1f}"
+                         + ("" if math.isnan(se) else f" ± {se:.1f}") + f" (n = {len(calibrated)})")  # fmt: skip
     return lines
 
 
@@ -487,6 +500,10 @@ def run_all(
         elif config == "ferret":
             row = run_ferret(dataset, args.dataset, args.model, "ferret", None, rate, args.items, repeat)
             unconstrained[m] = row
+        elif config == "ferret-calibrated":
+            row = run_ferret(
+                dataset, args.dataset, args.model, "ferret", None, rate, args.items, repeat, calibrated=True
+            )
         else:
             if m not in unconstrained:
                 raise RuntimeError(f"ferret-60% at {m}× before any unconstrained run (schedule() order)")
