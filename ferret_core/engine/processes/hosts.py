@@ -33,6 +33,7 @@ round trip of error), and :meth:`ProcessClock.validate` may report an order that
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import multiprocessing.connection as mpc
@@ -57,6 +58,7 @@ REPLY_TIMEOUT_S = 60.0
 HEARTBEAT_S = 1.0  # each side of a link says it is alive this often
 LOST_AFTER_S = 10.0  # a peer silent this long is lost (a blocked gloo receive does not notice a dead peer)
 CLOCK_PROBES = 7
+FRESHNESS_WINDOW = 100_000  # predictions whose freshness is kept (the newest)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,8 +163,8 @@ class Hosts:
         self._offset: dict[int, float] = {}  # per remote rank, its monotonic clock minus ours (0: the same clock)
         self._announced: dict[int, dict[int, float]] = {}  # per remote stage: version → when first announced
         self._newest: dict[int, int] = {}  # per remote stage: the newest master version announced
-        self._fresh_updates: list[int] = []
-        self._fresh_ms: list[float] = []
+        self._fresh_updates: collections.deque[int] = collections.deque(maxlen=FRESHNESS_WINDOW)
+        self._fresh_ms: collections.deque[float] = collections.deque(maxlen=FRESHNESS_WINDOW)
         self.error: BaseException | None = None
         self._store: Any = None
         self._threads: list[threading.Thread] = []
@@ -313,6 +315,7 @@ class Hosts:
             self._fresh_ms.append(ms)
 
     def freshness(self) -> Freshness:
+        """Over the newest FRESHNESS_WINDOW predictions of the clock (``predictions``: how many)."""
         with self._lock:
             updates = np.asarray(self._fresh_updates or [0])
             ms = np.asarray(self._fresh_ms or [0.0])
