@@ -25,9 +25,7 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,7 @@ from benchmarks.distributed.throughput import (
     CASES,
     balanced_cut,
     load_items,
+    median_of,
     plain_capacity,
     plain_stream,
     processes,
@@ -81,10 +80,6 @@ def measure(model: str, items: int, warm: int, repeats: int, factor: float, work
     return {"model": model, "dataset": dataset, "items": items, "lr": lr, "cut": list(cut), "arms": rows}
 
 
-def _median(rows: Sequence[dict[str, Any]], key: str) -> float:
-    return float(statistics.median(float(r[key]) for r in rows))
-
-
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
         "| model / data | arm | trained items/s (median) | ÷ plain loop | ÷ same plan, one host | start-up s | "
@@ -93,17 +88,17 @@ def table(results: list[dict[str, Any]]) -> str:
     ]
     for res in results:
         arms = res["arms"]
-        plain = _median(arms["plain loop"], "per_s")
+        plain = median_of(arms["plain loop"], "per_s")
         for name, rows in arms.items():
-            per_s = _median(rows, "per_s")
+            per_s = median_of(rows, "per_s")
             one_host = arms.get(name.replace("2 hosts", "one host")) if name.endswith("2 hosts") else None
-            vs_one = f"{per_s / _median(one_host, 'per_s'):.2f}×" if one_host else ""
-            start = f"{_median(rows, 'start_s'):.3f}" if "start_s" in rows[-1] else ""
+            vs_one = f"{per_s / median_of(one_host, 'per_s'):.2f}×" if one_host else ""
+            start = f"{median_of(rows, 'start_s'):.3f}" if "start_s" in rows[-1] else ""
             fresh = [r["freshness"] for r in rows if "freshness" in r]
             updates = ms = ""
             if fresh:
-                updates = f"{_median(fresh, 'updates_p50'):.0f} / {_median(fresh, 'updates_p99'):.1f}"
-                ms = f"{_median(fresh, 'ms_p50'):.1f} / {_median(fresh, 'ms_p99'):.1f}"
+                updates = f"{median_of(fresh, 'updates_p50'):.0f} / {median_of(fresh, 'updates_p99'):.1f}"
+                ms = f"{median_of(fresh, 'ms_p50'):.1f} / {median_of(fresh, 'ms_p99'):.1f}"
             lines.append(
                 f"| {res['model']} / {res['dataset']} | {name} | {per_s:.1f} | {per_s / plain:.2f}× | {vs_one} | "
                 f"{start} | {updates} | {ms} |"

@@ -301,7 +301,8 @@ def measure(
     return {"model": model, "dataset": dataset, "items": items, "lr": lr, "arms": rows}
 
 
-def _median(rows: Sequence[dict[str, Any]], key: str) -> float:
+def median_of(rows: Sequence[dict[str, Any]], key: str) -> float:
+    """The median of ``key`` over the repeats' rows of one arm."""
     return float(statistics.median(float(r[key]) for r in rows))
 
 
@@ -313,16 +314,16 @@ def table(results: list[dict[str, Any]]) -> str:
     ]
     for res in results:
         arms = res["arms"]
-        plain = _median(arms["plain loop"], "per_s")
-        capacity = _median(arms["plain capacity, 1 thread"], "per_s")
+        plain = median_of(arms["plain loop"], "per_s")
+        capacity = median_of(arms["plain capacity, 1 thread"], "per_s")
         for name, rows in arms.items():
-            per_s = _median(rows, "per_s")
+            per_s = median_of(rows, "per_s")
             share = statistics.median(r["trained"] / res["items"] for r in rows)
             executors = rows[-1].get("executor_cpu_s")
-            cpu = f"{_median(rows, 'cpu_s'):.1f}"
+            cpu = f"{median_of(rows, 'cpu_s'):.1f}"
             if executors is not None:
                 cpu += " / " + ", ".join(f"{c:.1f}" for c in executors)
-            start = f"{_median(rows, 'start_s'):.3f}" if "start_s" in rows[-1] else ""
+            start = f"{median_of(rows, 'start_s'):.3f}" if "start_s" in rows[-1] else ""
             lines.append(
                 f"| {res['model']} / {res['dataset']} | {name} | {per_s:.1f} | {per_s / plain:.2f}× | "
                 f"{per_s / capacity:.2f}× | {100 * share:.0f} % | {cpu} | {start} |"

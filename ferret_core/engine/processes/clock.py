@@ -72,7 +72,7 @@ from torch import Tensor, nn
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.dispatch import Dispatch, Executor
-from ferret_core.engine.processes.executor import PRELOAD, START_METHOD, ExecutorSpec, executor_main
+from ferret_core.engine.processes.executor import PRELOAD, START_METHOD, ExecutorSpec, start_executor
 from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.engine.processes.settings import (
     CompensationReport,
@@ -258,17 +258,9 @@ class ProcessClock:
         if self.hosts is not None and not self._local(j):
             self._conns[executor], self._processes[executor] = self.hosts.spawn(spec)  # type: ignore[assignment]
             return
-        parent, child = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(
-            target=executor_main,
-            args=(child, spec, self.stages[j], self.deltas[j]),
-            name=f"ferret-w{n}s{j}",
-            daemon=True,
+        self._conns[executor], self._processes[executor] = start_executor(
+            self._ctx, spec, self.stages[j], self.deltas[j]
         )
-        process.start()
-        child.close()
-        self._conns[executor] = parent
-        self._processes[executor] = process
 
     def _ring_capacity(self, stage: int) -> int:
         """The ``ring_capacity`` an executor's compensator is built with: the shared ring's where the

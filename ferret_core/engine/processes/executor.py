@@ -425,6 +425,23 @@ class _Executor:
         return (now_version, written, t0, t_end, [now_version - r for r in reads])
 
 
+def start_executor(
+    ctx: Any, spec: ExecutorSpec, stage: SharedStageVersions, deltas: SharedDeltas | None
+) -> tuple[Connection, Any]:
+    """Start ``spec``'s executor as a daemon process of ``ctx`` (the forkserver context) over ``stage``'s
+    shared slots (and ``deltas``); returns the coordinator's end of its pipe and the process."""
+    parent, child = ctx.Pipe(duplex=True)
+    process = ctx.Process(
+        target=executor_main,
+        args=(child, spec, stage, deltas),
+        name=f"ferret-w{spec.worker}s{spec.stage}",
+        daemon=True,
+    )
+    process.start()
+    child.close()
+    return parent, process
+
+
 def executor_main(
     conn: Connection, spec: ExecutorSpec, stage: SharedStageVersions, deltas: SharedDeltas | None = None
 ) -> None:

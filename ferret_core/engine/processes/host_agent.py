@@ -28,7 +28,7 @@ import torch.multiprocessing as tmp
 
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.dispatch import Executor
-from ferret_core.engine.processes.executor import PRELOAD, START_METHOD, ExecutorSpec, executor_main
+from ferret_core.engine.processes.executor import PRELOAD, START_METHOD, ExecutorSpec, start_executor
 from ferret_core.engine.processes.follow import BYE, END_OF_SESSION, FOLLOW_SHARE, send_marker, send_master
 from ferret_core.engine.processes.hosts import HEARTBEAT_S, LOST_AFTER_S
 from ferret_core.engine.processes.link import TAG_DOWN, TAG_UP, Link
@@ -69,15 +69,7 @@ class _Session:
         if stage is None:
             raise ScheduleError(f"stage {spec.stage} is not owned by this host (it owns {sorted(self.stages)})")
         spec = dataclasses.replace(spec, replica=stage.pin_current())
-        parent, child = self.ctx.Pipe(duplex=True)
-        process = self.ctx.Process(
-            target=executor_main,
-            args=(child, spec, stage, self.deltas[spec.stage]),
-            name=f"ferret-w{spec.worker}s{spec.stage}",
-            daemon=True,
-        )
-        process.start()
-        child.close()
+        parent, process = start_executor(self.ctx, spec, stage, self.deltas[spec.stage])
         self.conns[executor] = parent
         self.processes[executor] = process
         self.link.send(("spawned", executor, process.pid))
