@@ -7,7 +7,10 @@ on a given version), ``optim`` (out-of-place SGD), ``pipeline`` (what an action 
 (accumulation, compensation and the update of a stage's master), ``predictor`` (the masters' predictions
 and the algorithm's view of them), ``pipeline_memory`` (a pipeline's memory sources), ``state`` (its
 in-flight items and counters), ``virtual_clock``, ``wall_clock`` (executor threads, or the caller's
-thread), ``processes`` (executors as OS processes over a master in shared memory), ``memory_meter``
+thread: a facade over ``wall_life``, its threads and first failure, ``wall_executors``, their run loop,
+``wall_predictions``, the arrivals' queue and predictions, ``wall_admission``, measured service times and
+admission by event time, ``inline_training`` and ``wall_streams``, CUDA streams), ``processes``
+(executors as OS processes over a master in shared memory), ``memory_meter``
 (measurement), ``trace`` (validator, table, staleness), ``policies`` (Oracle, 1-Skip, Ferret), ``steps``
 (what an admitted arrival trains, and the Algorithm / Feeder hooks of OCL algorithms and buffering
 methods), ``buffering`` and ``coreset`` (Random-N / Last-N B-Skip, Camel), ``schedules`` (DAPPLE, ZB,
