@@ -34,7 +34,7 @@ from typing import Any
 
 from torch import Tensor
 
-from ferret_core.errors import ConfigError
+from ferret_core.errors import ConfigError, ScheduleError
 
 STATISTICS = ("calls", "compensated", "truncated", "correction_sum")
 _LAMBDA = "lambda"
@@ -68,7 +68,7 @@ def carry_compensator_states(
             "a re-plan keeps the trainer's compensator"
         )
     if same_partition and len(old) != len(fresh):
-        raise ConfigError(f"same partition but {len(old)} old stages and {len(fresh)} new ones")
+        raise ScheduleError(f"same partition but {len(old)} old stages and {len(fresh)} new ones")
     keys = [k for k in fresh[0] if any(_per_parameter(state.get(k)) for state in fresh)]
     sources = _sources(old, keys)
     sizes = [len(next((state[k] for k in keys if _per_parameter(state.get(k))), [])) for state in fresh]

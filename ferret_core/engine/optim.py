@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ferret_core.engine.step_guard import bounded, check_ratio
-from ferret_core.errors import ConfigError
+from ferret_core.errors import ConfigError, ScheduleError
 
 
 class Optimizer(Protocol):
@@ -66,7 +66,7 @@ class SGD:
                 self._buffers[stage] = bufs
                 grads = bufs
             if len(params) != len(grads) or (out is not None and len(out) != len(params)):
-                raise ConfigError(
+                raise ScheduleError(
                     f"SGD step of stage {stage}: {len(params)} parameters, {len(grads)} gradients"
                     + ("" if out is None else f", {len(out)} output tensors")
                     + "; they must match one to one"

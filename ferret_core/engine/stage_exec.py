@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ferret_core.engine.versions import StageVersion
-from ferret_core.errors import ConfigError
+from ferret_core.errors import ConfigError, ScheduleError
 from ferret_core.plan import Partition
 
 _STOCHASTIC = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
@@ -67,7 +67,7 @@ class StageRunner:
 
     def __call__(self, params: Sequence[Tensor], buffers: Sequence[Tensor], x: Tensor) -> Tensor:
         if len(params) != self._num_params or len(buffers) != self._num_buffers:
-            raise ConfigError(
+            raise ScheduleError(
                 f"stage {self.program.index} has {self._num_params} parameters and {self._num_buffers} "
                 f"buffers, got {len(params)} and {len(buffers)}"
             )
@@ -183,7 +183,7 @@ def backward(
     output, e.g. an OCL algorithm's); the others ``grad_output``. The graph is freed.
     """
     if sum(v is not None for v in (grad_output, target, loss)) != 1:
-        raise ConfigError("backward needs exactly one of grad_output (inner stage) and target or loss (last stage)")
+        raise ScheduleError("backward needs exactly one of grad_output (inner stage) and target or loss (last stage)")
     inputs = graph.leaves + ((graph.input,) if graph.input.requires_grad else ())
     if loss is not None:
         root = loss(graph.output)

@@ -136,7 +136,7 @@ class VersionStore:
         """Make ``params`` (new tensors) the next master version of ``stage``; buffers carry over."""
         old = self._master[stage]
         if len(params) != len(old.params):
-            raise ConfigError(f"stage {stage}: expected {len(old.params)} parameter tensors, got {len(params)}")
+            raise ScheduleError(f"stage {stage}: expected {len(old.params)} parameter tensors, got {len(params)}")
         new = StageVersion(stage, old.version + 1, tuple(params), old.buffers)
         self._recycle_when_dead(new)
         self._master[stage] = new

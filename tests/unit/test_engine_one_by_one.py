@@ -15,7 +15,7 @@ from torch.testing import assert_close
 from ferret_core.engine import EngineSettings, FerretPolicy, Kind, StreamEngine, validate_trace
 from ferret_core.engine.optim import SGD
 from ferret_core.engine.pipeline import Pipeline
-from ferret_core.errors import ConfigError
+from ferret_core.errors import ScheduleError
 from tests.unit.test_engine_support import make_plan, stream, tiny_units, uniform_times
 from tests.unit.test_engine_wall import _plain_sgd_on
 
@@ -45,7 +45,7 @@ def test_sgd_into_given_storage_is_bit_identical_to_torch_sub(lr: float, seed: i
 
 
 def test_sgd_rejects_mismatched_tensor_lists() -> None:
-    with pytest.raises(ConfigError, match="must match one to one"):
+    with pytest.raises(ScheduleError, match="must match one to one"):
         SGD(0.1).step(0, [torch.zeros(2)], [torch.zeros(2), torch.zeros(2)], out=[torch.zeros(2)])
 
 

@@ -11,7 +11,7 @@ import torch
 from torch.func import functional_call
 
 from ferret_core.engine.stage_exec import backward, build_stages, forward_with_grad
-from ferret_core.errors import ConfigError
+from ferret_core.errors import ScheduleError
 from ferret_core.plan import Partition
 from ferret_core.zoo import build_model
 
@@ -64,7 +64,7 @@ def test_runner_keeps_no_reference_to_the_tensors_after_a_call() -> None:
 def test_runner_refuses_the_wrong_number_of_tensors() -> None:
     zoo = build_model("mlp")
     programs, versions = build_stages(list(zoo.units), Partition((0, zoo.num_units)))
-    with pytest.raises(ConfigError, match="parameters"):
+    with pytest.raises(ScheduleError, match="parameters"):
         programs[0].runner()(versions[0].params[:-1], versions[0].buffers, torch.randn(1, 1, 28, 28))
     runner = programs[0].runner()
     assert all(p.is_meta for p in runner.module.parameters())
