@@ -34,13 +34,11 @@ import torch.distributed as dist
 
 from benchmarks.distributed.throughput import (
     CASES,
-    balanced_cut,
-    load_items,
     median_of,
     plain_capacity,
     plain_stream,
+    prepare,
     processes,
-    units_of,
 )
 from benchmarks.support import run_record, write_result
 from ferret_core.engine.processes.hosts import Hosts
@@ -52,13 +50,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def measure(model: str, items: int, warm: int, repeats: int, factor: float, workers: int, root: Path,
             hosts: Hosts) -> dict[str, Any]:
-    dataset, kwargs, lr = CASES[model]
-    xs, ys = load_items(dataset, items + warm, root)
-    units = units_of(model, kwargs)
-    plain_capacity(units, xs[:warm], ys[:warm], lr, 1)  # warm-up: kernels, allocator
-    warm_items = (xs[: 2 * workers], ys[: 2 * workers])
-    cut = balanced_cut(units, xs[0])
-    xs, ys = xs[warm:], ys[warm:]
+    case = prepare(model, items, warm, workers, root)
+    dataset, units, xs, ys, lr, warm_items, cut = (
+        case.dataset, case.units, case.xs, case.ys, case.lr, case.warm_items, case.cut
+    )
     rows: dict[str, list[dict[str, Any]]] = {}
     for _ in range(repeats):
         cap1 = plain_capacity(units, xs, ys, lr, 1)

@@ -270,16 +270,37 @@ def processes(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: li
 
 
 # --------------------------------------------------------------------------------------------- driver
-def measure(
-    model: str, items: int, warm: int, repeats: int, factor: float, workers: int, root: Path, window: float
-) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One model's arms' common ground: its units, the measured items, lr, each executor's untimed first
+    items and the balanced 2-stage cut."""
+
+    dataset: str
+    units: list[nn.Module]
+    xs: list[torch.Tensor]
+    ys: list[int]
+    lr: float
+    warm_items: Warm
+    cut: tuple[int, int, int]
+
+
+def prepare(model: str, items: int, warm: int, workers: int, root: Path) -> Case:
+    """Load ``model``'s items, warm torch up on the first ``warm`` of them and time the 2-stage cut."""
     dataset, kwargs, lr = CASES[model]
     xs, ys = load_items(dataset, items + warm, root)
     units = units_of(model, kwargs)
     plain_capacity(units, xs[:warm], ys[:warm], lr, 1)  # warm-up: kernels, allocator
     warm_items = (xs[: 2 * workers], ys[: 2 * workers])
-    cut = balanced_cut(units, xs[0])
-    xs, ys = xs[warm:], ys[warm:]
+    return Case(dataset, units, xs[warm:], ys[warm:], lr, warm_items, balanced_cut(units, xs[0]))
+
+
+def measure(
+    model: str, items: int, warm: int, repeats: int, factor: float, workers: int, root: Path, window: float
+) -> dict[str, Any]:
+    case = prepare(model, items, warm, workers, root)
+    dataset, units, xs, ys, lr, warm_items, cut = (
+        case.dataset, case.units, case.xs, case.ys, case.lr, case.warm_items, case.cut
+    )
     rows: dict[str, list[dict[str, Any]]] = {}
     for _ in range(repeats):
         cap1 = plain_capacity(units, xs, ys, lr, 1)
