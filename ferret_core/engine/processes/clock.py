@@ -47,26 +47,30 @@ peaks: an upper bound of what the plan's tensors occupy at once, which the byte 
 dies (a signal, the OOM killer) stops every executor within the router's next wake-up and is raised in
 the caller by the next :meth:`submit`, :meth:`drain` or :meth:`close`, naming the worker and, where it
 knows it, the item; executors also exit when the coordinator's process is gone (their pipe closes).
+
+:class:`ProcessClock` is the facade over the parts, each owning its own state:
+
+- the executor processes (:mod:`.pool`): their pipes and processes, retiring them, stopping them, and
+  the clock's first failure (which kills them);
+- the router (:mod:`.router`): the thread that reads the executors' answers, sends their next actions
+  and watches their sentinels;
+- the reports (:mod:`.reports`): the executors' measured peaks and their answers to the clock's
+  questions (usage, compensations);
+- the predictions (:mod:`.predictions`): the current master read under a pin.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import itertools
 import math
-import multiprocessing.connection as mpc
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import torch
 import torch.multiprocessing as tmp
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ferret_core.engine.policies import PolicySetup
@@ -74,6 +78,10 @@ from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.dispatch import Dispatch, Executor
 from ferret_core.engine.processes.executor import PRELOAD, START_METHOD, ExecutorSpec, start_executor
 from ferret_core.engine.processes.hosts import Hosts
+from ferret_core.engine.processes.pool import ExecutorPool
+from ferret_core.engine.processes.predictions import MasterPredictions
+from ferret_core.engine.processes.reports import ClockReports
+from ferret_core.engine.processes.router import Router
 from ferret_core.engine.processes.settings import (
     CompensationReport,
     ProcessSettings,
@@ -83,19 +91,16 @@ from ferret_core.engine.processes.settings import (
 )
 from ferret_core.engine.processes.slots import SharedStageVersions, slots_needed, stage_versions
 from ferret_core.engine.result import EngineStats
-from ferret_core.engine.stage_exec import build_stages, predict_logits, unit_state
+from ferret_core.engine.stage_exec import build_stages, unit_state
 from ferret_core.engine.state import Counters
 from ferret_core.engine.trace import plan_bounds, validate_trace
-from ferret_core.engine.versions import StageVersion
 from ferret_core.engine.wall_clock import Arrival, ClockStopped
-from ferret_core.errors import ConfigError, ExecutorLost, NotImplementedFeatureError, ScheduleError
+from ferret_core.errors import ConfigError, NotImplementedFeatureError, ScheduleError
 from ferret_core.metrics import OnlineAccuracy
 from ferret_core.plan import Plan
 from ferret_core.schedule.actions import TraceEvent
 from ferret_core.schedule.scheduler import Scheduler
 from ferret_core.staleness import ring_capacity
-
-JOIN_TIMEOUT_S = 5.0  # a closed executor that has not exited by then is killed
 
 
 class ProcessClock:
@@ -124,37 +129,38 @@ class ProcessClock:
         recomputes = any(w.recompute for w in plan.workers)
         programs, initial = build_stages(units, plan.partition, allow_stochastic=not recomputes)
         self._programs = programs
-        self._predict_runners = [p.runner() for p in programs]
         self._initial = initial
-        self.failed_item: int | None = None
-        self._lock = threading.Condition()
         self._counter = itertools.count()
-        self._error: BaseException | None = None
         self._started = False
-        self._stopping = False
-        self._replies: dict[Executor, tuple[Any, ...]] = {}  # answers to the last _ask
         self._shares_deltas = shares_deltas(s)
         self.deltas: list[SharedDeltas | None] = []  # per stage: its shared delta ring (Alg. 1), if any
         self._live = [w.index for w in plan.workers if w.live]
         self._executors = [(n, j) for n in self._live for j in range(plan.num_stages)]  # rank order
         self.stages: list[SharedStageVersions] = []
-        self._conns: dict[Executor, mpc.Connection] = {}
-        self._processes: dict[Executor, Any] = {}
         self._store: str | None = None  # the executors' gloo rendezvous file (several stages, one host)
         self._store_address: tuple[str, int, str] | None = None  # the TCP store's (several hosts)
         self._ring_sizes: list[int] = []  # per stage, its delta ring's capacity (0: none), as first allocated
         self._slot_workers = 0  # live workers the version slots are sized for (start())
         self._ctx: Any = None
-        self._retiring: set[Executor] = set()  # executors a re-plan removed, exiting on purpose
-        self._dead_conns: list[mpc.Connection] = []  # retired executors' pipes, closed by the router
         self.replans = 0
-        self._router: threading.Thread | None = None
-        self._wake_r: Any = None  # the router's wake-up pipe (start() makes it)
-        self._wake_w: Any = None
         self.start_seconds = math.nan  # start() to every executor ready
-        # per executor, the peak of what it held in its process (shared segments excluded), as its answers
-        # report it; kept for executors a re-plan retired (a peak over the clock's life)
-        self._executor_peaks: dict[Executor, int] = {}
+        # the parts, each owning its state (module docstring): 1. the executor processes and the first failure
+        self._pool = ExecutorPool()
+        self._lock = self._pool.cv
+        # 2. the executors' peaks and answers, 3. the router over both, 4. predictions on the master
+        self._reports = ClockReports(self._pool, self.shared_bytes)
+        self._router = Router(self._pool, self.dispatch, self._reports)
+        self._predictions = MasterPredictions(programs, self.dispatch, hosts, s.top_k)
+
+    @property
+    def failed_item(self) -> int | None:
+        """The item an executor's error named (None: no executor failed on an item)."""
+        return self._pool.failed_item
+
+    @property
+    def _processes(self) -> dict[Executor, Any]:
+        """The live executors' processes by (worker, stage) (tests read their pids)."""
+        return self._pool.processes
 
     @property
     def plan(self) -> Plan:
@@ -205,7 +211,7 @@ class ProcessClock:
             host, port = hosts.store_address()
             self._store_address = (host, port, f"clock-{os.getpid()}-{time.monotonic_ns()}/")
         for stage in self.stages:
-            stage.watch(lambda: self._error is not None)
+            stage.watch(lambda: self._pool.error is not None)
         self.deltas = [
             SharedDeltas(j, self._initial[j].params, size) if size > 0 and self._local(j) else None
             for j, size in enumerate(self._ring_sizes)
@@ -215,8 +221,6 @@ class ProcessClock:
         for executor in self._executors:
             self._spawn(executor)
         self._started = True
-        self._wake_r, self._wake_w = mpc.Pipe(duplex=False)
-        self._router = threading.Thread(target=self._route, name="ferret-router", daemon=True)
         self._router.start()
         self.dispatch.origin = t0
         self.start_seconds = time.perf_counter() - t0
@@ -256,11 +260,9 @@ class ProcessClock:
             received=self.dispatch.received(n, j),
         )
         if self.hosts is not None and not self._local(j):
-            self._conns[executor], self._processes[executor] = self.hosts.spawn(spec)  # type: ignore[assignment]
+            self._pool.add(executor, *self.hosts.spawn(spec))
             return
-        self._conns[executor], self._processes[executor] = start_executor(
-            self._ctx, spec, self.stages[j], self.deltas[j]
-        )
+        self._pool.add(executor, *start_executor(self._ctx, spec, self.stages[j], self.deltas[j]))
 
     def _ring_capacity(self, stage: int) -> int:
         """The ``ring_capacity`` an executor's compensator is built with: the shared ring's where the
@@ -306,62 +308,36 @@ class ProcessClock:
             )
         self.drain(timeout)
         t0 = time.perf_counter()
+        pool = self._pool
         with self._lock:
-            self._raise_if_failed()
+            pool.raise_if_failed()
             gone = [e for e in self._executors if e[0] not in live]
             for executor in gone:
-                self._retiring.add(executor)
-                self._send(executor, ("retire",))
+                pool.retire(executor)
             self.dispatch.replan(plan, setup.rules)
             self.dispatch.queue_slots = self.settings.queue_slots if queue_slots is None else queue_slots
             self._live = live
             self._executors = [(n, j) for n in live for j in range(plan.num_stages)]
             for executor in self._executors:
                 n, j = executor
-                if executor in self._conns:
+                if executor in pool.conns:
                     worker = plan.workers[n]
-                    self._send(executor, ("configure", worker.accumulation[j], worker.recompute))
+                    pool.send(executor, ("configure", worker.accumulation[j], worker.recompute))
                 else:
                     self._spawn(executor)
             self.replans += 1
-        self._wake_w.send("refresh")  # the router waits on the new executors too
+        self._router.wake()  # the router waits on the new executors too
         for executor in gone:
-            process = self._processes[executor]
-            process.join(JOIN_TIMEOUT_S)
-            if process.is_alive():
-                process.kill()
-                process.join()
-            self._forget(executor)
+            pool.join_retired(executor)
         return time.perf_counter() - t0
-
-    def _forget(self, executor: Executor) -> None:
-        """Drop a retired executor's pipe and process (whichever of the re-plan and the router sees its
-        exit first)."""
-        with self._lock:
-            if executor in self._retiring:
-                self._retiring.discard(executor)
-                self._dead_conns.append(self._conns.pop(executor))  # the router closes it (it may be reading it)
-                self._processes.pop(executor)
 
     def close(self, *, reraise: bool = True) -> None:
         """Stop every executor (items in flight are abandoned; :meth:`drain` first to finish them) and
         raise an executor's failure unless ``reraise`` is false."""
-        with self._lock:  # no action is sent after this, so the None below is each pipe's last message
-            self._stopping = True
-            self._lock.notify_all()
-            for conn in self._conns.values():
-                with contextlib.suppress(OSError, EOFError):
-                    conn.send(None)
-        if self._router is not None:
-            self._wake_w.send(None)
-            self._router.join()
-            self._router = None
-            self._wake_r.close()
-            self._wake_w.close()
-        for dead in self._dead_conns:
-            dead.close()
-        self._dead_conns.clear()
-        self._stop_processes()
+        self._pool.begin_stop()
+        self._router.stop()
+        self._pool.close_dead()
+        self._pool.stop()
         if self.hosts is not None and self._started:
             self.hosts.teardown()
         if self._store is not None:
@@ -369,7 +345,7 @@ class ProcessClock:
             self._store = None
         self._started = False
         if reraise:
-            self._raise_if_failed()
+            self._pool.raise_if_failed()
 
     def __enter__(self) -> ProcessClock:
         return self.start()
@@ -391,15 +367,15 @@ class ProcessClock:
         if len(xs) != len(ys) or (indices is not None and len(indices) != len(xs)):
             raise ConfigError(f"submit_many needs as many labels and indices as samples, got {len(xs)} samples")
         with self._lock:
-            self._raise_if_failed()
-            if self._stopping or not self._started:
+            self._pool.raise_if_failed()
+            if self._pool.stopping or not self._started:
                 raise ClockStopped("the process clock is not running: start() it (or it was closed)")
         numbers = [next(self._counter) for _ in xs] if indices is None else list(indices)
         try:
-            tops, version = self._predict(xs)
+            tops, version = self._predictions.predict(self.stages, xs)
         except ScheduleError:
             with self._lock:
-                self._raise_if_failed()  # the executor failure that stopped the clock, not its symptom
+                self._pool.raise_if_failed()  # the executor failure that stopped the clock, not its symptom
             raise
         arrivals = []
         with self._lock:
@@ -407,7 +383,7 @@ class ProcessClock:
                 prediction, confidence = top[0]
                 reason, worker = self.dispatch.admit(i, x, y, prediction)
                 if worker is not None:
-                    self._kick(worker, 0)
+                    self._router.kick(worker, 0)
                 arrivals.append(Arrival(i, prediction, reason, confidence, worker, tuple(top), version))
         return arrivals
 
@@ -425,12 +401,12 @@ class ProcessClock:
         """Wait until every admitted item has finished (raises an executor's failure)."""
         deadline = None if timeout is None else time.perf_counter() + timeout
         with self._lock:
-            while not self.scheduler.idle() and self._error is None:
+            while not self.scheduler.idle() and self._pool.error is None:
                 left = None if deadline is None else deadline - time.perf_counter()
                 if left is not None and left <= 0:
                     raise ScheduleError(f"drain timed out after {timeout} s with items in flight")
                 self._lock.wait(left)
-            self._raise_if_failed()
+            self._pool.raise_if_failed()
 
     # ------------------------------------------------------------------------------------ reporting
     def master_state(self) -> list[dict[str, Tensor]]:
@@ -488,68 +464,22 @@ class ProcessClock:
     def executor_bytes(self) -> dict[Executor, int]:
         """Per executor (worker, stage), the peak bytes it measured in its own process so far (the tensors
         it held at a sample after an action, the shared segments excluded), as its last answer reported."""
-        with self._lock:
-            return dict(self._executor_peaks)
+        return self._reports.executor_bytes()
 
     def measured_bytes(self) -> int:
-        """The plan's measured peak: :meth:`shared_bytes` (version slots and delta rings, counted once) plus
-        the sum of every executor's peak (:meth:`executor_bytes`). The executors reach their peaks at
-        different moments, so the sum is an upper bound of the bytes all of them held at once (and of the
-        simultaneous total over every sample); the coordinator's own tensors (arrivals waiting to be sent,
-        a prediction's activations) are not measured here."""
-        with self._lock:
-            return self.shared_bytes() + sum(self._executor_peaks.values())
+        """The plan's measured peak: :meth:`shared_bytes` plus every executor's peak (:meth:`executor_bytes`),
+        an upper bound of the bytes all of them held at once (:meth:`.reports.ClockReports.measured_bytes`)."""
+        return self._reports.measured_bytes()
 
     def usage(self, timeout: float = 5.0) -> list[ProcessUsage]:
         """CPU seconds, peak RSS and measured memory of every executor process (asked over their pipes;
         call drained)."""
-        replies = self._ask("stats", timeout)
-        usages = []
-        for (n, j), (_, cpu, rss, memory) in sorted(replies.items()):
-            usages.append(
-                ProcessUsage(
-                    n,
-                    j,
-                    self._processes[(n, j)].pid,
-                    cpu,
-                    rss,
-                    measured_bytes=memory["peak_bytes"],
-                    measured_breakdown=memory["peak_breakdown"],
-                    memory_samples=memory["samples"],
-                    sample_seconds=memory["sample_seconds"],
-                    actions=memory["actions"],
-                )
-            )
-        with self._lock:
-            for u in usages:
-                key = (u.worker, u.stage)
-                self._executor_peaks[key] = max(self._executor_peaks.get(key, 0), u.measured_bytes)
-        return usages
+        return self._reports.usage(timeout)
 
     def compensations(self, timeout: float = 5.0) -> list[CompensationReport]:
         """Every executor's compensator stats and recorded calls (``ProcessSettings.record_compensations``),
         asked over their pipes; call drained."""
-        replies = self._ask("compensation", timeout)
-        return [
-            CompensationReport(n, j, stats, torch.load(io.BytesIO(payload), weights_only=True))
-            for (n, j), (_, stats, payload) in sorted(replies.items())
-        ]
-
-    def _ask(self, kind: str, timeout: float) -> dict[Executor, tuple[Any, ...]]:
-        """Send ``(kind,)`` to every executor and wait for each one's answer (the router stores them)."""
-        with self._lock:
-            self._raise_if_failed()
-            self._replies.clear()
-            for executor in list(self._conns):
-                self._send(executor, (kind,))
-            deadline = time.perf_counter() + timeout
-            while len(self._replies) < len(self._conns) and self._error is None:
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    raise ScheduleError(f"executors did not answer {kind!r} within {timeout} s")
-                self._lock.wait(left)
-            self._raise_if_failed()
-            return dict(self._replies)
+        return self._reports.compensations(timeout)
 
     def ordered_trace(self) -> list[TraceEvent]:
         """The trace in the order its events ended (executors report concurrently; their stamps come from
@@ -570,183 +500,3 @@ class ProcessClock:
                 "validate() before replan()"
             )
         validate_trace(self.ordered_trace(), self.plan, check_staleness=False)
-
-    # ---------------------------------------------------------------------------------------- inside
-    def _predict(self, xs: Sequence[Tensor]) -> tuple[list[list[tuple[int, float]]], int]:
-        """The top-k classes of each sample on the current master (pinned while it runs), and its version.
-        The first prediction also records each stage's input and output shape for one item (what a stage
-        executor receives from the one before)."""
-        pins = [stage.pin_current() for stage in self.stages]
-        try:
-            versions = [stage.view(slot, v) for stage, (slot, v) in zip(self.stages, pins, strict=True)]
-            if self.hosts is not None:
-                self.hosts.observe_prediction([v for _, v in pins])
-            if not self.dispatch.shapes:
-                self.dispatch.shapes = self._stage_shapes(versions, xs[0])
-            logits = predict_logits(self._predict_runners, versions, torch.stack(list(xs)))
-        finally:
-            for stage, (slot, _) in zip(self.stages, pins, strict=True):
-                stage.unpin(slot)
-        probs = F.softmax(logits.float(), dim=1)
-        k = min(self.settings.top_k, probs.shape[1])
-        values, classes = torch.sort(probs, dim=1, descending=True, stable=True)
-        tops = [
-            list(zip(c, v, strict=True)) for c, v in zip(classes[:, :k].tolist(), values[:, :k].tolist(), strict=True)
-        ]
-        return tops, sum(v for _, v in pins)
-
-    def _stage_shapes(self, versions: Sequence[StageVersion], x: Tensor) -> list[tuple[int, ...]]:
-        """Each stage's input shape for one item, then the last stage's output: what a stage executor
-        receives from the one before (every item has the shape of the first)."""
-        h = x.unsqueeze(0)
-        shapes = [tuple(h.shape)]
-        for j in range(len(versions)):
-            h = predict_logits(self._predict_runners[j : j + 1], versions[j : j + 1], h)
-            shapes.append(tuple(h.shape))
-        return shapes
-
-    def _kick(self, worker: int, stage: int) -> None:
-        """Send executor (worker, stage) its next action, if it has one; call under the lock."""
-        if self._error is not None or self._stopping:
-            return
-        message = self.dispatch.next_message(worker, stage)
-        if message is None:
-            return
-        self._send((worker, stage), message)
-
-    def _send(self, executor: Executor, message: Any) -> None:
-        """Send ``message`` to ``executor``'s pipe; call under the lock. An executor killed since the router
-        last looked (its sentinel not yet seen) is the same loss, found by the send: :class:`ExecutorLost`
-        fails the clock and is raised, whichever message found it (an action, a question, a re-plan's)."""
-        try:
-            self._conns[executor].send(message)
-        except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
-            self._raise_if_failed()  # the clock already failed (and ended the others): its first exception
-            worker, stage = executor
-            kind = message[0] if isinstance(message, tuple) and message else type(message).__name__
-            lost = ExecutorLost(
-                f"executor process of worker {worker}, stage {stage} is gone: sending it {kind!r} failed "
-                f"({type(exc).__name__}: {exc})"
-            )
-            self._fail_locked(lost)
-            raise lost from exc
-
-    def _route(self) -> None:
-        """The router thread: executors' answers in, next actions out, failures stop everything (its own
-        included: a broken invariant here fails the clock instead of leaving the caller waiting)."""
-        try:
-            self._route_until_stopped()
-        except BaseException as exc:
-            self._fail(exc)
-
-    def _route_until_stopped(self) -> None:
-        while True:
-            with self._lock:
-                for dead in self._dead_conns:  # not in the previous wait any more: safe to close
-                    dead.close()
-                self._dead_conns.clear()
-                if self._stopping or self._error is not None:
-                    return
-                by_conn = {conn: e for e, conn in self._conns.items()}
-                by_sentinel = {self._processes[e].sentinel: e for e in self._conns}
-            waits: list[Any] = [self._wake_r, *by_conn, *by_sentinel]
-            ready: Any
-            for ready in mpc.wait(waits):
-                if ready is self._wake_r:
-                    wake: Any = self._wake_r
-                    wake.recv()
-                    break  # stop, or a re-plan changed the executors: look again
-                if ready in by_sentinel:
-                    e = by_sentinel[ready]
-                    with self._lock:
-                        current = self._processes.get(e)
-                        stale = current is None or current.sentinel != ready  # forgotten, or started anew
-                        retiring = e in self._retiring
-                    if stale:
-                        continue
-                    if retiring:  # a re-plan removed it: it exited on purpose
-                        self._forget(e)
-                        break
-                    conn = self._conns[e]
-                    while conn.poll():  # its last words first (an error it sent before exiting)
-                        self._handle(e, conn.recv())
-                    self._fail(
-                        ExecutorLost(
-                            f"executor process of worker {e[0]}, stage {e[1]} (pid {self._processes[e].pid}) exited "
-                            f"with code {self._processes[e].exitcode} while the clock ran"
-                        )
-                    )
-                    return
-                e = by_conn[ready]
-                conn = ready
-                with self._lock:
-                    if self._conns.get(e) is not conn:  # retired since the wait began
-                        continue
-                try:
-                    message = conn.recv()
-                except (EOFError, OSError):
-                    if e in self._retiring or e not in self._conns:
-                        break  # a retired executor's pipe: look again
-                    self._fail(ExecutorLost(f"executor process of worker {e[0]}, stage {e[1]} closed its pipe"))
-                    return
-                self._handle(e, message)
-
-    def _handle(self, executor: Executor, message: tuple[Any, ...]) -> None:
-        n, j = executor
-        kind = message[0]
-        with self._lock:
-            if kind in ("FB", "F", "B"):
-                *report, peak = message  # every answer ends with the executor's measured peak
-                message = tuple(report)
-                if peak > self._executor_peaks.get(executor, 0):
-                    self._executor_peaks[executor] = peak
-                if kind == "FB":
-                    changed = self.dispatch.forward_done(n, j, message[1], then_backward=True)
-                    changed += self.dispatch.backward_done(n, j, message[2])
-                elif kind == "F":
-                    changed = self.dispatch.forward_done(n, j, message, then_backward=False)
-                else:
-                    changed = self.dispatch.backward_done(n, j, message)
-                for e in changed:
-                    self._kick(*e)
-                self._lock.notify_all()
-            elif kind in ("stats", "compensation"):  # an answer to _ask
-                self._replies[executor] = message
-                self._lock.notify_all()
-            elif kind == "error":
-                _, item, text, tb = message
-                if self.failed_item is None:
-                    self.failed_item = item
-                self._fail_locked(
-                    ScheduleError(f"executor of worker {n}, stage {j} failed on item {item}: {text}\n{tb}")
-                )
-            else:
-                self._fail_locked(ScheduleError(f"executor of worker {n}, stage {j} sent an unknown message {kind!r}"))
-
-    def _fail(self, exc: BaseException) -> None:
-        """Record an executor's death, unless the clock is closing (then executors exit on purpose)."""
-        with self._lock:
-            if not self._stopping:
-                self._fail_locked(exc)
-
-    def _fail_locked(self, exc: BaseException) -> None:
-        if self._error is None:
-            self._error = exc
-        self._lock.notify_all()
-        for process in self._processes.values():
-            if process.is_alive():
-                process.kill()
-
-    def _stop_processes(self) -> None:
-        deadline = time.perf_counter() + JOIN_TIMEOUT_S
-        for process in self._processes.values():
-            process.join(max(0.0, deadline - time.perf_counter()))
-            if process.is_alive():
-                process.kill()
-                process.join()
-        for conn in self._conns.values():
-            conn.close()
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise self._error
