@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ferret_core.engine.processes.hosts import Hosts
+from ferret_core.engine.processes.router import lost_neighbour
 from ferret_core.engine.processes.slots import FlatTensors, SharedStageVersions
 from ferret_core.engine.versions import StageVersion
 from ferret_core.errors import ConfigError
@@ -56,3 +57,9 @@ def test_a_remote_answer_is_moved_onto_the_coordinators_clock() -> None:
     assert Hosts._shift(fb, 1.0) == ("FB", ("F", 7, 4, 0.0, 1.0), ("B", 7, 4, 1.0, None, 2.0, None, False), 55)
     assert Hosts._shift(b, 0.0) is b
     assert Hosts._shift(("stats", 1.0), 1.0) == ("stats", 1.0)
+
+
+def test_a_gloo_connection_to_a_dead_neighbour_is_an_executor_lost_not_an_items_failure() -> None:
+    assert lost_neighbour("DistBackendError: [gloo/transport/tcp/pair.cc:534] Connection reset by peer")
+    assert lost_neighbour("RuntimeError: [gloo/transport/tcp/pair.cc:598] Connection closed by peer")
+    assert not lost_neighbour("ValueError: expected 10 classes, got 12")

@@ -20,6 +20,15 @@ from ferret_core.engine.processes.pool import ExecutorPool
 from ferret_core.engine.processes.reports import ClockReports
 from ferret_core.errors import ExecutorLost, ScheduleError
 
+# What gloo says when the peer of a point-to-point send or receive is gone (a killed process, a lost host)
+PEER_LOST = ("reset by peer", "closed by peer", "Broken pipe", "Connection refused", "Socket closed")
+
+
+def lost_neighbour(text: str) -> bool:
+    """Whether an executor's failure is its gloo connection to a neighbouring stage failing (that executor
+    died): an :class:`ExecutorLost`, not an item's failure, whichever of the two the router hears first."""
+    return any(sign in text for sign in PEER_LOST)
+
 
 class Router:
     """The router thread over ``pool``'s executors: their answers into ``dispatch`` and ``reports``, their
@@ -145,6 +154,14 @@ class Router:
                 self._reports.answer(executor, message)
             elif kind == "error":
                 _, item, text, tb = message
+                if lost_neighbour(text):  # a neighbouring stage's executor died: no item is to blame
+                    pool.fail_locked(
+                        ExecutorLost(
+                            f"executor of worker {n}, stage {j} lost the executor of a neighbouring stage (its "
+                            f"gloo connection failed during item {item}): {text}"
+                        )
+                    )
+                    return
                 if pool.failed_item is None:
                     pool.failed_item = item
                 pool.fail_locked(
