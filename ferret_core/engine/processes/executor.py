@@ -43,7 +43,7 @@ import io
 import resource
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -440,6 +440,19 @@ def start_executor(
     process.start()
     child.close()
     return parent, process
+
+
+def stop_executors(processes: Iterable[Any], conns: Iterable[Connection], timeout: float) -> None:
+    """Wait up to ``timeout`` seconds in all for ``processes`` to exit, kill those still alive, then close
+    their pipes ``conns`` (the one-host clock's pool and a host's agent both end their executors so)."""
+    deadline = time.perf_counter() + timeout
+    for process in processes:
+        process.join(max(0.0, deadline - time.perf_counter()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+    for conn in conns:
+        conn.close()
 
 
 def executor_main(

@@ -28,14 +28,19 @@ import torch.multiprocessing as tmp
 
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.dispatch import Executor
-from ferret_core.engine.processes.executor import PRELOAD, START_METHOD, ExecutorSpec, start_executor
+from ferret_core.engine.processes.executor import (
+    PRELOAD,
+    START_METHOD,
+    ExecutorSpec,
+    start_executor,
+    stop_executors,
+)
 from ferret_core.engine.processes.follow import BYE, END_OF_SESSION, FOLLOW_SHARE, send_marker, send_master
 from ferret_core.engine.processes.hosts import HEARTBEAT_S, LOST_AFTER_S
 from ferret_core.engine.processes.link import TAG_DOWN, TAG_UP, Link
+from ferret_core.engine.processes.pool import JOIN_TIMEOUT_S
 from ferret_core.engine.processes.slots import SharedStageVersions
 from ferret_core.errors import ExecutorLost, ScheduleError
-
-JOIN_TIMEOUT_S = 5.0
 
 
 class _Session:
@@ -100,17 +105,10 @@ class _Session:
         self.link.send(("synced", {j: stage.current_version() for j, stage in self.stages.items()}))
 
     def close(self) -> None:
-        deadline = time.perf_counter() + JOIN_TIMEOUT_S
         for conn in self.conns.values():
             with contextlib.suppress(OSError, EOFError):
                 conn.send(None)
-        for process in self.processes.values():
-            process.join(max(0.0, deadline - time.perf_counter()))
-            if process.is_alive():
-                process.kill()
-                process.join()
-        for conn in self.conns.values():
-            conn.close()
+        stop_executors(self.processes.values(), self.conns.values(), JOIN_TIMEOUT_S)
         self._stop = True
         self._stopping.set()
         self._updated.set()

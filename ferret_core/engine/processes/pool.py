@@ -14,10 +14,10 @@ from __future__ import annotations
 import contextlib
 import multiprocessing.connection as mpc
 import threading
-import time
 from typing import Any
 
 from ferret_core.engine.processes.dispatch import Executor
+from ferret_core.engine.processes.executor import stop_executors
 from ferret_core.errors import ExecutorLost
 
 JOIN_TIMEOUT_S = 5.0  # a closed executor that has not exited by then is killed
@@ -121,11 +121,4 @@ class ExecutorPool:
     def stop(self) -> None:
         """Wait for every executor to exit (killing those still alive after :data:`JOIN_TIMEOUT_S`) and
         close their pipes."""
-        deadline = time.perf_counter() + JOIN_TIMEOUT_S
-        for process in self.processes.values():
-            process.join(max(0.0, deadline - time.perf_counter()))
-            if process.is_alive():
-                process.kill()
-                process.join()
-        for conn in self.conns.values():
-            conn.close()
+        stop_executors(self.processes.values(), self.conns.values(), JOIN_TIMEOUT_S)
