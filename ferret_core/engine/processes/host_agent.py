@@ -59,7 +59,6 @@ class _Session:
         self.processes: dict[Executor, Any] = {}
         self._updated = threading.Event()
         self._stopping = threading.Event()
-        self._stop = False
         self._sent = {j: stage.current_version() for j, stage in self.stages.items()}
         self._follower = threading.Thread(target=self._follow, name="ferret-follower", daemon=True)
         self._follower.start()
@@ -109,7 +108,6 @@ class _Session:
             with contextlib.suppress(OSError, EOFError):
                 conn.send(None)
         stop_executors(self.processes.values(), self.conns.values(), JOIN_TIMEOUT_S)
-        self._stop = True
         self._stopping.set()
         self._updated.set()
         self._follower.join(JOIN_TIMEOUT_S)  # its last send is END_OF_SESSION, which the coordinator waits for
@@ -120,7 +118,7 @@ class _Session:
         try:
             while True:
                 self._updated.wait()
-                if self._stop:
+                if self._stopping.is_set():
                     break
                 self._updated.clear()
                 t0 = time.perf_counter()
