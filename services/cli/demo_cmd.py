@@ -121,6 +121,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live table")
     parser.add_argument(
+        "--no-plain-consumer",
+        action="store_true",
+        help="skip the live plain consumer that runs after Ferret on the same items and rate (the report then "
+        "compares Ferret with the replayed plain loop only)",
+    )
+    parser.add_argument(
         "--keep-stack",
         action="store_true",
         help="leave the broker, Redis and the trainer running at the end and print how to reach the topics, "
@@ -170,6 +176,7 @@ def options_from_args(args: argparse.Namespace, stamp: str | None = None) -> Dem
         bootstrap_servers=args.bootstrap_servers,
         redis_url=args.redis_url,
         live=not args.no_live,
+        plain_consumer=not args.no_plain_consumer,
         snapshot_interval_s=args.snapshot_interval,
         keep_stack=args.keep_stack,
         log_format=args.log_format,

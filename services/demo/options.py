@@ -62,6 +62,7 @@ class DemoOptions:
     bootstrap_servers: str | None = None  # None: start the embedded broker
     redis_url: str | None = None  # None: start the embedded Valkey
     live: bool = True
+    plain_consumer: bool = True  # after Ferret's run, the live plain consumer on the same items and rate
     partitions: int = DEFAULT_PARTITIONS
     snapshot_interval_s: float = DEFAULT_SNAPSHOT_INTERVAL_S
     keep_stack: bool = False  # leave the broker, Redis and the trainer running at the end (not on Ctrl-C)
@@ -189,6 +190,6 @@ def budget_step(min_feasible_bytes: int, planned_bytes: int, new_budget: int | N
         True,
         f"no budget changes the plan: the plan in force ({predicted} bytes) is already the smallest feasible one "
         f"for this model, stream rate and machine (one unsplit worker: it keeps up, docs/planner.md reading 10, "
-        f"or the machine has no core for a second, docs/service.md \"Executors\"); asking for "
+        f'or the machine has no core for a second, docs/service.md "Executors"); asking for '
         f"half the minimum, {max(1, minimum // 2)} bytes, to show the control plane's refusal",
     )

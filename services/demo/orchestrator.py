@@ -56,6 +56,7 @@ from services.demo.commands import (
 from services.demo.kept import KeptStack
 from services.demo.live_view import View, make_view
 from services.demo.options import BudgetStep, DemoOptions, budget_step
+from services.demo.plain_phase import PlainConsumerResult, run_plain_phase
 from services.demo.record import BudgetChange, BudgetRefusal, PlanView, RunRecord, StatusPoint
 from services.demo.report import PRODUCER_LOG, TRAINER_LOG, write_report
 from services.kafka.admin import TopicNames, ensure_topics
@@ -104,6 +105,7 @@ class DemoRun:
         self._status_failing_since: float | None = None
         self._wake = threading.Event()  # set by the budget-change worker when its call returns
         self.kept: KeptStack | None = None  # set when keep_stack left the stack running
+        self._endpoints: Endpoints | None = None
 
     # -- the run ---------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -119,6 +121,7 @@ class DemoRun:
             die_with_parent=not o.keep_stack,
         )
         outcome: Outcome | None = None
+        plain: PlainConsumerResult | None = None
         failed = True
         interrupted = False
         try:
@@ -128,6 +131,9 @@ class DemoRun:
                 self._set_phase("reading the topics back")
                 outcome = read_outcome(record.bootstrap_servers, o.topic_prefix)
                 self._read_stored_snapshots()
+                if o.plain_consumer and self._endpoints is not None:
+                    self._set_phase("the plain consumer on the same stream (after Ferret's run)")
+                    plain = self._run_plain_consumer(self._endpoints)
                 self._set_phase("done" if record.error is None else f"incomplete: {record.error}")
             failed = False
         except BaseException as exc:
@@ -154,7 +160,7 @@ class DemoRun:
                 baseline = demo_baseline(outcome.predictions, o.dataset, o.model, o.data_root)
             except Exception as exc:  # the baseline is context for the reader, never the run's failure
                 logging.getLogger(__name__).warning("the plain-loop baseline could not be replayed: %s", exc)
-        summary = write_report(self.out_dir, record, outcome, baseline)
+        summary = write_report(self.out_dir, record, outcome, baseline, plain)
         if record.error is not None:
             raise DemoError(record.error, self.out_dir / TRAINER_LOG)
         return summary
@@ -174,6 +180,7 @@ class DemoRun:
         ensure_topics(record.bootstrap_servers, o.topic_prefix, sample_partitions=o.partitions)
         endpoints = Endpoints(record.bootstrap_servers, record.redis_url, f"127.0.0.1:{free_port()}", free_port())
         record.control_target, record.metrics_port = endpoints.control_target, endpoints.metrics_port
+        self._endpoints = endpoints
 
         self._set_phase("starting the trainer")
         env = trainer_env(o, stack.snapshot_key)
@@ -258,6 +265,24 @@ class DemoRun:
                     )
         finally:
             pool.shutdown(wait=False, cancel_futures=True)  # an in-flight call ends when the channel closes
+
+    def _run_plain_consumer(self, endpoints: Endpoints) -> PlainConsumerResult:
+        """The live plain consumer on the same items and rate (:mod:`services.demo.plain_phase`); its
+        failure is recorded, not raised (the baseline is context, not the run)."""
+        try:
+            result = run_plain_phase(self.options, endpoints, self._spawn, self.out_dir)
+        except Exception as exc:
+            result = PlainConsumerResult(error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        if result.error is not None:
+            log.warning("the live plain consumer has no result: %s", result.error)
+        else:
+            log.info(
+                "live plain consumer: online accuracy %.2f %%, trained %d of %d",
+                result.accuracy or 0.0,
+                result.trained,
+                result.labelled,
+            )
+        return result
 
     # -- steps -----------------------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str], log_name: str, env: dict[str, str]) -> ChildProcess:

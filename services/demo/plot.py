@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 
 from services.demo.accuracy_curve import AccuracyCurve
 from services.demo.baseline import BaselineResult
+from services.demo.plain_phase import PlainConsumerResult
 from services.demo.record import RunRecord
 from services.units import format_bytes
 
@@ -25,9 +26,11 @@ def write_plot(
     record: RunRecord,
     origin_ms: int | None,
     baseline: BaselineResult | None = None,
+    plain: PlainConsumerResult | None = None,
 ) -> None:
-    """Draw ``curve`` (and the replayed plain loop's, ``baseline``) and the memory timeline; x = seconds
-    after the first prediction (``origin_ms``)."""
+    """Draw ``curve`` (and the replayed plain loop's, ``baseline``, and the live plain consumer's, ``plain``,
+    whose run came after Ferret's: its x is seconds after its own first prediction) and the memory timeline;
+    x = seconds after the first prediction (``origin_ms``)."""
     origin = origin_ms if origin_ms is not None else record.started_time_ms
     fig, (acc_ax, mem_ax) = plt.subplots(
         2, 1, figsize=(9, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]}, constrained_layout=True
@@ -50,6 +53,14 @@ def write_plot(
             lw=1.5,
             ls="--",
             label="plain loop, same items and arrival times (replayed)",
+        )
+    if plain is not None and plain.seconds:
+        acc_ax.plot(
+            plain.seconds,
+            plain.running,
+            color="tab:purple",
+            lw=1.5,
+            label="plain consumer, same items and rate (live, run after Ferret)",
         )
     acc_ax.set_ylabel("online accuracy (%)")
     acc_ax.set_ylim(0, 100)

@@ -23,6 +23,7 @@ from services.units import format_bytes
 
 if TYPE_CHECKING:
     from services.demo.baseline import BaselineResult
+    from services.demo.plain_phase import PlainConsumerResult
 
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
@@ -30,6 +31,7 @@ PLOT_FILE = "online_accuracy.png"
 TIMELINE_FILE = "timeline.json"
 TRAINER_LOG = "trainer.log"
 PRODUCER_LOG = "producer.log"
+PLAIN_LOG = "plain_consumer.log"  # services.demo.plain_phase's child
 
 
 @dataclass(frozen=True)
@@ -108,10 +110,15 @@ def prediction_stats(records: Sequence[PredictionRecord]) -> PredictionStats:
 
 
 def build_summary(
-    record: RunRecord, outcome: Outcome | None, files: dict[str, str], baseline: BaselineResult | None = None
+    record: RunRecord,
+    outcome: Outcome | None,
+    files: dict[str, str],
+    baseline: BaselineResult | None = None,
+    plain: PlainConsumerResult | None = None,
 ) -> dict[str, Any]:
     """The ``summary.json`` document (keys are stable; absent knowledge is ``null``). ``baseline``: the plain
-    loop replayed on the same items at their measured arrival times (:mod:`services.demo.baseline`)."""
+    loop replayed on the same items at their measured arrival times (:mod:`services.demo.baseline`);
+    ``plain``: the live plain consumer on the same items and rate (:mod:`services.demo.plain_phase`)."""
     stats = prediction_stats(outcome.predictions) if outcome is not None else PredictionStats()
     status = record.last_status
     before, after = record.plan_before, record.plan_after or record.plan_before
@@ -152,9 +159,7 @@ def build_summary(
         "budget_bytes": after.budget_bytes if after else None,
         "budget_changes": [c.to_dict(stats.first_time_ms) for c in record.budget_changes],
         "budget_step": record.budget_step,  # what the step asked for and why (a cut, or a refusal to show)
-        "budget_refusal": None
-        if record.budget_refusal is None
-        else record.budget_refusal.to_dict(stats.first_time_ms),
+        "budget_refusal": None if record.budget_refusal is None else record.budget_refusal.to_dict(stats.first_time_ms),
         "snapshots": {
             "requested": record.snapshot_requested,  # the demo's SaveSnapshot reply
             "in_redis": record.snapshots_stored,  # what Redis holds after the trainer's exit (pruned to `keep`)
@@ -187,6 +192,7 @@ def build_summary(
             "train_ms": baseline.train_ms,
             "how": "replayed on a virtual clock: the same items at their measured event times, measured compute",
         },
+        "plain_consumer": None if plain is None else plain.to_dict(),
         "files": files,
     }
 
@@ -228,6 +234,18 @@ def table_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
                 "plain loop, same items and arrival times (replayed)",
                 f"online accuracy {_num(plain['online_accuracy'], pct)}, trained {plain['trained']:,} of "
                 f"{plain['items']:,} (predict {plain['predict_ms']:.2f} ms, SGD step {plain['train_ms']:.2f} ms)",
+            )
+        )
+    live_plain = s.get("plain_consumer")
+    if live_plain is not None:
+        rows.append(
+            (
+                "plain consumer, same items and rate (live, after Ferret)",
+                f"no result: {live_plain['error']}"
+                if live_plain["error"] is not None
+                else f"online accuracy {_num(live_plain['online_accuracy'], pct)}, trained {live_plain['trained']:,} "
+                f"of {live_plain['labelled']:,}, latency p50 {_num(live_plain['latency_ms_p50'])} ms / p99 "
+                f"{_num(live_plain['latency_ms_p99'])} ms",
             )
         )
     rows += [
@@ -301,10 +319,15 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 
 def write_report(
-    out_dir: Path, record: RunRecord, outcome: Outcome | None, baseline: BaselineResult | None = None
+    out_dir: Path,
+    record: RunRecord,
+    outcome: Outcome | None,
+    baseline: BaselineResult | None = None,
+    plain: PlainConsumerResult | None = None,
 ) -> dict[str, Any]:
     """Write summary.json, report.md, timeline.json and (with predictions) the plot; return the summary.
-    ``baseline``: the plain loop replayed on the same items (drawn beside Ferret's curve)."""
+    ``baseline``: the plain loop replayed on the same items, ``plain``: the live plain consumer on them
+    (both drawn beside Ferret's curve)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {
         "summary": str(out_dir / SUMMARY_FILE),
@@ -318,9 +341,11 @@ def write_report(
 
         curve = accuracy_curve(outcome.predictions)
         origin = prediction_stats(outcome.predictions).first_time_ms
-        write_plot(out_dir / PLOT_FILE, curve, record, origin, baseline)
+        write_plot(out_dir / PLOT_FILE, curve, record, origin, baseline, plain)
         files["plot"] = str(out_dir / PLOT_FILE)
-    summary = build_summary(record, outcome, files, baseline)
+    if plain is not None:
+        files["plain_consumer_log"] = str(out_dir / PLAIN_LOG)
+    summary = build_summary(record, outcome, files, baseline, plain)
     (out_dir / SUMMARY_FILE).write_text(strict_json.dumps(summary, indent=2) + "\n")
     (out_dir / REPORT_FILE).write_text(render_markdown(summary))
     timeline = [point.__dict__ for point in record.timeline]

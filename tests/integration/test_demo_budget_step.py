@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_demo_at_a_slow_rate_shows_the_refusal_and_keeps_its_plan(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     argv = [*ferret_command(), "demo", "--items", "300", "--rate", "50", "--dataset", "digits", "--model", "mlp"]
-    argv.append("--no-live")
+    argv += ["--no-live", "--no-plain-consumer"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("FERRET_")}
     done = subprocess.run(
         [*argv, "--out", str(out)], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240
@@ -38,6 +38,7 @@ def test_demo_at_a_slow_rate_shows_the_refusal_and_keeps_its_plan(tmp_path: Path
     assert summary["plans"]["after"] == summary["plans"]["before"] and summary["budget_bytes"] is None
     assert "no budget changes the plan" in done.stderr  # the log says why, as the report does
     assert "budget step (no smaller plan exists)" in (out / "report.md").read_text()
+    assert summary["plain_consumer"] is None  # --no-plain-consumer
     # measured bytes are never 0 once the trainer serves (a re-plan on the measured rate included), and
     # stay within the plan in force
     timeline = json.loads((out / "timeline.json").read_text())

@@ -63,6 +63,12 @@ def test_demo_streams_changes_the_budget_and_reports(tmp_path: Path) -> None:
     assert (out / "online_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| predictions on topic (read back, distinct) | 300 |" in (out / "report.md").read_text()
     assert "predictions on topic" in done.stdout  # the table printed at the end
+    # the live plain consumer ran after Ferret on the same 300 items at the same rate, on topics of its own
+    plain = summary["plain_consumer"]
+    assert plain["error"] is None, plain
+    assert plain["items"] == 300 and plain["labelled"] == 300 and 0 < plain["trained"] <= 300
+    assert 0.0 <= plain["online_accuracy"] <= 100.0 and plain["latency_ms_p99"] >= plain["latency_ms_p50"]
+    assert "plain consumer, same items and rate (live, after Ferret)" in (out / "report.md").read_text()
     _assert_all_gone(out)
     assert seconds < 120, f"the 300-item demo took {seconds:.0f} s"
 
