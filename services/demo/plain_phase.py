@@ -28,10 +28,10 @@ from typing import Any
 from ferret_core.metrics import LatencyQuantiles
 from services.demo.commands import Endpoints, producer_command, producer_env
 from services.demo.options import DemoOptions
-from services.demo.report import PLAIN_LOG
 from services.kafka.admin import ensure_topics
 from services.localstack.process import ChildProcess, LocalStackError
 
+PLAIN_LOG = "plain_consumer.log"
 PLAIN_PRODUCER_LOG = "plain_producer.log"
 READY_TIMEOUT_S = 120.0
 SLACK_S = 120.0  # beyond the stream's own length: the consumer's start, the broker, a slow machine

@@ -18,12 +18,12 @@ from ferret_core.metrics import LatencyQuantiles
 from services import strict_json
 from services.demo.accuracy_curve import accuracy_curve
 from services.demo.collect import Outcome, PredictionRecord, distinct_in_time_order
+from services.demo.plain_phase import PLAIN_LOG, PlainConsumerResult
 from services.demo.record import RunRecord
 from services.units import format_bytes
 
 if TYPE_CHECKING:
     from services.demo.baseline import BaselineResult
-    from services.demo.plain_phase import PlainConsumerResult
 
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
@@ -31,7 +31,6 @@ PLOT_FILE = "online_accuracy.png"
 TIMELINE_FILE = "timeline.json"
 TRAINER_LOG = "trainer.log"
 PRODUCER_LOG = "producer.log"
-PLAIN_LOG = "plain_consumer.log"  # services.demo.plain_phase's child
 
 
 @dataclass(frozen=True)
