@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from ferret_core.engine import METHOD_NAMES, METHODS
+from ferret_core.errors import ConfigError
 from services.cli.args import budget_type, positive_int
 from services.cli.logs import add_logging_arguments, configure_logging
 from services.config import load_settings
@@ -115,6 +116,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
     settings = load_settings(args.config)  # a bad setting fails here, before any child starts
+    if settings.trainer.hosts == "torchrun":
+        if args.supervise:
+            raise ConfigError(
+                "--supervise with trainer.hosts: torchrun: a restarted trainer cannot rejoin its job; let torchrun "
+                "restart the whole job instead (torchrun --max-restarts N), or set trainer.hosts: off"
+            )
+        from services.hosts.job import join, serve  # torch.distributed: only under torchrun
+
+        if join() != 0:  # rank 0 is the trainer; every other rank serves its stages until it ends the job
+            return serve()
     if args.supervise:
         return supervise([a for a in args.argv if a != "--supervise"])
     restarts = int(os.environ.get(RESTARTS_ENV, "0") or 0)

@@ -63,6 +63,10 @@ ProbationRule = Literal["suspect", "always"]
 # executor pays (CPU, >= 2 cores, >= 1 ms per item by the profile, a method that runs there), else threads
 # (services/trainer/executors.py, docs/service.md "Executors").
 ExecutorKindSetting = Literal["auto", "threads", "processes"]
+# Several hosts: "torchrun", every host runs `ferret run` under torchrun (c10d rendezvous); rank 0 is the trainer,
+# the other ranks own its stages and their executor processes (services/hosts/placement.py, docs/service.md
+# "Several hosts"); "off": this host trains alone.
+HostsSetting = Literal["off", "torchrun"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
 
 # librdkafka properties that have a named setting (or that Ferret's semantics fix): not in kafka.properties.
@@ -380,6 +384,7 @@ class TrainerSettings(Section):
     executors: ExecutorKindSetting = "auto"
     max_workers: int | None = field(default=None, metadata=meta(check=between(1, None, "an integer")))
     max_stages: int | None = field(default=None, metadata=meta(check=between(1, None, "an integer")))
+    hosts: HostsSetting = "off"
     profile: Path | None = field(default=None, metadata=meta(check=check_file))
     label_window: int = field(default=10_000, metadata=meta(check=between(0, None, "a number of items")))
     # The input contract's finite range (after uint8 → [0, 1]); values outside are rejected (out_of_range)
@@ -405,6 +410,13 @@ class TrainerSettings(Section):
                 "executors",
                 f"'auto' or 'threads' with trainer.device {self.device!r} (process executors run CPU stages only)",
                 "set trainer.executors: auto (or threads), or trainer.device: cpu",
+            )
+        if self.hosts != "off" and (self.executors == "threads" or self.device != "cpu"):
+            raise self._fail(
+                "hosts",
+                f"'off' with trainer.executors {self.executors!r} and trainer.device {self.device!r} (the stages of "
+                "other hosts run on CPU executor processes)",
+                "set trainer.executors: auto (or processes) and trainer.device: cpu, or trainer.hosts: off",
             )
         if self.training_thread == "loop" and self.device != "cpu":
             raise self._fail(

@@ -17,6 +17,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from ferret_core.engine.processes.host_agent import serve_host
+from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.errors import ConfigError, ExecutorLost
 
 log = logging.getLogger("ferret.hosts")
@@ -41,6 +42,22 @@ def join() -> int:
 def coordinator_address() -> str:
     """Where the other hosts reach rank 0 (its executors' TCP store listens there): torchrun's MASTER_ADDR."""
     return os.environ["MASTER_ADDR"]
+
+
+def trainer_hosts() -> Hosts:
+    """On the job's rank 0 (the trainer, ``trainer.hosts: torchrun``): the other hosts, which serve its clocks."""
+    rank = join()
+    if rank != 0:
+        raise ConfigError(f"the trainer runs on rank 0 of the job, this is rank {rank}: call serve() here")
+    hosts = Hosts(coordinator_address())
+    log.info("trainer on rank 0 of a job of %d host(s); the stages go to the others", hosts.world_size)
+    return hosts
+
+
+def end_job(hosts: Hosts) -> None:
+    """The trainer is done: end the other hosts' agents (they exit 0) and leave the job's group."""
+    hosts.shutdown()
+    dist.destroy_process_group()
 
 
 def serve() -> int:

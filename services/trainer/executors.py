@@ -26,6 +26,12 @@ with the broker beside them, the demo's two workers trained 1,456 of 6,000 items
 Stages as processes exchange each item's activation and gradient through gloo, and on 2 cores they
 trained less than worker processes on every model measured (MNISTNet 0.64×, ConvNet 0.67×, ResNet-18
 1.51× against 1.67× for two workers). On threads the caps are as before (:func:`thread_caps`).
+
+**Several hosts** (``trainer.hosts: torchrun``, docs/service.md "Several hosts"): always processes; the
+stages live on the other hosts (:mod:`services.hosts.placement`), which run no record path, so the caps
+are N ≤ cores and P ≤ the serving hosts (one stage per host; ``trainer.max_workers`` / ``max_stages``
+override). The other hosts' cores are taken to be this host's (the job's hosts are alike, as a
+Deployment's pods are); set ``trainer.max_workers`` where they are not.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.engine.processes.settings import ProcessSettings, check_supported
 from ferret_core.errors import ConfigError, NotImplementedFeatureError
 from ferret_core.plan import Plan
@@ -42,6 +49,7 @@ from ferret_core.planning.profiler import resolve_device
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
 from services.config import Settings
+from services.hosts.placement import serving_hosts
 from services.trainer.engine_learner import EngineLearner
 from services.trainer.guard.learner import GuardedLearner
 from services.trainer.learner import Learner
@@ -62,12 +70,15 @@ class ExecutorChoice:
     kind: ExecutorKind
     reason: str
     configured: bool = False  # ``trainer.executors`` named it (a refusal is then an error, not a fallback)
+    hosts: int = 1  # the job's hosts (``trainer.hosts: torchrun``): the trainer's and those serving its stages
 
 
-def choose_executors(settings: Settings, profile: ModelProfile) -> ExecutorChoice:
+def choose_executors(settings: Settings, profile: ModelProfile, *, hosts: int = 1) -> ExecutorChoice:
     """``trainer.executors`` resolved by the rule of the module docstring (the method's support is checked
-    on the plan: :func:`process_refusal`)."""
+    on the plan: :func:`process_refusal`); ``hosts``: the job's size under ``trainer.hosts: torchrun``."""
     t = settings.trainer
+    if t.hosts != "off":
+        return ExecutorChoice("processes", f"trainer.hosts: {t.hosts}, {hosts} host(s)", configured=True, hosts=hosts)
     if t.executors != "auto":
         return ExecutorChoice(t.executors, f"trainer.executors: {t.executors}", configured=True)
     device = resolve_device(t.device)
@@ -92,6 +103,9 @@ def executor_caps(settings: Settings, choice: ExecutorChoice) -> tuple[int, int 
     """(max workers N, max stages P) of the live planner for ``choice`` (module docstring)."""
     t = settings.trainer
     cpus = max(1, os.cpu_count() or 1)
+    if choice.kind == "processes" and choice.hosts > 1:  # the stages on the other hosts: no record path there
+        workers = t.max_workers if t.max_workers is not None else cpus
+        return workers, (t.max_stages if t.max_stages is not None else serving_hosts(choice.hosts))
     if choice.kind == "processes":
         workers = t.max_workers if t.max_workers is not None else max(1, cpus - 1)
         return workers, (t.max_stages if t.max_stages is not None else 1)
@@ -138,13 +152,21 @@ def refused(choice: ExecutorChoice, refusal: str) -> ExecutorChoice:
 
 
 def make_learner(
-    choice: ExecutorChoice, model: ZooModel, plan: Plan, settings: Settings, profile: ModelProfile | None
+    choice: ExecutorChoice,
+    model: ZooModel,
+    plan: Plan,
+    settings: Settings,
+    profile: ModelProfile | None,
+    hosts: Hosts | None = None,
 ) -> Learner:
-    """The learner for ``choice``, guarded (:mod:`services.trainer.guard`) unless ``guard.enabled`` is off."""
+    """The learner for ``choice``, guarded (:mod:`services.trainer.guard`) unless ``guard.enabled`` is off;
+    ``hosts``: the job's other hosts, which own the stages (``trainer.hosts: torchrun``)."""
     log.info("training on executor %s: %s", choice.kind, choice.reason)
     inner: Learner
+    if hosts is not None and choice.kind != "processes":
+        raise ConfigError(f"several hosts train on executor processes only, got executors {choice.kind!r}")
     if choice.kind == "processes":
-        inner = ProcessLearner(model, plan, settings, profile)
+        inner = ProcessLearner(model, plan, settings, profile, hosts=hosts)
     else:
         inner = EngineLearner(model, plan, settings, profile)
     return GuardedLearner(inner, model, settings.guard) if settings.guard.enabled else inner

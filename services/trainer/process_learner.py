@@ -43,12 +43,14 @@ from ferret_core.engine import SkipReason
 from ferret_core.engine.admission import AdmissionSettings
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
+from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.engine.wall_clock import Arrival
 from ferret_core.errors import ConfigError, ExecutorLost, ScheduleError
 from ferret_core.plan import Plan
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
 from services.config import Settings
+from services.hosts.placement import stage_owners
 from services.trainer.learner import ArrivalOutcome, LearnerFailed, LearnerStats
 from services.trainer.lineage import Lineage
 from services.trainer.live_methods import live_setup, not_planned, plans_for_budget
@@ -100,9 +102,18 @@ def queue_depth(admission: AdmissionSettings, service_s: float | None = None, de
 class ProcessLearner:
     """Implements :class:`services.trainer.learner.Learner` over a :class:`ProcessClock`."""
 
-    def __init__(self, model: ZooModel, plan: Plan, settings: Settings, profile: ModelProfile | None = None) -> None:
+    def __init__(
+        self,
+        model: ZooModel,
+        plan: Plan,
+        settings: Settings,
+        profile: ModelProfile | None = None,
+        *,
+        hosts: Hosts | None = None,
+    ) -> None:
         t = settings.trainer
         self.model = model
+        self.hosts = hosts  # several hosts: every clock places its stages there (services.hosts.placement)
         self.profile = profile
         self.method = t.method
         self.plans_for_budget = plans_for_budget(self.method)
@@ -159,7 +170,15 @@ class ProcessLearner:
         setup = self._setup(plan)
         settings = dataclasses.replace(self.process_settings, queue_slots=self._queue_slots)
         self._policy = setup
-        return ProcessClock(self.model.units, setup, settings).start()
+        if self.hosts is not None:
+            self.hosts.place(stage_owners(plan.num_stages, self.hosts.world_size))
+            log.info(
+                "%d stage(s) owned by ranks %s of %d hosts",
+                plan.num_stages,
+                list(self.hosts.owners),
+                self.hosts.world_size,
+            )
+        return ProcessClock(self.model.units, setup, settings, hosts=self.hosts).start()
 
     @property
     def plan(self) -> Plan:

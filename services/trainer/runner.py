@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ferret_core.data import dataset_spec
+from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
 from ferret_core.planning.admission_queue import AdmissionQueue
@@ -32,6 +33,7 @@ from services.control.health import ControlHealth
 from services.control.server import ControlServer, create_server
 from services.control.trainer_port import SnapshotInfo
 from services.failpoints import configure as configure_failpoints
+from services.hosts.job import end_job, trainer_hosts
 from services.kafka.admin import ensure_topics
 from services.kafka.record_codec import SampleDecoder
 from services.models import build_model_for
@@ -100,6 +102,7 @@ class TrainerProcess:
     metrics_port: int | None
     drift: DriftReplanner | None = None
     models: ModelPublisher | None = None  # the model stream's publisher (None: trainer.models_interval_s 0)
+    hosts: Hosts | None = None  # the job's other hosts (trainer.hosts: torchrun), ended with the trainer
 
 
 def model_card(settings: Settings) -> ModelCard:
@@ -290,12 +293,13 @@ def start_timing(settings: Settings, model: ZooModel, profile: ModelProfile) -> 
 
 
 def plan_executors(
-    settings: Settings, model: ZooModel, profile: ModelProfile, *, timing: StartTiming = None
+    settings: Settings, model: ZooModel, profile: ModelProfile, *, timing: StartTiming = None, hosts: int = 1
 ) -> tuple[ExecutorChoice, SwitchablePlanner, Plan]:
     """The executors, the planner capped for them and the start-up plan. Where the method or compensator
     does not run on process executors, ``auto`` falls back to threads (re-planned with their caps) and a
-    configured ``processes`` is a :class:`ConfigError`."""
-    choice = choose_executors(settings, profile)
+    configured ``processes`` (or several hosts) is a :class:`ConfigError`. ``hosts``: the job's size under
+    ``trainer.hosts: torchrun``."""
+    choice = choose_executors(settings, profile, hosts=hosts)
     planner = SwitchablePlanner(make_planner(settings, profile, choice, timing=timing))
     planner.current.warm()  # before any gRPC thread can reach the planner
     plan = planner.plan(settings.trainer.budget_bytes)
@@ -325,9 +329,13 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     # 1. the model, its profile, the planner and the start-up plan
     model = build_zoo_model(settings)
     profile = load_profile(settings, model)
-    choice, planner, plan = plan_executors(settings, model, profile, timing=start_timing(settings, model, profile))
+    # several hosts: join the torchrun job as its rank 0 (the others serve the stages: services/hosts)
+    hosts = trainer_hosts() if t.hosts == "torchrun" else None
+    world = 1 if hosts is None else hosts.world_size
+    timing = start_timing(settings, model, profile)
+    choice, planner, plan = plan_executors(settings, model, profile, timing=timing, hosts=world)
     # 2. the learner, the topics, the snapshot store
-    learner = make_learner(choice, model, plan, settings, profile)
+    learner = make_learner(choice, model, plan, settings, profile, hosts)
     kafka = settings.kafka
     ensure_topics(kafka.bootstrap_servers, kafka.topic_prefix, sample_partitions=kafka.sample_partitions)
     r = settings.redis
@@ -392,7 +400,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     log.info(
         "trainer %s: control plane on %s, metrics on %s", kafka.resolved_instance_id(), control.target, metrics_port
     )
-    return TrainerProcess(parts, control, planner, metrics_port, drift, models)
+    return TrainerProcess(parts, control, planner, metrics_port, drift, models, hosts)
 
 
 def run_trainer(settings: Settings, *, on_ready: Callable[[TrainerProcess], None] | None = None) -> int:
@@ -411,4 +419,6 @@ def run_trainer(settings: Settings, *, on_ready: Callable[[TrainerProcess], None
         if process.models is not None:
             process.models.close(timeout_s=0.5)  # a frozen Redis must not hold the exit
         process.control.stop(grace_s=5)
+        if process.hosts is not None:
+            end_job(process.hosts)  # after the stream's drain closed the learner's last clock
     return 0

@@ -1,0 +1,111 @@
+"""``ferret run`` over two "hosts": two ``torchrun`` launchers on loopback run the same command with
+``trainer.hosts: torchrun``, as two machines would; rank 0 is the trainer (consume, predict, publish,
+commit, control plane) and rank 1 owns the stages and their executor processes (services/hosts). A real
+broker and Redis (the session's fixtures)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services.control.client import ControlClient
+from services.hosts.loopback import free_port, torchrun_argv
+from services.kafka.admin import TopicNames
+
+from .test_trainer_process import executor_processes, trainer_env, wait_status  # noqa: F401  (a fixture)
+from .trainer_support import produce_digits, read_predictions, wait_serving
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rank_of(pid: int) -> int | None:
+    """The torchrun RANK a launcher's worker process was started with (None: not a worker)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for entry in environ:
+        if entry.startswith(b"RANK="):
+            return int(entry[5:])
+    return None
+
+
+def workers(launchers: list[subprocess.Popen[bytes]], timeout: float = 60.0) -> dict[int, int]:
+    """rank → pid of each launcher's worker process."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found: dict[int, int] = {}
+        for launcher in launchers:
+            for task in Path(f"/proc/{launcher.pid}/task").glob("*"):
+                for child in (task / "children").read_text().split():
+                    rank = rank_of(int(child))
+                    if rank is not None:
+                        found[rank] = int(child)
+        if len(found) == len(launchers):
+            return found
+        assert time.monotonic() < deadline, f"workers not started: {found}"
+        time.sleep(0.2)
+
+
+def test_the_trainer_trains_on_the_other_hosts_executors(trainer_env: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    """The stage lives on rank 1: its executor processes run there, none under the trainer; every item gets
+    exactly one prediction and items are trained; SIGTERM to the trainer drains, snapshots and ends the job:
+    both launchers exit 0."""
+    bootstrap, prefix = trainer_env["FERRET_KAFKA_BOOTSTRAP_SERVERS"], trainer_env["FERRET_KAFKA_TOPIC_PREFIX"]
+    topics = TopicNames(prefix)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**trainer_env, "FERRET_TRAINER_HOSTS": "torchrun", "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    argv = [*torchrun_argv(2, free_port(), f"trainer-{prefix}"), "-m", "services.cli.main", "run"]
+    logs = [tmp_path / f"launcher{n}.log" for n in range(2)]
+    handles = [log.open("wb") for log in logs]
+    launchers = [
+        subprocess.Popen(argv, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT) for handle in handles
+    ]
+
+    def both_logs() -> str:
+        return "\n---\n".join(log.read_text(errors="replace")[-4000:] for log in logs)
+
+    try:
+        ranks = workers(launchers)
+        wait_serving(launchers[0], env["FERRET_CONTROL_LISTEN"], logs[0], timeout=120.0)
+        with ControlClient(env["FERRET_CONTROL_LISTEN"]) as client:
+            ids = produce_digits(bootstrap, topics.samples, 120)
+            wait_status(client, "predictions_published", 120)
+            status = client.get_status()
+            assert status.items_dispatched > 0 and status.backward_passes > 0, both_logs()  # trained there
+            # the executors are processes under rank 1's agent; the trainer's host runs none
+            assert executor_processes(ranks[1]), both_logs()
+            assert not executor_processes(ranks[0]), both_logs()
+        os.kill(ranks[0], signal.SIGTERM)  # the trainer: drain, snapshot, commit, end the job
+        codes = [launcher.wait(90) for launcher in launchers]
+        assert codes == [0, 0], f"launchers exited {codes}\n{both_logs()}"
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait(10)
+        for handle in handles:
+            handle.close()
+    predictions = read_predictions(bootstrap, topics.predictions, 120)
+    assert sorted(p.sample_id for p in predictions) == sorted(ids)  # exactly one each
+    assert not any(p.duplicate for p in predictions)
+    assert "stage(s) owned by ranks [1] of 2 hosts" in both_logs()
+
+
+def test_supervise_is_refused_with_hosts(trainer_env: dict[str, str]) -> None:  # noqa: F811
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli.main", "run", "--supervise"],
+        env={**trainer_env, "FERRET_TRAINER_HOSTS": "torchrun"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and "torchrun --max-restarts" in done.stderr, done.stderr[-2000:]
