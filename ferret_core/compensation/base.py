@@ -108,6 +108,10 @@ class StageCompensator(ABC):
     # Whether the deltas it needs are kept in a DeltaRing and nothing else (then :meth:`share_ring` can
     # hand it a ring other processes push to: executor processes)
     keeps_ring: ClassVar[bool] = False
+    # Whether what it keeps of the master's updates is a running average of every update in fixed-size
+    # state (Gap-Aware's C and its count n): then :meth:`share_average` can hand it storage that other
+    # processes fold into (executor processes)
+    keeps_average: ClassVar[bool] = False
 
     def __init__(self, params: Sequence[Tensor], settings: CompensatorSettings) -> None:
         if not isinstance(settings, CompensatorSettings):
@@ -177,6 +181,16 @@ class StageCompensator(ABC):
                 f"compensator {self.name!r} keeps its own record of the master's updates, not a delta ring, so it "
                 "cannot walk a shared ring; run it on the thread executors (or use iter-fisher)"
             )
+
+    def share_average(self, average: Sequence[Tensor], count: Tensor) -> None:
+        """Before the first update: keep the running average of the master's updates in ``average`` (one
+        tensor per parameter, shaped as the stage's) and the updates folded into it in ``count`` (an int64
+        tensor of one element), storage another owner allocated (the executor processes' shared average of
+        the stage, :mod:`ferret_core.engine.processes.average`), instead of its own. Only compensators that
+        keep such an average (``keeps_average``) take one."""
+        raise ConfigError(
+            f"compensator {self.name!r} keeps no running average of the master's updates, so it cannot share one"
+        )
 
     def fit_ring(self, capacity: int, limit: int) -> None:
         """Before the first update: keep ``capacity`` deltas (the staleness the schedule reaches), growing

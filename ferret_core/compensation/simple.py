@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -72,7 +73,15 @@ class GapAwareCompensator(StageCompensator):
     Step-Aware's penalty; parameters that barely moved are not over-penalised — the paper's argument).
     α is ``settings.alpha``. Before any update has been observed there is no step scale, and the
     gradient is returned unchanged. State: one tensor C per parameter, only where the stage's staleness
-    bound (``ring_capacity``) is > 0.
+    bound (``ring_capacity``) is > 0, and the count n.
+
+    C and n are the fold of *every* master update of the stage, whoever made it. The thread engine keeps
+    one compensator per stage, so its own C sees them all; executor processes keep one compensator per
+    executor, so C and n live in the stage's shared memory (:meth:`share_average`,
+    :mod:`ferret_core.engine.processes.average`): the executor that updates the master folds θ_new − θ_old
+    into them with :meth:`observe_update`, every executor of the stage reads them when it compensates,
+    both under the stage's update lock. The same code folds and reads either storage, so both give the
+    same C, Ĉ and g_out for the same sequence of updates.
     """
 
     name = "gap-aware"
@@ -85,15 +94,47 @@ class GapAwareCompensator(StageCompensator):
         self._avg_step = (
             [torch.zeros_like(p.detach(), memory_format=torch.preserve_format) for p in params] if self.active else []
         )
-        self._updates = 0
+        # n, the updates folded into C: one int64 on the host (a read is no device sync), a view of shared
+        # memory once :meth:`share_average` is called
+        self._count: np.ndarray[Any, np.dtype[np.int64]] = np.zeros(1, dtype=np.int64)
 
     needs_deltas = True
+    keeps_average = True
+
+    @property
+    def _updates(self) -> int:
+        return int(self._count[0])
+
+    def share_average(self, average: Sequence[Tensor], count: Tensor) -> None:
+        """Before the first update: keep C in ``average`` and n in ``count`` (storage another owner
+        allocated and other processes fold into: the stage's shared average on executor processes) instead
+        of this compensator's own. Fold and read it under one lock (the stage's update lock)."""
+        if not self.active:
+            raise ConfigError(
+                f"{self.name}: this stage is never stale (ring_capacity 0) and keeps no C; share no average with it"
+            )
+        if self._updates:
+            raise ConfigError(f"{self.name}: share an average before the first update, this one folded {self._updates}")
+        mine = [(tuple(t.shape), t.dtype) for t in self._avg_step]
+        given = [(tuple(t.shape), t.dtype) for t in average]
+        if given != mine:
+            raise ConfigError(
+                f"{self.name}: a shared average must be shaped as the stage's parameters {mine}, got {given}"
+            )
+        if count.dtype != torch.int64 or tuple(count.shape) != (1,):
+            raise ConfigError(
+                f"{self.name}: a shared update count is an int64 tensor of shape (1,), got {count.dtype} "
+                f"{tuple(count.shape)}"
+            )
+        self._avg_step = list(average)
+        self._count = count.numpy()
+        self.state_generation += 1
 
     def _observe(self, delta: Sequence[Tensor]) -> None:
         if not self.active:
             return
         torch._foreach_lerp_(self._avg_step, torch._foreach_abs(list(delta)), 1.0 - self.settings.alpha)
-        self._updates += 1
+        self._count[0] += 1
 
     def _compensate(
         self,
@@ -126,7 +167,7 @@ class GapAwareCompensator(StageCompensator):
         if not self.active or state["avg_step"] is None:  # C not kept on one side: it restarts
             for t in self._avg_step:
                 t.zero_()
-            self._updates = 0
+            self._count[0] = 0
             return
         avg_step = list(state["avg_step"])
         if [tuple(t.shape) for t in avg_step] != [tuple(t.shape) for t in self._avg_step]:
@@ -136,4 +177,4 @@ class GapAwareCompensator(StageCompensator):
             )
         for dst, src in zip(self._avg_step, avg_step, strict=True):
             dst.copy_(src)
-        self._updates = int(state["updates"])
+        self._count[0] = int(state["updates"])
