@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from ferret_core.compensation import COMPENSATOR_NAMES
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
 from ferret_core.errors import ExecutorLost, ScheduleError
@@ -191,12 +192,11 @@ def test_two_workers_over_two_stage_processes_pipeline_and_validate() -> None:
         assert [sum(stage.readers()) for stage in clock.stages] == [2, 2]  # only the replicas are pinned
 
 
-def test_compensators_that_fold_every_update_into_their_own_state_are_refused() -> None:
+@pytest.mark.parametrize("compensator", COMPENSATOR_NAMES)
+def test_every_compensator_is_accepted_including_those_that_fold_every_update(compensator: str) -> None:
     plan = make_plan(1, 2, num_units=3)
-    with pytest.raises(NotImplementedError, match="iter-fisher-lean"):
-        ProcessClock(tiny_units(), setup_for(plan), ProcessSettings(compensator="gap-aware"))
-    ProcessClock(tiny_units(), setup_for(plan), ProcessSettings(compensator="iter-fisher-lean"))  # accepted
-    ProcessClock(tiny_units(), setup_for(plan), ProcessSettings(compensator="iter-fisher"))  # its ring is shared
+    # gap-aware's C and iter-fisher's ring are shared per stage (.average, .deltas); the others need no deltas
+    ProcessClock(tiny_units(), setup_for(plan), ProcessSettings(compensator=compensator))
 
 
 def test_removed_workers_get_no_process_and_their_items_are_skipped() -> None:
@@ -206,7 +206,6 @@ def test_removed_workers_get_no_process_and_their_items_are_skipped() -> None:
         arrivals = [clock.submit(item.x, item.y) for item in stream(10)]
         clock.drain(timeout=30)
     assert all(a.skipped is not None and a.skipped.value == "worker_removed" for a in arrivals if a.index % 2 == 1)
-
 
 
 def test_closing_is_not_an_executor_failure() -> None:

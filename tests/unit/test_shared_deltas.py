@@ -169,10 +169,12 @@ def test_compensators_without_deltas_get_no_shared_ring(name: str) -> None:
     assert not shares_deltas(ProcessSettings(compensator=name))
 
 
-def test_gap_aware_is_still_refused_with_what_to_run_instead() -> None:
-    refused = r"'gap-aware' folds every master update.*iter-fisher, iter-fisher-cf"
-    with pytest.raises(NotImplementedError, match=refused):
-        check_supported(_setup(), ProcessSettings(compensator="gap-aware"))
+def test_gap_aware_runs_on_a_shared_average_not_a_ring() -> None:
+    check_supported(_setup(), ProcessSettings(compensator="gap-aware"))  # its C is shared (test_shared_average.py)
+    assert not shares_deltas(ProcessSettings(compensator="gap-aware"))
+
+
+def test_a_negative_count_of_recorded_compensations_is_refused() -> None:
     with pytest.raises(ConfigError, match="record_compensations must be >= 0"):
         check_supported(_setup(), ProcessSettings(record_compensations=-1))
 

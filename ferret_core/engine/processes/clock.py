@@ -17,6 +17,9 @@ interpreter's 1–2 s), and the caller's process is the **coordinator**:
 * where the compensator walks the master's deltas (Alg. 1: ``iter-fisher``, ``iter-fisher-cf``), each
   stage that can be stale has one delta ring in shared memory (:mod:`.deltas`), sized to the stage's
   staleness bound: the updater pushes θ_new − θ_old, every executor of the stage compensates from it;
+  where it folds them into a running average (``gap-aware``'s average step C and its count n), each such
+  stage has one C and n in shared memory (:mod:`.average`): the updater folds θ_new − θ_old into them,
+  every executor of the stage divides its stale gradients by the gap they give;
 * with several stages, a worker's stage executors are ranks of one gloo process group (rendezvous through
   a file store on one host) and pass activations forward and their gradients backward point to point,
   tagged by item; the coordinator only says which action runs next;
@@ -25,23 +28,27 @@ interpreter's 1–2 s), and the caller's process is the **coordinator**:
   a TCP store, and predictions read a follower copy of every remote stage's master.
 
 **What runs here today.** Any plan's N workers × P stages on one host's CPUs or over several hosts' CPUs,
-T1–T4 included, with every compensator but ``gap-aware``. Refused with
+T1–T4 included, with every registered compensator. Refused with
 :class:`~ferret_core.errors.NotImplementedFeatureError` (run them on the wall clock): buffering methods,
-flushing schedules, instant methods, and compensators that fold every master update into state of their own
-(``gap-aware``'s average step); the engine has no OCL algorithm or SGD momentum option here (vanilla, plain
-SGD). Each executor keeps its own compensator state (the thread engine shares one per stage): a stateful
-compensator (Fisher's moments, Iter-Fisher's λ, v_r, v_a) learns from its worker's gradients only; only
-Alg. 1's deltas are shared. The delta rings hold the plan's bound, which this clock does not enforce: a
+flushing schedules and instant methods (and a compensator that would fold every master update into state
+of its own that is neither a delta ring nor a running average: none of the registered ones); the engine has
+no OCL algorithm or SGD momentum option here (vanilla, plain SGD). Each executor keeps its own compensator
+state (the thread engine shares one per stage): a stateful compensator (Fisher's moments, Iter-Fisher's λ,
+v_r, v_a, DC-ASGD-a's mean square) learns from its worker's gradients only; what is folded from the
+master's updates is shared, Alg. 1's deltas and Gap-Aware's C and n, so Gap-Aware compensates exactly as
+the thread engine's one compensator per stage on the same sequence of updates (C restarts with a new
+clock, :mod:`.average`). The delta rings hold the plan's bound, which this clock does not enforce: a
 staler gradient is compensated with the most recent deltas and counted as truncated
 (:meth:`ProcessClock.compensations`). A script that starts process executors needs the ``if __name__ ==
 "__main__":`` guard (the forkserver imports the main module by path, as torch's DataLoader workers do).
 
-**Memory.** The shared version slots and delta rings are counted once (:meth:`ProcessClock.shared_bytes`);
-each executor measures the tensors it holds in its own process after every action (its items' inputs,
-outputs and saved tensors, sends, gradient buffer, compensator state: :mod:`.executor`) and reports its
-peak with every answer. :meth:`ProcessClock.measured_bytes` is the shared bytes plus the executors'
-peaks: an upper bound of what the plan's tensors occupy at once, which the byte model's
-``MemorySettings(executors="processes")`` bounds in turn (``tests/integration/test_process_memory.py``).
+**Memory.** The shared version slots, delta rings and average steps are counted once
+(:meth:`ProcessClock.shared_bytes`); each executor measures the tensors it holds in its own process after
+every action (its items' inputs, outputs and saved tensors, sends, gradient buffer, compensator state:
+:mod:`.executor`) and reports its peak with every answer. :meth:`ProcessClock.measured_bytes` is the
+shared bytes plus the executors' peaks: an upper bound of what the plan's tensors occupy at once, which
+the byte model's ``MemorySettings(executors="processes")`` bounds in turn
+(``tests/integration/test_process_memory.py``).
 
 **Failures.** The first exception in an executor (sent with its traceback) or an executor process that
 dies (a signal, the OOM killer) stops every executor within the router's next wake-up and is raised in
@@ -74,6 +81,7 @@ import torch.multiprocessing as tmp
 from torch import Tensor, nn
 
 from ferret_core.engine.policies import PolicySetup
+from ferret_core.engine.processes.average import SharedStepAverage
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.dispatch import Dispatch, Executor
 from ferret_core.engine.processes.executor import PRELOAD, START_METHOD, ExecutorSpec, start_executor
@@ -87,6 +95,7 @@ from ferret_core.engine.processes.settings import (
     ProcessSettings,
     ProcessUsage,
     check_supported,
+    shares_average,
     shares_deltas,
 )
 from ferret_core.engine.processes.slots import SharedStageVersions, slots_needed, stage_versions
@@ -133,13 +142,17 @@ class ProcessClock:
         self._counter = itertools.count()
         self._started = False
         self._shares_deltas = shares_deltas(s)
+        self._shares_average = shares_average(s)
         self.deltas: list[SharedDeltas | None] = []  # per stage: its shared delta ring (Alg. 1), if any
+        self.averages: list[SharedStepAverage | None] = []  # per stage: its shared average step (Gap-Aware), if any
         self._live = [w.index for w in plan.workers if w.live]
         self._executors = [(n, j) for n in self._live for j in range(plan.num_stages)]  # rank order
         self.stages: list[SharedStageVersions] = []
         self._store: str | None = None  # the executors' gloo rendezvous file (several stages, one host)
         self._store_address: tuple[str, int, str] | None = None  # the TCP store's (several hosts)
-        self._ring_sizes: list[int] = []  # per stage, its delta ring's capacity (0: none), as first allocated
+        # per stage, where the compensator shares what it keeps of the master's updates (a delta ring of this
+        # many deltas, or an average step): the first plan's staleness bound, as allocated (0: none)
+        self._shared_bounds: list[int] = []
         self._slot_workers = 0  # live workers the version slots are sized for (start())
         self._ctx: Any = None
         self.replans = 0
@@ -195,15 +208,18 @@ class ProcessClock:
         # these processes, one that brings more back needs a new clock
         self._slot_workers = len(self._live)
         p = self.plan.num_stages
-        # the shared delta rings, sized to each stage's staleness bound (none where the bound is 0: no
-        # gradient there is stale under the plan), kept as allocated through re-plans
-        self._ring_sizes = [ring_capacity(self.plan, j) if self._shares_deltas else 0 for j in range(p)]
+        # the shared delta rings, sized to each stage's staleness bound, or the shared average steps (none
+        # where the bound is 0: no gradient there is stale under the plan), kept as allocated through re-plans
+        shared = self._shares_deltas or self._shares_average
+        self._shared_bounds = [ring_capacity(self.plan, j) if shared else 0 for j in range(p)]
         hosts = self.hosts
         if hosts is None:
             self.stages = stage_versions(self._initial, self._slot_workers, ctx.Lock)
         else:  # this host's stages here; a follower copy of every other (its owner holds its slots)
             slots = [slots_needed(self._slot_workers, p, j) for j in range(p)]
-            followers = hosts.setup(self._initial, slots, self._ring_sizes, ctx.Lock)
+            rings = self._shared_bounds if self._shares_deltas else [0] * p
+            averaged = [size > 0 and self._shares_average for size in self._shared_bounds]
+            followers = hosts.setup(self._initial, slots, rings, averaged, ctx.Lock)
             self.stages = [
                 followers[j] if hosts.remote(j) else SharedStageVersions(v, slots[j], ctx.Lock(), ctx.Lock())
                 for j, v in enumerate(self._initial)
@@ -213,8 +229,16 @@ class ProcessClock:
         for stage in self.stages:
             stage.watch(lambda: self._pool.error is not None)
         self.deltas = [
-            SharedDeltas(j, self._initial[j].params, size) if size > 0 and self._local(j) else None
-            for j, size in enumerate(self._ring_sizes)
+            SharedDeltas(j, self._initial[j].params, size)
+            if size > 0 and self._local(j) and self._shares_deltas
+            else None
+            for j, size in enumerate(self._shared_bounds)
+        ]
+        self.averages = [
+            SharedStepAverage(j, self._initial[j].params)
+            if size > 0 and self._local(j) and self._shares_average
+            else None
+            for j, size in enumerate(self._shared_bounds)
         ]
         if p > 1 and hosts is None:
             self._store = tempfile.mkdtemp(prefix="ferret-gloo-")
@@ -262,14 +286,15 @@ class ProcessClock:
         if self.hosts is not None and not self._local(j):
             self._pool.add(executor, *self.hosts.spawn(spec))
             return
-        self._pool.add(executor, *start_executor(self._ctx, spec, self.stages[j], self.deltas[j]))
+        self._pool.add(executor, *start_executor(self._ctx, spec, self.stages[j], self.deltas[j], self.averages[j]))
 
     def _ring_capacity(self, stage: int) -> int:
         """The ``ring_capacity`` an executor's compensator is built with: the shared ring's where the
-        compensator walks the master's deltas (0 at a stage without one: a re-plan keeps the rings as
-        allocated), else the plan's staleness bound (which also says whether the stage can be stale)."""
-        if self._shares_deltas:
-            return self._ring_sizes[stage]
+        compensator walks the master's deltas, the first plan's staleness bound where it folds them into
+        a shared average (0 at a stage without either: a re-plan keeps them as allocated), else the plan's
+        staleness bound (which also says whether the stage can be stale)."""
+        if self._shares_deltas or self._shares_average:
+            return self._shared_bounds[stage]
         return ring_capacity(self.plan, stage)
 
     def _local(self, stage: int) -> bool:
@@ -286,7 +311,9 @@ class ProcessClock:
         several stages it must also keep the live workers (their gloo group stays as it is). Otherwise
         build a new clock. ``queue_slots``: the new plan's admission queue K (None: the settings'). The shared
         delta rings stay as they were allocated for the first plan (a plan whose staleness bound is larger
-        has its staler gradients compensated with the deltas the ring holds, counted as truncated)."""
+        has its staler gradients compensated with the deltas the ring holds, counted as truncated); so do
+        the shared average steps, which keep what they folded (a stage that had none under the first plan
+        applies its stale gradients as they are, counted as truncated)."""
         plan = setup.plan
         check_supported(setup, self.settings)
         if plan.partition != self.plan.partition or plan.num_workers != self.plan.num_workers:
@@ -455,9 +482,10 @@ class ProcessClock:
             return self.dispatch.measured_service_times()
 
     def shared_bytes(self) -> int:
-        """Bytes of the shared version slots and delta rings (each counted once, however many processes
-        map it); over several hosts, every host's (and the coordinator's follower copies)."""
+        """Bytes of the shared version slots, delta rings and average steps (each counted once, however
+        many processes map it); over several hosts, every host's (and the coordinator's follower copies)."""
         rings = sum(d.nbytes() for d in self.deltas if d is not None)
+        rings += sum(a.nbytes() for a in self.averages if a is not None)
         remote = 0 if self.hosts is None else self.hosts.shared_bytes()
         return sum(stage.nbytes() for stage in self.stages) + rings + remote
 

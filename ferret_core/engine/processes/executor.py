@@ -18,15 +18,16 @@ of Python-owned versions (:mod:`ferret_core.engine.processes.slots`):
   (under the stage's update lock), adds it to the worker's buffer (T2) and releases the stash; once the
   buffer holds c^a gradients, the **U** writes the step and publishes it as the next master version
   (where the compensator walks the master's deltas, after pushing θ_new − θ_old to the stage's shared
-  delta ring, :mod:`ferret_core.engine.processes.deltas`, which every executor of the stage compensates from).
+  delta ring, :mod:`ferret_core.engine.processes.deltas`, which every executor of the stage compensates from;
+  for Gap-Aware, after folding it into the stage's shared average step, :mod:`ferret_core.engine.processes.average`).
 
 **Memory.** Each executor measures what it holds in its own process with the engine's meter
 (:mod:`ferret_core.engine.memory_meter`), sampled after each F, R and B as the thread engine's (an update
 only empties the gradient buffer the B's sample counted, so it is not sampled): the
 stage inputs, outputs and labels of its items in flight, autograd's saved tensors of their graphs, the
 tensors its sends to the next or previous stage still hold, its gradient buffer (T2) and its
-compensator's state. The shared version slots and delta rings are excluded (the coordinator counts
-them once: :meth:`ProcessClock.measured_bytes`). Its peak rides on every answer; the sampling's own
+compensator's state. The shared version slots, delta rings and average steps are excluded (the
+coordinator counts them once: :meth:`ProcessClock.measured_bytes`). Its peak rides on every answer; the sampling's own
 time is reported with the usage (``stats``).
 
 A non-finite gradient (or compensated gradient) is dropped, never applied, and reported. An exception
@@ -55,6 +56,7 @@ from torch import Tensor
 
 from ferret_core.compensation import CompensatorSettings, make_compensator
 from ferret_core.engine.memory_meter import MemoryMeter, StorageKey, storage_key, storage_keys
+from ferret_core.engine.processes.average import SharedStepAverage
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.slots import SharedStageVersions
 from ferret_core.engine.stage_exec import StageGraph, StageProgram, backward, forward_no_grad, forward_with_grad
@@ -123,7 +125,13 @@ def _tag(item: int) -> int:
 
 
 class _Executor:
-    def __init__(self, spec: ExecutorSpec, stage: SharedStageVersions, deltas: SharedDeltas | None) -> None:
+    def __init__(
+        self,
+        spec: ExecutorSpec,
+        stage: SharedStageVersions,
+        deltas: SharedDeltas | None,
+        average: SharedStepAverage | None = None,
+    ) -> None:
         self.spec = spec
         self.stage = stage
         self.runner = spec.program.runner()
@@ -133,6 +141,9 @@ class _Executor:
         self.deltas = deltas  # the stage's shared delta ring (Alg. 1's compensators), else None
         if deltas is not None:
             self.compensator.share_ring(deltas.ring())
+        self.average = average  # the stage's shared average step (Gap-Aware's C and n), else None
+        if average is not None:
+            self.compensator.share_average(average.tensors(), average.count)
         self.records: list[dict[str, Any]] = []  # spec.record_compensations' stale compensations
         self.compensate_seconds = 0.0  # wall seconds in the compensator's calls (reported, not used)
         self.push_seconds = 0.0  # wall seconds writing deltas to the shared ring
@@ -148,7 +159,11 @@ class _Executor:
         self.sample_seconds = 0.0  # CPU seconds in the memory meter's samples (reported, not used)
         self.meter: MemoryMeter | None = None
         if spec.measure_memory:
-            shared = [*stage.storages(), *(deltas.storages() if deltas is not None else ())]
+            shared = [
+                *stage.storages(),
+                *(deltas.storages() if deltas is not None else ()),
+                *(average.storages() if average is not None else ()),
+            ]
             self.meter = MemoryMeter(
                 {"items": self._item_storages, "sends": self._send_storages, "gradients": self._buffer_storages},
                 exclude=shared,
@@ -391,8 +406,9 @@ class _Executor:
         guard's bound, :mod:`ferret_core.engine.step_guard`), as the next master
         version: in place where only this worker's replica reads the master, else written once into a
         free slot and published; the worker's replica moves to it. Where the compensator walks the
-        master's deltas, the update is always written into a free slot (as the thread engine's) and
-        θ_new − θ_old is pushed to the stage's shared ring before the new master is published."""
+        master's deltas or folds them (Gap-Aware), the update is always written into a free slot (as the
+        thread engine's) and θ_new − θ_old is pushed to the stage's shared ring, or folded into its shared
+        average step, before the new master is published."""
         stage = self.stage
         lr = self.spec.lr
         with stage.update_lock:
@@ -408,7 +424,8 @@ class _Executor:
                         param.sub_(grad, alpha=lr)
 
             own = int(self.replica[0] == now_slot)
-            if own and self.deltas is None and stage.write_in_place(now_slot, own, in_place, written):
+            observed = self.deltas is not None or self.average is not None
+            if own and not observed and stage.write_in_place(now_slot, own, in_place, written):
                 self.replica = (now_slot, written)
             else:
                 out = stage.free_slot()
@@ -419,6 +436,13 @@ class _Executor:
                     t_push = time.perf_counter()
                     self.deltas.ring().push_difference(stage.params[out], stage.params[now_slot])
                     self.push_seconds += time.perf_counter() - t_push
+                if self.average is not None:  # the thread engine's fold, into the stage's shared C and n
+                    t_push = time.perf_counter()
+                    with torch.no_grad():
+                        delta = [new - old for new, old in zip(stage.params[out], stage.params[now_slot], strict=True)]
+                        self.compensator.observe_update(delta)
+                    del delta
+                    self.push_seconds += time.perf_counter() - t_push
                 stage.publish(out, written, replica=self.replica[0])
                 self.replica = (out, written)
             t_end = time.perf_counter()
@@ -426,14 +450,18 @@ class _Executor:
 
 
 def start_executor(
-    ctx: Any, spec: ExecutorSpec, stage: SharedStageVersions, deltas: SharedDeltas | None
+    ctx: Any,
+    spec: ExecutorSpec,
+    stage: SharedStageVersions,
+    deltas: SharedDeltas | None,
+    average: SharedStepAverage | None = None,
 ) -> tuple[Connection, Any]:
     """Start ``spec``'s executor as a daemon process of ``ctx`` (the forkserver context) over ``stage``'s
-    shared slots (and ``deltas``); returns the coordinator's end of its pipe and the process."""
+    shared slots (and ``deltas`` or ``average``); returns the coordinator's end of its pipe and the process."""
     parent, child = ctx.Pipe(duplex=True)
     process = ctx.Process(
         target=executor_main,
-        args=(child, spec, stage, deltas),
+        args=(child, spec, stage, deltas, average),
         name=f"ferret-w{spec.worker}s{spec.stage}",
         daemon=True,
     )
@@ -456,10 +484,15 @@ def stop_executors(processes: Iterable[Any], conns: Iterable[Connection], timeou
 
 
 def executor_main(
-    conn: Connection, spec: ExecutorSpec, stage: SharedStageVersions, deltas: SharedDeltas | None = None
+    conn: Connection,
+    spec: ExecutorSpec,
+    stage: SharedStageVersions,
+    deltas: SharedDeltas | None = None,
+    average: SharedStepAverage | None = None,
 ) -> None:
     """Serve actions from ``conn`` until it sends ``None`` or closes; report a failure and stop.
-    ``deltas``: the stage's shared delta ring where the compensator walks the master's deltas."""
+    ``deltas``: the stage's shared delta ring where the compensator walks the master's deltas;
+    ``average``: the stage's shared average step where it folds them (Gap-Aware)."""
     torch.set_num_threads(spec.threads)
     torch.set_flush_denormal(spec.flush_denormal)
     executor: _Executor | None = None
@@ -475,7 +508,7 @@ def executor_main(
             dist.init_process_group(
                 "gloo", init_method=f"file://{spec.store}", rank=spec.rank, world_size=spec.world_size
             )
-        executor = _Executor(spec, stage, deltas)
+        executor = _Executor(spec, stage, deltas, average)
         while True:
             try:
                 message = conn.recv()

@@ -1,8 +1,9 @@
 """A host of a process clock over several hosts: the owning rank's side (:mod:`.hosts` is the coordinator's).
 
 :func:`serve_host` runs on every rank of the job but the coordinator's. For each clock the coordinator
-starts, it receives the stages this rank owns (their initial tensors, version-slot counts and delta-ring
-capacities), holds their version slots and delta rings in this host's shared memory, starts the
+starts, it receives the stages this rank owns (their initial tensors, version-slot counts, delta-ring
+capacities and whether they keep an average step), holds their version slots, delta rings and average
+steps in this host's shared memory, starts the
 executors of those stages as child processes (the forkserver the one-host clock uses) when asked, and
 relays: the coordinator's messages down each executor's pipe, each executor's answers and its exit back
 up the job's group (:class:`~ferret_core.engine.processes.link.Link`). After every update of an owned
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch.multiprocessing as tmp
 
+from ferret_core.engine.processes.average import SharedStepAverage
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.dispatch import Executor
 from ferret_core.engine.processes.executor import (
@@ -46,15 +48,17 @@ from ferret_core.errors import ExecutorLost, ScheduleError
 class _Session:
     """One clock's stages, executors and follower thread on this host."""
 
-    def __init__(self, link: Link, ctx: Any, owned: dict[int, tuple[Any, int, int]], group: Any) -> None:
+    def __init__(self, link: Link, ctx: Any, owned: dict[int, tuple[Any, int, int, bool]], group: Any) -> None:
         self.link = link
         self.ctx = ctx
         self.group = group
         self.stages: dict[int, SharedStageVersions] = {}
         self.deltas: dict[int, SharedDeltas | None] = {}
-        for j, (initial, slots, ring) in owned.items():
+        self.averages: dict[int, SharedStepAverage | None] = {}
+        for j, (initial, slots, ring, averaged) in owned.items():
             self.stages[j] = SharedStageVersions(initial, slots, ctx.Lock(), ctx.Lock())
             self.deltas[j] = SharedDeltas(j, initial.params, ring) if ring > 0 else None
+            self.averages[j] = SharedStepAverage(j, initial.params) if averaged else None
         self.conns: dict[Executor, mpc.Connection] = {}
         self.processes: dict[Executor, Any] = {}
         self._updated = threading.Event()
@@ -65,6 +69,7 @@ class _Session:
 
     def shared_bytes(self) -> int:
         rings = sum(d.nbytes() for d in self.deltas.values() if d is not None)
+        rings += sum(a.nbytes() for a in self.averages.values() if a is not None)
         return sum(s.nbytes() for s in self.stages.values()) + rings
 
     def spawn(self, spec: ExecutorSpec) -> None:
@@ -73,7 +78,7 @@ class _Session:
         if stage is None:
             raise ScheduleError(f"stage {spec.stage} is not owned by this host (it owns {sorted(self.stages)})")
         spec = dataclasses.replace(spec, replica=stage.pin_current())
-        parent, process = start_executor(self.ctx, spec, stage, self.deltas[spec.stage])
+        parent, process = start_executor(self.ctx, spec, stage, self.deltas[spec.stage], self.averages[spec.stage])
         self.conns[executor] = parent
         self.processes[executor] = process
         self.link.send(("spawned", executor, process.pid))

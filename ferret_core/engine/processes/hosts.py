@@ -3,8 +3,8 @@
 On one host a :class:`~ferret_core.engine.processes.clock.ProcessClock` starts every (worker, stage)
 executor as a child process, talks to it over a pipe and shares each stage's version slots with it in
 shared memory. Shared memory does not cross hosts, so over several hosts **each stage's master is owned
-by one rank** of the job (``owners[j]``): its version slots and delta ring live in that host's shared
-memory and every executor of the stage runs there (a child of the host's agent,
+by one rank** of the job (``owners[j]``): its version slots and delta ring (or average step) live in that
+host's shared memory and every executor of the stage runs there (a child of the host's agent,
 :func:`~ferret_core.engine.processes.host_agent.serve_host`). The job's ranks meet through ``torchrun``'s
 c10d rendezvous (``--nnodes``, ``--rdzv-endpoint``); the caller initialises the process group (gloo) and
 passes :class:`Hosts` to the clock on the coordinator's rank.
@@ -216,10 +216,16 @@ class Hosts:
 
     # ---------------------------------------------------------------------------------- a clock's life
     def setup(
-        self, initial: Sequence[StageVersion], slots: Sequence[int], ring_sizes: Sequence[int], lock_factory: Any
+        self,
+        initial: Sequence[StageVersion],
+        slots: Sequence[int],
+        ring_sizes: Sequence[int],
+        averaged: Sequence[bool],
+        lock_factory: Any,
     ) -> dict[int, SharedStageVersions]:
-        """Give each remote host its stages (initial tensors, version slots, delta ring capacity) and wait
-        until it holds them; returns a follower copy of every remote stage (the coordinator predicts with)."""
+        """Give each remote host its stages (initial tensors, version slots, delta ring capacity, whether
+        it keeps a shared average step) and wait until it holds them; returns a follower copy of every
+        remote stage (the coordinator predicts with)."""
         with self._lock:
             self._raise_if_failed()
             self._conns.clear()
@@ -237,7 +243,11 @@ class Hosts:
                     self._newest[stage] = initial[stage].version
                     self._announced[stage] = {}
         for rank in self._links:
-            owned = {j: (initial[j], slots[j], ring_sizes[j]) for j in range(len(initial)) if self.owners[j] == rank}
+            owned = {
+                j: (initial[j], slots[j], ring_sizes[j], averaged[j])
+                for j in range(len(initial))
+                if self.owners[j] == rank
+            }
             self._send_down(rank, ("setup", owned))
         for rank in self._links:
             self._shared[rank], self.host_pids[rank] = self._await(rank, "ready")
@@ -292,8 +302,8 @@ class Hosts:
             thread.join(REPLY_TIMEOUT_S)
 
     def shared_bytes(self) -> int:
-        """Bytes of the remote stages' shared slots and delta rings, on their hosts (the followers here are
-        among the clock's ``stages``)."""
+        """Bytes of the remote stages' shared slots, delta rings and average steps, on their hosts (the
+        followers here are among the clock's ``stages``)."""
         return sum(self._shared.values())
 
     # ------------------------------------------------------------------------------------- freshness

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ferret_core.compensation import CompensatorSettings, make_compensator
+from ferret_core.compensation import CompensatorSettings, StageCompensator, make_compensator
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.errors import ConfigError, NotImplementedFeatureError
 
@@ -92,17 +92,29 @@ def check_supported(setup: PolicySetup, settings: ProcessSettings) -> None:
         raise ConfigError(f"threads per executor must be >= 1, got {settings.threads}")
     if settings.record_compensations < 0:
         raise ConfigError(f"record_compensations must be >= 0, got {settings.record_compensations}")
-    compensator = make_compensator(settings.compensator, [torch.zeros(1)], settings.compensator_settings, 0)
-    if compensator.needs_deltas and not compensator.keeps_ring:
+    compensator = _probe(settings)
+    if compensator.needs_deltas and not (compensator.keeps_ring or compensator.keeps_average):
         raise NotImplementedFeatureError(
-            f"compensator {settings.compensator!r} folds every master update into state of its own (not a delta "
-            "ring), which executor processes do not share; use none, step-aware, fisher, iter-fisher, "
-            "iter-fisher-cf or iter-fisher-lean on process executors, or run it on the thread executors"
+            f"compensator {settings.compensator!r} folds every master update into state of its own (neither a "
+            "delta ring nor a running average), which executor processes do not share; run it on the thread "
+            "executors, or choose a compensator that keeps one of those"
         )
 
 
 def shares_deltas(settings: ProcessSettings) -> bool:
     """Whether the compensator walks the master's deltas (Alg. 1's ring): then every stage that can be
     stale gets a delta ring in shared memory (:mod:`ferret_core.engine.processes.deltas`)."""
-    compensator = make_compensator(settings.compensator, [torch.zeros(1)], settings.compensator_settings, 0)
+    compensator = _probe(settings)
     return compensator.needs_deltas and compensator.keeps_ring
+
+
+def shares_average(settings: ProcessSettings) -> bool:
+    """Whether the compensator folds every master update into a running average (Gap-Aware's C): then
+    every stage that can be stale gets one in shared memory (:mod:`ferret_core.engine.processes.average`)."""
+    compensator = _probe(settings)
+    return compensator.needs_deltas and compensator.keeps_average
+
+
+def _probe(settings: ProcessSettings) -> StageCompensator:
+    """The settings' compensator over one scalar parameter, asked what it keeps (allocates no state)."""
+    return make_compensator(settings.compensator, [torch.zeros(1)], settings.compensator_settings, 0)
