@@ -57,7 +57,9 @@ new clock, whose slots fit its live workers. Each executor keeps its own compens
 ``compensator_moments`` and ``compensator_counters`` become per-worker copies (counted in the shared
 compensator term, once per live worker: a removed worker frees them); Alg. 1's delta ring is shared by
 the stage's executors (``ferret_core.engine.processes.deltas``), so ``compensator_ring`` stays once per
-stage, bound_j·|w_j| plus the ring's three int64 counters. Activations, accumulation buffers, pending
+stage, bound_j·|w_j| plus the ring's three int64 counters; so is Gap-Aware's average step
+(``ferret_core.engine.processes.average``): its ``compensator_moments`` are once per stage, |w_j| plus the
+int64 update count n. Activations, accumulation buffers, pending
 gradients and the queue are counted as on threads; each executor measures them in its own process
 (:meth:`ProcessClock.measured_bytes`: shared segments + Σ executor peaks;
 ``tests/integration/test_process_memory.py`` checks it against this total). Not counted: each process's
@@ -106,6 +108,9 @@ TUNED_MOMENTS = {"iter-fisher": 2, "iter-fisher-lean": 2}
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
 EXECUTOR_KINDS = ("threads", "processes")
 PER_EXECUTOR_EXTRAS = ("compensator_moments", "compensator_counters")  # kept by each executor process
+# compensators whose moments executor processes share per stage (Gap-Aware's C), with an int64 count beside
+SHARED_MOMENTS = ("gap-aware",)
+SHARED_COUNT_BYTES = 8  # n, the updates folded into a shared average step (engine/processes/average.py)
 CORRECTION_SUM_BYTES = 8  # a compensator's device-side float64 statistics accumulator (compensation/base.py)
 LAMBDA_BYTES = 8  # Iter-Fisher's λ, a float64 scalar tensor where it keeps v_r and v_a (compensation/iter_fisher.py)
 ITER_FISHER_FAMILY = ("iter-fisher", "iter-fisher-cf", "iter-fisher-lean")
@@ -426,7 +431,8 @@ class MemoryModel:
         """Elements the compensator of ``stage`` holds when the stage's staleness bound is ``bound``: nothing
         at ``bound`` = 0 (no gradient there is ever stale: the compensators allocate nothing, ``make_compensator``),
         else its moments, its float64 correction accumulator and (Alg. 1) a ring of ``bound`` deltas. On
-        executor processes every live worker's executor keeps its own moments and accumulator."""
+        executor processes every live worker's executor keeps its own moments and accumulator, except
+        Gap-Aware's C, shared by the stage's executors with its count n (:data:`SHARED_MOMENTS`)."""
         if not self._stateful or bound <= 0:
             return {}
         w = self.geometry.weights[stage]
@@ -434,7 +440,9 @@ class MemoryModel:
         # the float64 correction accumulator, and Iter-Fisher's float64 λ wherever it keeps v_r, v_a (ours)
         scalars = CORRECTION_SUM_BYTES + (LAMBDA_BYTES if self.keeps_lambda_tensor() else 0)
         parts = {"compensator_counters": copies * self._elements_of(scalars)}
-        if self.moment_copies():
+        if self.moment_copies() and self._processes and self.settings.compensator in SHARED_MOMENTS:
+            parts["compensator_moments"] = self.moment_copies() * w + self._elements_of(SHARED_COUNT_BYTES)
+        elif self.moment_copies():
             parts["compensator_moments"] = copies * self.moment_copies() * w
         if self._ring:  # one ring per stage (on executor processes: the shared ring, with its counters)
             parts["compensator_ring"] = bound * w + (self._ring_counter_elements() if self._processes else 0)

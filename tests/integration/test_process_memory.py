@@ -1,8 +1,9 @@
 """What a process plan holds, measured, within what the byte model plans (``MemorySettings(executors=
-"processes")``): the shared version slots and delta rings (counted once) plus every executor's measured peak
-inside its own process (:meth:`ProcessClock.measured_bytes`), for 1 × 1, 2 × 1, 1 × 2, T1 and T2 plans;
-the executors' part is real (above the parameters of the stages they run once items are in flight, more
-with more items in flight) and excludes the shared segments.
+"processes")``): the shared version slots, delta rings and average steps (counted once) plus every
+executor's measured peak inside its own process (:meth:`ProcessClock.measured_bytes`), for 1 × 1, 2 × 1,
+1 × 2, T1 and T2 plans and the compensators that share state per stage; the executors' part is real
+(above the parameters of the stages they run once items are in flight, more with more items in flight)
+and excludes the shared segments.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ PLANS = {  # name: (model, stage boundaries over its 4 units, workers, compensat
     "1x2-T1": ("mlp", (0, 2, 4), _workers(1, 2, recompute=True), "none"),
     "2x1-T2-iter-fisher": ("mlp", (0, 4), _workers(2, 1, accumulation=2), "iter-fisher"),
     "2x2-iter-fisher-lean": ("mlp", (0, 2, 4), _workers(2, 2), "iter-fisher-lean"),
+    "2x2-gap-aware": ("mlp", (0, 2, 4), _workers(2, 2), "gap-aware"),  # its C shared per stage, counted once
     "cnn-1x3": ("cnn", (0, 1, 2, 4), _workers(1, 3), "none"),
     # T3: stage 0 forwards items it does not back-propagate; their sends were once held forever
     "cnn-1x3-T3": ("cnn", (0, 1, 2, 4), _workers(1, 3, omission=(2, 1, 0)), "none"),

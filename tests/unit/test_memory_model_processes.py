@@ -1,7 +1,8 @@
 """The byte model of executor processes (``MemorySettings.executors="processes"``, memory_model.py
 "Executor processes"): the shared version slots the process clock allocates, counted exactly; compensator
-state per executor, Iter-Fisher's shared delta ring once per stage; planned bytes of the search equal to
-the model's total; a removed worker frees its slots and state; the slot tables counted as allocated."""
+state per executor, Iter-Fisher's shared delta ring and Gap-Aware's shared average step once per stage;
+planned bytes of the search equal to the model's total; a removed worker frees its slots and state; the
+slot tables counted as allocated."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ferret_core.compensation.ring import COUNTERS
+from ferret_core.engine.processes.average import SharedStepAverage
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.slots import slots_needed, stage_versions
 from ferret_core.engine.versions import StageVersion
@@ -110,3 +112,19 @@ def test_the_shared_delta_ring_is_counted_once_per_stage_as_the_clock_allocates_
     assert rings and processes["compensator_ring"] == sum(r.nbytes() for r in rings)
     assert processes["compensator_ring"] == threads["compensator_ring"] + len(rings) * COUNTERS * 8  # + counters
     assert processes["compensator_moments"] == workers * threads["compensator_moments"]  # λ, v_r, v_a per executor
+
+
+@pytest.mark.parametrize(("stages", "workers"), [(1, 2), (2, 2), (3, 1)])
+def test_gap_awares_shared_average_is_counted_once_per_stage_as_the_clock_allocates_it(
+    stages: int, workers: int
+) -> None:
+    plan = make_plan(stages, workers, num_units=MNISTNET.num_units)
+    processes = _model(plan, compensator="gap-aware").breakdown(plan.workers)
+    threads = _model(plan, compensator="gap-aware", executors="threads").breakdown(plan.workers)
+    weights = StageGeometry.from_profile(MNISTNET, plan.partition).weights
+    averages = [  # what ProcessClock.start allocates: one per stage that can be stale
+        SharedStepAverage(j, [torch.zeros(w)]) for j, w in enumerate(weights) if ring_capacity(plan, j) > 0
+    ]
+    assert averages and processes["compensator_moments"] == sum(a.nbytes() for a in averages)
+    assert processes["compensator_moments"] == threads["compensator_moments"] + len(averages) * 8  # + n, not × N
+    assert processes["compensator_counters"] == workers * threads["compensator_counters"]  # each executor's own
