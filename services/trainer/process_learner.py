@@ -13,14 +13,15 @@ the new plan, whose version slots fit its live workers (docs/processes.md "Re-pl
 
 What differs from the thread learner (:mod:`services.trainer.engine_learner`), said where it shows:
 
-* each executor keeps its own compensator state (λ, moments); snapshots carry none, and a snapshot's
-  compensator state (from the thread learner) is not loaded: λ restarts (logged);
+* each executor keeps its own compensator state (λ, moments; Gap-Aware's C and n are shared per stage
+  and restart with each clock); snapshots carry none, and a snapshot's compensator state (from the
+  thread learner) is not loaded: λ restarts (logged);
 * ``measured_bytes`` (and ``peak_bytes``) is :meth:`ProcessClock.measured_bytes`: the shared version
-  slots and, for Iter-Fisher, the stages' shared delta rings (counted once however many processes map
-  them), plus every executor's measured peak of what it holds in its own process (activations and saved
-  tensors of items in flight, sends, gradients, T2's buffer, compensator state), sampled there after
-  each action: an upper bound of the simultaneous total. The coordinator's own tensors (queued
-  arrivals, a prediction's activations) and each process's runtime are not in it;
+  slots and, for Iter-Fisher and Gap-Aware, the stages' shared delta rings or average steps (counted once
+  however many processes map them), plus every executor's measured peak of what it holds in its own
+  process (activations and saved tensors of items in flight, sends, gradients, T2's buffer, compensator
+  state), sampled there after each action: an upper bound of the simultaneous total. The coordinator's
+  own tensors (queued arrivals, a prediction's activations) and each process's runtime are not in it;
 * admission reads W as a queue depth (:func:`queue_depth`), not per item by its event time;
 * an executor process that dies (kill -9, the OOM killer) is started again in place from the newest
   weights that cannot be torn, the stream going on where it is (:meth:`ProcessLearner._recover`); a

@@ -88,12 +88,12 @@ def test_a_method_that_does_not_run_on_processes_falls_back_or_fails() -> None:
         plan_executors(settings, model, MLP_DIGITS)
 
 
-def test_a_compensator_processes_do_not_share_falls_back_to_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gap_aware_runs_on_processes_over_the_shared_average_step(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     settings = _settings(compensator="gap-aware", stream_rate="400", model="mnistnet", dataset="mnist")
     choice, _, plan = plan_executors(settings, build_zoo_model(settings), MNISTNET)
-    assert choice.kind == "threads" and "gap-aware" in choice.reason
-    assert (plan.num_workers, plan.num_stages) == (1, 1)  # the thread caps
+    assert choice.kind == "processes", choice.reason  # auto no longer falls back to threads for it
+    assert "version_slots" in plan.memory_breakdown  # planned with the process byte model
 
 
 @pytest.mark.parametrize("compensator", ["iter-fisher", "iter-fisher-cf"])
