@@ -56,12 +56,14 @@ def transparency(hosts: Hosts) -> dict[str, Any]:
     return {"updates": updates, "pids": pids, "follower_versions": versions, "coordinator_pid": os.getpid()}
 
 
-def saturated(hosts: Hosts) -> dict[str, Any]:
+def saturated(hosts: Hosts, compensator: str = "none") -> dict[str, Any]:
     """2 workers × 2 stages, stage 1 on the other host, a saturating stream: every item accounted for, the
-    trace valid, predictions' freshness measured."""
+    trace valid, predictions' freshness measured, each executor's compensator stats (``gap-aware``: stage
+    1's shared average step lives on the other host)."""
     units, items = tiny_units(), stream(200)
     plan = make_plan(2, 2, num_units=3)
-    with ProcessClock(units, setup_for(plan), ProcessSettings(lr=0.05), hosts=hosts.place([0, 1])) as clock:
+    settings = ProcessSettings(lr=0.05, compensator=compensator)
+    with ProcessClock(units, setup_for(plan), settings, hosts=hosts.place([0, 1])) as clock:
         for item in items:
             clock.submit(item.x, item.y)
             time.sleep(0.002)
@@ -72,11 +74,14 @@ def saturated(hosts: Hosts) -> dict[str, Any]:
         fresh = hosts.freshness()
         usage = clock.usage()
         shared = clock.shared_bytes()
+        reports = clock.compensations()
     return {
         "trained": c.trained,
         "freshness": fresh.__dict__,
         "executors": sorted([u.worker, u.stage, u.pid] for u in usage),
         "shared_bytes": shared,
+        "averages": [a is not None for a in clock.averages],
+        "compensations": [[r.worker, r.stage, r.stats] for r in reports],
     }
 
 
@@ -125,7 +130,12 @@ def coordinator_killed(hosts: Hosts, out: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-SCENARIOS = {"transparency": transparency, "saturated": saturated, "killed": killed}
+SCENARIOS = {
+    "transparency": transparency,
+    "saturated": saturated,
+    "saturated-gap-aware": lambda hosts: saturated(hosts, "gap-aware"),
+    "killed": killed,
+}
 
 
 def main(scenario: str, out: str) -> None:

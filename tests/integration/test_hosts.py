@@ -71,6 +71,21 @@ def test_a_saturated_pipeline_over_two_hosts_validates_and_reports_freshness(tmp
     assert result["shared_bytes"] > 0
 
 
+def test_gap_aware_over_two_hosts_folds_each_stages_updates_on_its_owner(tmp_path: Path) -> None:
+    """Stage 1's shared average step lives on the host that owns it (the coordinator keeps only stage 0's):
+    its executors there compensate stale gradients from a C their updates folded (a C never folded would
+    leave every gradient as it is), and no stale gradient goes uncompensated."""
+    result = run_job("saturated-gap-aware", tmp_path)
+    assert result["trained"] > 0
+    assert result["averages"] == [True, False]  # stage 0's here; stage 1's on its owner
+    stats = {(n, j): s for n, j, s in result["compensations"]}
+    assert sorted(stats) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(s["truncated"] == 0 for s in stats.values())
+    remote = [stats[(n, 1)] for n in range(2)]
+    assert sum(s["compensated"] for s in remote) > 0, stats
+    assert any(s["relative_correction_mean"] > 0 for s in remote), stats
+
+
 def test_a_killed_executor_on_another_host_fails_the_clock_within_seconds(tmp_path: Path) -> None:
     result = run_job("killed", tmp_path)
     assert result["error"] is not None and "ExecutorLost" in result["error"], result

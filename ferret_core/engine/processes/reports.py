@@ -25,7 +25,7 @@ from ferret_core.errors import ScheduleError
 
 class ClockReports:
     """The executors' measured peaks and their answers to the last question, under the pool's lock.
-    ``shared_bytes``: the clock's shared segments (version slots and delta rings), counted once."""
+    ``shared_bytes``: the clock's shared segments (version slots, delta rings, average steps), counted once."""
 
     def __init__(self, pool: ExecutorPool, shared_bytes: Callable[[], int]) -> None:
         self._pool = pool
@@ -104,7 +104,7 @@ class ClockReports:
             return dict(self._peaks)
 
     def measured_bytes(self) -> int:
-        """The plan's measured peak: the shared bytes (version slots and delta rings, counted once) plus
+        """The plan's measured peak: the shared bytes (version slots, delta rings, average steps; once) plus
         the sum of every executor's peak (:meth:`executor_bytes`). The executors reach their peaks at
         different moments, so the sum is an upper bound of the bytes all of them held at once (and of the
         simultaneous total over every sample); the coordinator's own tensors (arrivals waiting to be sent,
