@@ -126,3 +126,32 @@ def test_gap_aware_on_two_worker_processes_folds_every_workers_updates() -> None
         max((r["state"]["updates"] for r in report.records), default=0) > c.updates[report.worker][0]
         for report in reports
     )
+
+
+def test_a_replan_keeps_the_shared_average_and_a_worker_brought_back_reads_it() -> None:
+    """Re-plans on the same clock keep each stage's C and n (module docstring of .average): the worker a
+    re-plan brings back is a new process over the C its stage folded while it was away, and n goes on
+    counting every master update."""
+    units, items = tiny_units(), stream(40)
+    two = make_plan(1, 2, num_units=3)
+    one = make_plan(1, 2, num_units=3, live=[True, False])
+    settings = ProcessSettings(lr=0.05, compensator="gap-aware", queue_slots=4, record_compensations=1000)
+    with ProcessClock(units, setup_for(two), settings) as clock:
+        average = clock.averages[0]
+        assert average is not None
+        clock.submit_many([i.x for i in items[:10]], [i.y for i in items[:10]])
+        clock.drain(timeout=60)
+        clock.replan(setup_for(one))
+        clock.submit_many([i.x for i in items[10:20]], [i.y for i in items[10:20]])
+        clock.drain(timeout=60)
+        before = average.updates
+        assert before == clock.stages[0].current_version() > 0
+        clock.replan(setup_for(two))
+        assert clock.averages[0] is average  # the same shared memory, not a new C
+        clock.submit_many([i.x for i in items[20:]], [i.y for i in items[20:]])
+        clock.drain(timeout=60)
+        assert average.updates == clock.stages[0].current_version() == clock.counters.trained > before
+        reports = clock.compensations()
+    back = next(r for r in reports if r.worker == 1)  # the process the last re-plan started
+    assert back.records, "the worker brought back computed no stale gradient"
+    assert min(r["state"]["updates"] for r in back.records) >= before  # it read the C folded before it came
