@@ -18,8 +18,9 @@ of Python-owned versions (:mod:`ferret_core.engine.processes.slots`):
   (under the stage's update lock), adds it to the worker's buffer (T2) and releases the stash; once the
   buffer holds c^a gradients, the **U** writes the step and publishes it as the next master version
   (where the compensator walks the master's deltas, after pushing θ_new − θ_old to the stage's shared
-  delta ring, :mod:`ferret_core.engine.processes.deltas`, which every executor of the stage compensates from;
-  for Gap-Aware, after folding it into the stage's shared average step, :mod:`ferret_core.engine.processes.average`).
+  delta ring, :mod:`ferret_core.engine.processes.deltas`, which every executor of the stage compensates
+  from; for Gap-Aware, after folding it into the stage's shared average step C and count n,
+  :mod:`ferret_core.engine.processes.average`, which every executor of the stage reads).
 
 **Memory.** Each executor measures what it holds in its own process with the engine's meter
 (:mod:`ferret_core.engine.memory_meter`), sampled after each F, R and B as the thread engine's (an update
@@ -27,8 +28,8 @@ only empties the gradient buffer the B's sample counted, so it is not sampled): 
 stage inputs, outputs and labels of its items in flight, autograd's saved tensors of their graphs, the
 tensors its sends to the next or previous stage still hold, its gradient buffer (T2) and its
 compensator's state. The shared version slots, delta rings and average steps are excluded (the
-coordinator counts them once: :meth:`ProcessClock.measured_bytes`). Its peak rides on every answer; the sampling's own
-time is reported with the usage (``stats``).
+coordinator counts them once: :meth:`ProcessClock.measured_bytes`). Its peak rides on every answer; the
+sampling's own time is reported with the usage (``stats``).
 
 A non-finite gradient (or compensated gradient) is dropped, never applied, and reported. An exception
 is sent to the coordinator with its traceback and ends the process; so does a closed pipe (the
@@ -146,7 +147,7 @@ class _Executor:
             self.compensator.share_average(average.tensors(), average.count)
         self.records: list[dict[str, Any]] = []  # spec.record_compensations' stale compensations
         self.compensate_seconds = 0.0  # wall seconds in the compensator's calls (reported, not used)
-        self.push_seconds = 0.0  # wall seconds writing deltas to the shared ring
+        self.push_seconds = 0.0  # wall seconds writing deltas to the shared ring or folding them into the average
         self.buffer = GradientBuffer()
         self.replica = spec.replica
         self.items: dict[int, _Item] = {}

@@ -45,10 +45,11 @@ class ProcessSettings:
 class CompensationReport:
     """One executor's compensator, read when asked (:meth:`ProcessClock.compensations`): its ``stats()``
     (λ, calls, compensated, truncated, …, plus ``compensate_seconds`` and ``push_seconds``: wall seconds in
-    its calls and in pushes to the shared delta ring) and, where ``ProcessSettings.record_compensations`` > 0, its
-    first such many compensations of a stale gradient, each a dict of ``staleness``, ``grads``,
-    ``theta_then``, ``theta_now``, ``state`` (the compensator's ``state_dict()`` before the call: its ring's
-    deltas, λ, v_r, v_a) and ``out`` (what it returned)."""
+    its calls and in pushes to the shared delta ring or folds into the shared average step) and, where
+    ``ProcessSettings.record_compensations`` > 0, its first such many compensations of a stale gradient,
+    each a dict of ``staleness``, ``grads``, ``theta_then``, ``theta_now``, ``state`` (the compensator's
+    ``state_dict()`` before the call: its ring's deltas, λ, v_r, v_a; Gap-Aware's shared C and n as it
+    read them) and ``out`` (what it returned)."""
 
     worker: int
     stage: int
@@ -61,10 +62,10 @@ class ProcessUsage:
     """One executor process's CPU seconds and peak resident bytes (its own, shared segments included
     where it touched them, the interpreter and torch too), read when asked; and what its memory meter
     measured: ``measured_bytes``, the peak of the tensors it held at a sample (after each action), the
-    shared version slots, delta rings and average steps excluded, with ``measured_breakdown`` by source at that peak
-    (``items``: stage inputs, outputs and labels of items in flight; ``autograd_saved``: their graphs'
-    saved tensors; ``sends``: tensors still held by sends to another stage; ``gradients``: the gradient
-    buffer; ``compensator``: its own state), ``memory_samples`` and ``sample_seconds`` (the samples' CPU
+    shared version slots, delta rings and average steps excluded, with ``measured_breakdown`` by source at
+    that peak (``items``: stage inputs, outputs and labels of items in flight; ``autograd_saved``: their
+    graphs' saved tensors; ``sends``: tensors still held by sends to another stage; ``gradients``: the
+    gradient buffer; ``compensator``: its own state), ``memory_samples`` and ``sample_seconds`` (the samples' CPU
     seconds) over ``actions`` F and B actions run (0 where ``ProcessSettings.measure_memory`` is off)."""
 
     worker: int
