@@ -168,16 +168,19 @@ class Hosts:
         self.error: BaseException | None = None
         self._store: Any = None
         self._threads: list[threading.Thread] = []
-        for rank in sorted(set(range(self.world_size)) - {self.rank}):
+        others = sorted(set(range(self.world_size)) - {self.rank})
+        # set before any receiver starts: a host's first message may arrive at once (it was a race that
+        # killed the receiver thread with an AttributeError and the host was then lost after 10 s)
+        self._last_heard = {rank: time.monotonic() for rank in others}
+        self._closing = threading.Event()
+        for rank in others:
             self._masters_done[rank] = threading.Event()
-            link = Link(rank, send_tag=TAG_DOWN, recv_tag=TAG_UP, group=group, name=f"host{rank}")
-            self._links[rank] = link
+            self._links[rank] = Link(rank, send_tag=TAG_DOWN, recv_tag=TAG_UP, group=group, name=f"host{rank}")
+        for rank in others:
             for target, name in ((self._receive, "up"), (self._receive_masters, "masters")):
                 thread = threading.Thread(target=target, args=(rank,), name=f"ferret-host{rank}-{name}", daemon=True)
                 thread.start()
                 self._threads.append(thread)
-        self._last_heard = {rank: time.monotonic() for rank in self._links}
-        self._closing = threading.Event()
         beat = threading.Thread(target=self._heartbeat, name="ferret-hosts-heartbeat", daemon=True)
         beat.start()
         for rank in self._links:
