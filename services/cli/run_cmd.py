@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         from services.hosts.job import join, serve  # torch.distributed: only under torchrun
 
         if join() != 0:  # rank 0 is the trainer; every other rank serves its stages until it ends the job
-            return serve()
+            return serve(settings.control.health_listen)
     if args.supervise:
         return supervise([a for a in args.argv if a != "--supervise"])
     restarts = int(os.environ.get(RESTARTS_ENV, "0") or 0)

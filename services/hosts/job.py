@@ -12,13 +12,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+import grpc
 import torch.distributed as dist
+from grpc_health.v1 import health_pb2_grpc
 
 from ferret_core.engine.processes.host_agent import serve_host
 from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.errors import ConfigError, ExecutorLost
+from services.control.health import ControlHealth
 
 log = logging.getLogger("ferret.hosts")
 
@@ -60,16 +64,42 @@ def end_job(hosts: Hosts) -> None:
     dist.destroy_process_group()
 
 
-def serve() -> int:
-    """Serve the coordinator's clocks on this rank (not 0) until it ends the job; the exit status."""
+def serve(health_listen: str | None = None) -> int:
+    """Serve the coordinator's clocks on this rank (not 0) until it ends the job; the exit status.
+
+    ``health_listen`` (``control.health_listen``): also answer ``grpc.health.v1`` there, as the trainer's
+    health port does, for the kubelet's probes of a pod in the job: ``ferret.liveness`` SERVING while this
+    rank serves, the overall service ``""`` NOT_SERVING (this pod is not the trainer: a Service that routes
+    control calls to Ready pods reaches rank 0 only)."""
     rank = join()
     if rank == 0:
         raise ConfigError("rank 0 is the coordinator: it runs the clock, the other ranks serve it")
+    health = None if health_listen is None else host_health(health_listen)
     try:
         serve_host()
     except ExecutorLost as exc:  # a receive may still be blocked on the dead peer: leave now
         log.error("host rank %d: %s", rank, exc)
         sys.stderr.flush()
         os._exit(EXIT_LOST)
+    finally:
+        if health is not None:
+            health.stop(grace=1)
     dist.destroy_process_group()
     return 0
+
+
+def host_health(address: str) -> grpc.Server:
+    """A started ``grpc.health.v1`` server at ``address`` for a rank that serves stages (see :func:`serve`)."""
+    state = ControlHealth(ready=False)  # never the trainer: "" NOT_SERVING; ferret.liveness SERVING
+    server = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="ferret-host-health"),
+                         options=[("grpc.so_reuseport", 0)])  # fmt: skip
+    health_pb2_grpc.add_HealthServicer_to_server(state.servicer, server)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # grpc raises where older versions returned 0
+        port = 0
+    if not port:
+        raise ConfigError(f"control.health_listen: cannot bind the host's health port to {address!r}; pick another")
+    server.start()
+    log.info("host health (liveness) on %s", address)
+    return server

@@ -12,9 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.control.client import ControlClient
+from services.control.health import LIVENESS, READINESS
 from services.hosts.loopback import free_port, torchrun_argv
 from services.kafka.admin import TopicNames
 
@@ -37,17 +40,17 @@ def rank_of(pid: int) -> int | None:
     return None
 
 
-def workers(launchers: list[subprocess.Popen[bytes]], timeout: float = 60.0) -> dict[int, int]:
-    """rank → pid of each launcher's worker process."""
+def workers(launchers: list[subprocess.Popen[bytes]], timeout: float = 60.0) -> dict[int, tuple[int, int]]:
+    """rank → (pid of its worker process, index of its launcher)."""
     deadline = time.monotonic() + timeout
     while True:
-        found: dict[int, int] = {}
-        for launcher in launchers:
+        found: dict[int, tuple[int, int]] = {}
+        for n, launcher in enumerate(launchers):
             for task in Path(f"/proc/{launcher.pid}/task").glob("*"):
                 for child in (task / "children").read_text().split():
                     rank = rank_of(int(child))
                     if rank is not None:
-                        found[rank] = int(child)
+                        found[rank] = (int(child), n)
         if len(found) == len(launchers):
             return found
         assert time.monotonic() < deadline, f"workers not started: {found}"
@@ -65,8 +68,16 @@ def test_the_trainer_trains_on_the_other_hosts_executors(trainer_env: dict[str, 
     argv = [*torchrun_argv(2, free_port(), f"trainer-{prefix}"), "-m", "services.cli.main", "run"]
     logs = [tmp_path / f"launcher{n}.log" for n in range(2)]
     handles = [log.open("wb") for log in logs]
+    health = [f"127.0.0.1:{free_port()}" for _ in logs]  # one machine: each "host" its own health port
     launchers = [
-        subprocess.Popen(argv, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT) for handle in handles
+        subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env={**env, "FERRET_CONTROL_HEALTH_LISTEN": address},
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+        for handle, address in zip(handles, health, strict=True)
     ]
 
     def both_logs() -> str:
@@ -81,9 +92,13 @@ def test_the_trainer_trains_on_the_other_hosts_executors(trainer_env: dict[str, 
             status = client.get_status()
             assert status.items_dispatched > 0 and status.backward_passes > 0, both_logs()  # trained there
             # the executors are processes under rank 1's agent; the trainer's host runs none
-            assert executor_processes(ranks[1]), both_logs()
-            assert not executor_processes(ranks[0]), both_logs()
-        os.kill(ranks[0], signal.SIGTERM)  # the trainer: drain, snapshot, commit, end the job
+            assert executor_processes(ranks[1][0]), both_logs()
+            assert not executor_processes(ranks[0][0]), both_logs()
+        # the kubelet's view of the serving rank: live, never Ready (control calls go to the trainer only)
+        assert health_status(health[ranks[1][1]], LIVENESS) == health_pb2.HealthCheckResponse.SERVING
+        assert health_status(health[ranks[1][1]], READINESS) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert health_status(health[ranks[0][1]], READINESS) == health_pb2.HealthCheckResponse.SERVING
+        os.kill(ranks[0][0], signal.SIGTERM)  # the trainer: drain, snapshot, commit, end the job
         codes = [launcher.wait(90) for launcher in launchers]
         assert codes == [0, 0], f"launchers exited {codes}\n{both_logs()}"
     finally:
@@ -97,6 +112,12 @@ def test_the_trainer_trains_on_the_other_hosts_executors(trainer_env: dict[str, 
     assert sorted(p.sample_id for p in predictions) == sorted(ids)  # exactly one each
     assert not any(p.duplicate for p in predictions)
     assert "stage(s) owned by ranks [1] of 2 hosts" in both_logs()
+
+
+def health_status(address: str, service: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        request = health_pb2.HealthCheckRequest(service=service)
+        return int(health_pb2_grpc.HealthStub(channel).Check(request, timeout=5).status)
 
 
 def test_supervise_is_refused_with_hosts(trainer_env: dict[str, str]) -> None:  # noqa: F811

@@ -37,8 +37,9 @@ from services.snapshots import signing_key
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
-OVERLAYS = ("dev", "prod")
-COMPONENTS = ("kafka", "redis", "gpu", "prometheus", "prometheus-operator")
+OVERLAYS = ("dev", "prod", "hosts")
+COMPONENTS = ("kafka", "redis", "gpu", "prometheus", "prometheus-operator", "hosts")
+ALL_COMPONENTS = tuple(c for c in COMPONENTS if c != "hosts")  # hosts excludes gpu: its own overlay renders it
 RENDERINGS = (*OVERLAYS, "base+all-components")
 FERRET_UID = 10001
 # Containers allowed a writable root filesystem, and why.
@@ -106,7 +107,7 @@ def _kustomize(directory: Path) -> tuple[Obj, ...]:
 
 def rendered(name: str, tmp_path: Path) -> tuple[Path, list[Obj]]:
     """``kubectl kustomize`` of an overlay, or of base + every component (fresh objects per call)."""
-    directory = K8S / "overlays" / name if name in OVERLAYS else kustomization_dir(tmp_path, COMPONENTS)
+    directory = K8S / "overlays" / name if name in OVERLAYS else kustomization_dir(tmp_path, ALL_COMPONENTS)
     return directory, copy.deepcopy(list(_kustomize(directory)))
 
 
@@ -238,6 +239,35 @@ def trainer_and_settings(objects: list[Obj], tmp_path: Path) -> tuple[Obj, Obj, 
     return trainer, container, container_settings(objects, trainer, pod, container, tmp_path)
 
 
+def ferret_args(container: Obj) -> list[str]:
+    """The ``ferret`` command line a container runs: its args, or under ``torchrun`` what follows ``-m
+    services.cli.main`` (the console script's module)."""
+    args = [str(a) for a in container["args"]]
+    if container.get("command") == ["torchrun"]:
+        assert args[args.index("-m") + 1] == "services.cli.main", args
+        return args[args.index("-m") + 2 :]
+    assert "command" not in container, "the image's entry point is ferret"
+    return args
+
+
+def check_torchrun_job(objects: list[Obj], trainer: Obj, container: Obj, settings: Settings) -> None:
+    """The hosts overlay: the StatefulSet is one torchrun job of ``replicas`` hosts meeting at its first pod,
+    restarted as a whole (torchrun's --max-restarts; pods replaced together: OnDelete)."""
+    flags = dict(a.removeprefix("--").split("=", 1) for a in container["args"] if str(a).startswith("--"))
+    replicas = trainer["spec"]["replicas"]
+    assert settings.trainer.hosts == "torchrun" and replicas >= 2
+    assert int(flags["nnodes"]) == replicas and flags["nproc-per-node"] == "1" and flags["rdzv-backend"] == "c10d"
+    host, port = host_port(flags["rdzv-endpoint"])
+    headless = find(objects, "Service", trainer["spec"]["serviceName"])
+    assert host == f"{trainer['metadata']['name']}-0.{headless['metadata']['name']}"
+    assert headless["spec"]["publishNotReadyAddresses"]  # the endpoint resolves before any pod is Ready
+    assert {"name": "rdzv", "containerPort": port} in container["ports"]
+    assert int(flags["max-restarts"]) >= 1  # torchrun restarts the job; --supervise is refused with hosts
+    assert "--supervise" not in container["args"]
+    assert trainer["spec"]["updateStrategy"] == {"type": "OnDelete"}  # a job is not rolled pod by pod
+    assert settings.kafka.sample_partitions >= 1
+
+
 @pytest.mark.parametrize("name", RENDERINGS)
 def test_trainer_probes_ports_and_settings(name: str, tmp_path: Path) -> None:
     _, objects = rendered(name, tmp_path)
@@ -256,24 +286,30 @@ def test_trainer_probes_ports_and_settings(name: str, tmp_path: Path) -> None:
     assert container["livenessProbe"]["grpc"] == {"port": health_port, "service": LIVENESS}
     assert container["startupProbe"]["grpc"] == {"port": health_port, "service": LIVENESS}
     instance = next(e for e in container["env"] if e["name"] == "FERRET_KAFKA_INSTANCE_ID")
-    assert instance["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    if name == "hosts":  # one learner per job: its name, whichever pod is rank 0 after a restart
+        assert instance == {"name": "FERRET_KAFKA_INSTANCE_ID", "value": "ferret-trainer"}
+    else:
+        assert instance["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     # Snapshots are signed with the ferret-snapshots Secret's key; only dev may start without it (unsigned).
     key = next(e for e in container["env"] if e["name"] == "FERRET_REDIS_HMAC_KEY")
     assert key["valueFrom"]["secretKeyRef"] == {"name": "ferret-snapshots", "key": "hmac-key", "optional": True}
     assert signing_key(settings.redis) == b"secret-from-the-cluster"
     without_secret = dataclasses.replace(settings.redis, hmac_key=None)
-    if name == "dev":
+    if name in ("dev", "hosts"):
         assert settings.redis.allow_unsigned and signing_key(without_secret) is None
     else:
         assert not settings.redis.allow_unsigned
         with pytest.raises(SettingsError, match=r"redis\.hmac_key.*redis\.allow_unsigned"):
             signing_key(without_secret)  # the trainer refuses to start, naming both fixes
-    assert settings.kafka.resolved_instance_id() == "ferret-trainer-0"
-    assert cli_parser().parse_args(container["args"]).command == "run"
+    assert settings.kafka.resolved_instance_id() == ("ferret-trainer" if name == "hosts" else "ferret-trainer-0")
+    assert cli_parser().parse_args(ferret_args(container)).command == "run"
     limit = container["resources"]["limits"]["memory"]
     assert (settings.trainer.budget_bytes or 0) < int(limit[:-2]) * 2 ** {"Mi": 20, "Gi": 30}[limit[-2:]]
     replicas = trainer["spec"]["replicas"]
-    assert settings.kafka.sample_partitions >= replicas, "a trainer replica without a partition idles"
+    if name == "hosts":
+        check_torchrun_job(objects, trainer, container, settings)
+    else:
+        assert settings.kafka.sample_partitions >= replicas, "a trainer replica without a partition idles"
     # Addresses either name a Service of this rendering or an external host name.
     hosts = [host_port(a)[0] for a in settings.kafka.bootstrap_servers.split(",")]
     hosts.append(re.sub(r"^\w+://([^:/]+).*", r"\1", settings.redis.url))
@@ -295,7 +331,8 @@ def test_trainer_probes_ports_and_settings(name: str, tmp_path: Path) -> None:
     # executor processes: one per CPU beside the record path's, their version slots in a /dev/shm of its own
     cpus = int(container["resources"]["limits"]["cpu"])
     if settings.trainer.executors == "processes":
-        assert settings.trainer.max_workers == cpus - 1
+        # the pods that own the stages run no record path: a worker per CPU there (docs/service.md)
+        assert settings.trainer.max_workers == (cpus if name == "hosts" else cpus - 1)
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
         shm = next(v for v in trainer["spec"]["template"]["spec"]["volumes"] if v["name"] == "dshm")
         assert shm["emptyDir"]["medium"] == "Memory"
@@ -322,7 +359,8 @@ def test_serving_follows_the_first_trainer_and_is_probed_on_its_health_port(name
     settings = container_settings(objects, serving, pod, container, tmp_path)
     assert cli_parser().parse_args(container["args"]).command == "serve"
     trainer, _, trainer_settings = trainer_and_settings(objects, tmp_path)
-    first_trainer = f"{trainer['metadata']['name']}-0"
+    # the first trainer pod's stream; with hosts, the job's (its one learner)
+    first_trainer = trainer["metadata"]["name"] if name == "hosts" else f"{trainer['metadata']['name']}-0"
     assert settings.serving.instance_id == first_trainer == trainer_settings.kafka.resolved_instance_id()
     assert settings.redis.url == trainer_settings.redis.url
     assert settings.redis.namespace == trainer_settings.redis.namespace
