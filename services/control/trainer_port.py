@@ -27,10 +27,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ferret_core.plan import Plan
 from services.control.deadline import CallDeadline
+
+if TYPE_CHECKING:
+    from ferret_core.engine.processes.hosts import Freshness
 
 
 class TrainerState(enum.Enum):
@@ -95,6 +98,9 @@ class TrainerStatus:
     last_good_version: int = 0  # the model version of the last-good weights (0: not guarded)
     model_lineage: int = 0  # the lineage model_version counts along (services.trainer.lineage)
     counters: Mapping[str, int] = field(default_factory=dict)
+    # several hosts: how far behind the newest master the predicting copies were (GetStatus counters
+    # freshness_*; metrics ferret_prediction_freshness_*); None on one host, where predictions read the master
+    freshness: Freshness | None = None
 
     @property
     def items_dead_lettered(self) -> int:

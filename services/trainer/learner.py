@@ -13,13 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from ferret_core.engine import SkipReason
 from ferret_core.errors import FerretError
 from ferret_core.plan import Plan
+
+if TYPE_CHECKING:
+    from ferret_core.engine.processes.hosts import Freshness
 
 
 class LearnerFailed(FerretError, RuntimeError):
@@ -84,6 +87,9 @@ class LearnerStats:
     non_finite: int = 0  # items whose non-finite loss or gradient was dropped (skipped ``non_finite``)
     guard: GuardCounts | None = None  # the guard's counters (services/trainer/guard); None: not guarded
     model_lineage: int = 0  # the lineage model_version counts along (services.trainer.lineage)
+    # over several hosts: how far behind the newest master the predicting follower copies were; None: the
+    # predictions read the master itself (one host: always fresh)
+    freshness: Freshness | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,7 +85,8 @@ class TrainerCollector(Collector):
         for name, (doc, scale) in RATIOS.items():
             yield GaugeMetricFamily(metric_name(name), f"{doc} (0-1)", value=getattr(s, name) / scale)
         partitions = GaugeMetricFamily(
-            "ferret_partition_lag_items", "Sample records behind the end of each assigned partition (-1: unknown)",
+            "ferret_partition_lag_items",
+            "Sample records behind the end of each assigned partition (-1: unknown)",
             labels=["partition"],
         )
         for partition, lag in sorted(s.lag_items_by_partition.items()):
@@ -99,6 +100,26 @@ class TrainerCollector(Collector):
         for value in TrainerState:
             state.add_metric([value.value], 1.0 if value is s.state else 0.0)
         yield state
+        if s.freshness is not None:  # several hosts: the predicting follower copies' lag (quantiles)
+            behind = GaugeMetricFamily(
+                "ferret_prediction_freshness_updates",
+                "Master updates the predicting copy was behind the newest master (several hosts)",
+                labels=["quantile"],
+            )
+            late = GaugeMetricFamily(
+                "ferret_prediction_freshness_seconds",
+                "Seconds since the first update the predicting copy lacked was announced (several hosts)",
+                labels=["quantile"],
+            )
+            for quantile, n, ms in (
+                ("0.5", s.freshness.updates_p50, s.freshness.ms_p50),
+                ("0.99", s.freshness.updates_p99, s.freshness.ms_p99),
+                ("1", float(s.freshness.updates_max), s.freshness.ms_max),
+            ):
+                behind.add_metric([quantile], n)
+                late.add_metric([quantile], ms / 1000.0)
+            yield behind
+            yield late
         staleness = self._staleness()
         if staleness is not None:
             yield GaugeMetricFamily(

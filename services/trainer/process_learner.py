@@ -419,6 +419,7 @@ class ProcessLearner:
             staleness_bound=stats.staleness_bound,
             non_finite=self._non_finite_before + stats.skipped.get(SkipReason.NON_FINITE.value, 0),
             model_lineage=self.lineage.value,
+            freshness=None if self.hosts is None else self.hosts.freshness(),
         )
 
     def close(self) -> None:

@@ -97,6 +97,7 @@ class StatusView:
                 last_good_version=guard.last_good_version,
                 model_lineage=stats.model_lineage,
                 counters=staleness_counters(stats),
+                freshness=stats.freshness,
             )
 
 
@@ -105,4 +106,17 @@ def staleness_counters(stats: LearnerStats) -> dict[str, int]:
     schedule's bound (``staleness_bound.<j>``): the wall clock does not enforce the bound (docs/service.md)."""
     out = {f"staleness_max.{j}": int(v) for j, v in enumerate(stats.max_staleness)}
     out.update({f"staleness_bound.{j}": int(v) for j, v in enumerate(stats.staleness_bound)})
+    if stats.freshness is not None:  # several hosts: the predicting copies' lag behind the newest master
+        f = stats.freshness
+        out.update(
+            {
+                "freshness_predictions": f.predictions,
+                "freshness_updates_p50": round(f.updates_p50),
+                "freshness_updates_p99": round(f.updates_p99),
+                "freshness_updates_max": f.updates_max,
+                "freshness_ms_p50": round(f.ms_p50),
+                "freshness_ms_p99": round(f.ms_p99),
+                "freshness_ms_max": round(f.ms_max),
+            }
+        )
     return out

@@ -91,6 +91,11 @@ def test_the_trainer_trains_on_the_other_hosts_executors(trainer_env: dict[str, 
             wait_status(client, "predictions_published", 120)
             status = client.get_status()
             assert status.items_dispatched > 0 and status.backward_passes > 0, both_logs()  # trained there
+            # predictions read follower copies of the remote stage: how far behind, in GetStatus
+            counters = dict(status.counters)
+            assert counters["freshness_predictions"] > 0, counters
+            assert 0 <= counters["freshness_updates_p50"] <= counters["freshness_updates_p99"]
+            assert counters["freshness_updates_p99"] <= counters["freshness_updates_max"]
             # the executors are processes under rank 1's agent; the trainer's host runs none
             assert executor_processes(ranks[1][0]), both_logs()
             assert not executor_processes(ranks[0][0]), both_logs()

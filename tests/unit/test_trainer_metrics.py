@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ferret_core.engine.processes.hosts import Freshness
 from ferret_core.planning.planner import Planner
 from services.control.replanner import Replanner
 from services.control.trainer_port import TrainerState, TrainerStatus
@@ -36,6 +37,9 @@ FULL = TrainerStatus(
     lag_seconds=0.25,
     lag_items_by_partition={0: 2, 1: 3},
     replans=1,
+    freshness=Freshness(
+        predictions=40, updates_p50=1.0, updates_p99=3.0, updates_max=4, ms_p50=5.0, ms_p99=20.0, ms_max=25.0
+    ),
 )
 
 
@@ -77,6 +81,9 @@ def test_metrics_endpoint_reports_status_and_histograms_in_base_units() -> None:
         "ferret_lag_items 5.0",
         'ferret_partition_lag_items{partition="1"} 3.0',
         "ferret_mean_staleness 1.5",
+        'ferret_prediction_freshness_updates{quantile="0.99"} 3.0',
+        'ferret_prediction_freshness_seconds{quantile="0.99"} 0.02',
+        'ferret_prediction_freshness_updates{quantile="1"} 4.0',
         'ferret_state{state="replanning"} 1.0',
         'ferret_state{state="running"} 0.0',
         'ferret_prediction_latency_seconds_bucket{le="0.005"} 0.0',
@@ -93,6 +100,7 @@ def test_metrics_endpoint_reports_status_and_histograms_in_base_units() -> None:
     unconstrained.register(lambda: TrainerStatus(), lambda: None)
     body = scrape(unconstrained)
     assert "ferret_budget_bytes" not in body and "ferret_mean_staleness" not in body
+    assert "ferret_prediction_freshness" not in body  # one host: predictions read the master itself
 
 
 def test_every_metric_is_named_after_a_status_field() -> None:

@@ -233,8 +233,8 @@ class Hosts:
             self._raise_if_failed()
             self._conns.clear()
             self._processes.clear()
-            self._fresh_updates.clear()
-            self._fresh_ms.clear()
+            # the freshness window spans clocks: a re-plan's new clock must not hide how fresh the
+            # predictions before it were (a service reads it across re-plans)
             self._followers.clear()
             for done in self._masters_done.values():
                 done.clear()
@@ -328,7 +328,7 @@ class Hosts:
             self._fresh_ms.append(ms)
 
     def freshness(self) -> Freshness:
-        """Over the newest FRESHNESS_WINDOW predictions of the clock (``predictions``: how many)."""
+        """Over the newest FRESHNESS_WINDOW predictions, across this job's clocks (``predictions``: how many)."""
         with self._lock:
             updates = np.asarray(self._fresh_updates or [0])
             ms = np.asarray(self._fresh_ms or [0.0])
