@@ -59,3 +59,52 @@ def test_settings_are_checked() -> None:
         CusumSettings(worse_share=0.5)
     with pytest.raises(ConfigError, match="false_alarm"):
         CusumSettings(false_alarm=0.0)
+
+
+def correlated(n: int, both: float, shadow_only: float, live_only: float, seed: int) -> list[tuple[bool, bool]]:
+    """Items on which both models are right (``both``), only the shadow (``shadow_only``), only the live one."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        r = rng.random()
+        if r < both:
+            out.append((True, True))
+        elif r < both + shadow_only:
+            out.append((False, True))
+        elif r < both + shadow_only + live_only:
+            out.append((True, False))
+        else:
+            out.append((False, False))
+    return out
+
+
+def test_a_slightly_worse_live_model_is_significant_but_not_material() -> None:
+    """The demo's false rollbacks: the shadow wins 3 of 4 discordant pairs (θ₁ exactly) but they are 4 % of
+    the items, so the live model is only 2 points worse: over 3,000 items the statistic reaches h on most
+    streams, and the drop gate holds on every one."""
+    streams = [correlated(3_000, both=0.30, shadow_only=0.03, live_only=0.01, seed=seed) for seed in range(20)]
+    significant = sum(run(pairs, CusumSettings(min_drop=0.0)) is not None for pairs in streams)
+    material = sum(run(pairs, CusumSettings(min_drop=0.05)) is not None for pairs in streams)
+    assert significant >= 15 and material == 0, (significant, material)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_collapse_passes_the_drop_gate_as_fast_as_without_it(seed: int) -> None:
+    pairs = independent(2_000, 0.1, 0.85, seed)
+    assert run(pairs, CusumSettings(min_drop=0.05)) == run(pairs, CusumSettings(min_drop=0.0)) is not None
+
+
+def test_the_drop_counts_the_run_since_the_statistic_left_its_floor() -> None:
+    test = DiscordantCusum(CusumSettings(min_drop=0.05))
+    for _ in range(50):  # a good stretch: live wins floor the statistic, the run restarts
+        test.observe(True, False)
+    assert test.run_drop == 0.0
+    for _ in range(10):
+        test.observe(False, True)
+    for _ in range(30):
+        test.observe(True, True)
+    assert test.run_drop == pytest.approx(10 / 40)
+    test.reset()
+    assert test.run_drop == 0.0
+    with pytest.raises(ConfigError, match="min_drop"):
+        CusumSettings(min_drop=1.0)

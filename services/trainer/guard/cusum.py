@@ -15,6 +15,18 @@ discordant pairs between false alarms under H0 is at least e^h = 1 / ``false_ala
 least 10,000 pairs); under H1 the mean delay is about h / KL(θ₁ ‖ ½) pairs (θ₁ = 0.75: 0.131 nats a pair,
 ~70 pairs at h = 9.2; fewer the worse the live model is).
 
+**A material drop too** (``min_drop``): the discordant pairs say *whether* the live model is worse, not by how
+much: a CUSUM run of 36 shadow wins against 12 live wins is strong evidence (θ₁ = 0.75 exactly) even when
+it came over ~900 compared items, i.e. the live model ~2.7 points below the shadow. That is ordinary SGD
+noise while a model learns (its accuracy is not monotone early on: MNISTNet at 20–35 % moved ±10 points
+between checkpoints), and rolling it back each time traps the learner at its last-good weights (the 2-core
+demo: 7 rollbacks to the same weights on a clean stream, the live model stuck at 34.5 % test accuracy where
+the unguarded one reached 71 %). So the test also counts every compared item of the current run (since
+the statistic last stood at its floor) and rejects only when the shadow's accuracy over that run exceeds the
+live model's by at least ``min_drop`` (default 0.05, 5 points): a collapse (fuzz: ~70 points) or a fit to
+wrong labels (a flipped burst: tens of points on the items after it) passes at once; noise does not.
+``min_drop`` 0 is the statistical test alone.
+
 Why this test: concept drift (a task change, a label permutation) makes *both* models wrong on the same
 items; those pairs are concordant and add nothing, so drift alone cannot trigger a rollback, while a live
 model that lost what the shadow still knows shows up as shadow wins. Items are counted, not weighted, so
@@ -38,8 +50,11 @@ class CusumSettings:
 
     false_alarm: float = 1e-4
     worse_share: float = 0.75
+    min_drop: float = 0.0  # the accuracy gap (a share) the run must show too (module docstring); 0: none
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.min_drop < 1.0:
+            raise ConfigError(f"min_drop must lie in [0, 1), got {self.min_drop}: an accuracy gap, a share; e.g. 0.05")
         if not 0.0 < self.false_alarm < 1.0:
             raise ConfigError(f"false_alarm must lie in (0, 1), got {self.false_alarm}; e.g. 1e-4")
         if not 0.5 < self.worse_share < 1.0:
@@ -72,26 +87,43 @@ class DiscordantCusum:
         self.statistic = 0.0
         self.shadow_wins = 0
         self.live_wins = 0
+        self._run_items = 0  # compared items since the statistic last stood at its floor (concordant too)
+        self._run_gap = 0  # shadow wins − live wins over them
 
     def observe(self, live_correct: bool, shadow_correct: bool) -> Verdict:
+        self._run_items += 1
         if live_correct == shadow_correct:
             return Verdict.CONTINUE  # concordant: no evidence either way
         if shadow_correct:
             self.shadow_wins += 1
+            self._run_gap += 1
             self.statistic += self._win
         else:
             self.live_wins += 1
+            self._run_gap -= 1
             self.statistic = max(self._floor, self.statistic + self._loss)
-        return Verdict.WORSE if self.statistic >= self.settings.threshold else Verdict.CONTINUE
+            if self.statistic <= self._floor:  # the run ended: the next one counts from here
+                self._run_items = self._run_gap = 0
+        if self.statistic < self.settings.threshold:
+            return Verdict.CONTINUE
+        return Verdict.WORSE if self.run_drop >= self.settings.min_drop else Verdict.CONTINUE
+
+    @property
+    def run_drop(self) -> float:
+        """The shadow's accuracy minus the live model's over the current run (a share; 0 before any item)."""
+        return self._run_gap / self._run_items if self._run_items else 0.0
 
     def reset(self) -> None:
         """Start over (after a rollback or a promotion: the shadow changed)."""
         self.statistic = 0.0
         self.shadow_wins = 0
         self.live_wins = 0
+        self._run_items = self._run_gap = 0
 
     def describe(self) -> str:
         return (
             f"CUSUM {self.statistic:.2f} >= h {self.settings.threshold:.2f} nats over discordant pairs "
-            f"(shadow wins {self.shadow_wins}, live wins {self.live_wins}, θ₁ {self.settings.worse_share:g})"
+            f"(shadow wins {self.shadow_wins}, live wins {self.live_wins}, θ₁ {self.settings.worse_share:g}); "
+            f"the shadow {100 * self.run_drop:.1f} points above the live model over the run's {self._run_items} "
+            f"items (min_drop {100 * self.settings.min_drop:g})"
         )

@@ -101,7 +101,7 @@ class GuardedLearner:
     def __init__(self, inner: Learner, model: ZooModel, settings: GuardSettings) -> None:
         self.inner = inner
         self.settings = settings
-        self._test = DiscordantCusum(CusumSettings(settings.false_alarm, settings.worse_share))
+        self._test = DiscordantCusum(CusumSettings(settings.false_alarm, settings.worse_share, settings.min_drop))
         self._returns = RecurrenceWatch(settings.recurrence_level, settings.worse_share, settings.window)
         start = inner.state_tensors()
         self._shadow = Shadow(model, start)
