@@ -100,24 +100,26 @@ class TrainerCollector(Collector):
         for value in TrainerState:
             state.add_metric([value.value], 1.0 if value is s.state else 0.0)
         yield state
-        if s.freshness is not None:  # several hosts: the predicting follower copies' lag (quantiles)
+        # several hosts: the predicting follower copies' lag, p50 / p99 / max as gauges labelled by `stat`
+        # (not a summary: promtool keeps the `quantile` label for summaries)
+        if s.freshness is not None:
             behind = GaugeMetricFamily(
                 "ferret_prediction_freshness_updates",
                 "Master updates the predicting copy was behind the newest master (several hosts)",
-                labels=["quantile"],
+                labels=["stat"],
             )
             late = GaugeMetricFamily(
                 "ferret_prediction_freshness_seconds",
                 "Seconds since the first update the predicting copy lacked was announced (several hosts)",
-                labels=["quantile"],
+                labels=["stat"],
             )
-            for quantile, n, ms in (
-                ("0.5", s.freshness.updates_p50, s.freshness.ms_p50),
-                ("0.99", s.freshness.updates_p99, s.freshness.ms_p99),
-                ("1", float(s.freshness.updates_max), s.freshness.ms_max),
+            for stat, n, ms in (
+                ("p50", s.freshness.updates_p50, s.freshness.ms_p50),
+                ("p99", s.freshness.updates_p99, s.freshness.ms_p99),
+                ("max", float(s.freshness.updates_max), s.freshness.ms_max),
             ):
-                behind.add_metric([quantile], n)
-                late.add_metric([quantile], ms / 1000.0)
+                behind.add_metric([stat], n)
+                late.add_metric([stat], ms / 1000.0)
             yield behind
             yield late
         staleness = self._staleness()
