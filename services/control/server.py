@@ -156,18 +156,12 @@ def create_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, server)
     reflection.enable_server_reflection((CONTROL_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     try:
-        port = _bind(server, address, tls, "control.listen")
+        port = bind_port(server, address, tls, "control.listen")
         health_server, health_port = None, None
         if health_address is not None:
-            health_server = grpc.server(
-                ThreadPoolExecutor(max_workers=HEALTH_WORKERS, thread_name_prefix="ferret-health"),
-                maximum_concurrent_rpcs=HEALTH_WORKERS + QUEUED_CALLS,
-                options=[("grpc.so_reuseport", 0)],
+            health_server, health_port = health_only_server(
+                health_state.servicer, health_address, "control.health_listen"
             )
-            health_pb2_grpc.add_HealthServicer_to_server(health_state.servicer, health_server)
-            # plaintext even when the control port has TLS: the kubelet's gRPC probe speaks no TLS, and
-            # health statuses carry no secret
-            health_port = _bind(health_server, health_address, None, "control.health_listen")
     except ConfigError:
         replanner.close()
         raise
@@ -179,7 +173,11 @@ def _is_local(address: str) -> bool:
     return is_loopback(split_host(address))
 
 
-def _bind(server: grpc.Server, address: str, tls: ServerTls | None, key: str) -> int:
+def bind_port(
+    server: grpc.Server, address: str, tls: ServerTls | None, key: str, what: str = "the control plane"
+) -> int:
+    """Bind ``server`` to ``address`` (TLS where ``tls``); its port. A :class:`ConfigError` naming the setting
+    ``key`` and the reason when it cannot (grpc raises, or returns port 0, depending on its version)."""
     try:
         port = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
     except RuntimeError as exc:
@@ -187,8 +185,23 @@ def _bind(server: grpc.Server, address: str, tls: ServerTls | None, key: str) ->
     else:
         reason = "the address is in use or not local"
     if not port:
-        raise ConfigError(f"{key}: cannot bind the control plane to {address!r}: {reason}; pick another address")
+        raise ConfigError(f"{key}: cannot bind {what} to {address!r}: {reason}; pick another address")
     return int(port)
+
+
+def health_only_server(
+    servicer: health.HealthServicer, address: str, key: str, what: str = "the control plane"
+) -> tuple[grpc.Server, int]:
+    """An unstarted server answering ``grpc.health.v1`` alone at ``address``, and its port: plaintext even
+    where the main port has TLS (the kubelet's gRPC probe speaks no TLS, and health statuses carry no
+    secret). The control plane, ``ferret serve`` and a host that serves stages each have one."""
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=HEALTH_WORKERS, thread_name_prefix="ferret-health"),
+        maximum_concurrent_rpcs=HEALTH_WORKERS + QUEUED_CALLS,
+        options=[("grpc.so_reuseport", 0)],
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    return server, bind_port(server, address, None, key, what)
 
 
 def serve(

@@ -12,17 +12,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import grpc
 import torch.distributed as dist
-from grpc_health.v1 import health_pb2_grpc
 
 from ferret_core.engine.processes.host_agent import serve_host
 from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.errors import ConfigError, ExecutorLost
 from services.control.health import ControlHealth
+from services.control.server import health_only_server
 
 log = logging.getLogger("ferret.hosts")
 
@@ -91,15 +90,7 @@ def serve(health_listen: str | None = None) -> int:
 def host_health(address: str) -> grpc.Server:
     """A started ``grpc.health.v1`` server at ``address`` for a rank that serves stages (see :func:`serve`)."""
     state = ControlHealth(ready=False)  # never the trainer: "" NOT_SERVING; ferret.liveness SERVING
-    server = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="ferret-host-health"),
-                         options=[("grpc.so_reuseport", 0)])  # fmt: skip
-    health_pb2_grpc.add_HealthServicer_to_server(state.servicer, server)
-    try:
-        port = server.add_insecure_port(address)
-    except RuntimeError:  # grpc raises where older versions returned 0
-        port = 0
-    if not port:
-        raise ConfigError(f"control.health_listen: cannot bind the host's health port to {address!r}; pick another")
+    server, _ = health_only_server(state.servicer, address, "control.health_listen", "the host's health port")
     server.start()
     log.info("host health (liveness) on %s", address)
     return server

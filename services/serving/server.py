@@ -19,8 +19,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from ferret_core.errors import ConfigError
 from services.control.auth import ServerTls, TokenAuthInterceptor
+from services.control.server import bind_port, health_only_server
 from services.exposure import check_exposure, is_loopback, split_host
 from services.proto_gen.ferret.v1 import serving_pb2, serving_pb2_grpc
 from services.serving.follower import ModelFollower
@@ -31,8 +31,8 @@ from services.serving.servicer import ServingServicer
 
 SERVING_SERVICE_NAME: str = serving_pb2.DESCRIPTOR.services_by_name["Serving"].full_name
 WORKERS = 8
-HEALTH_WORKERS = 2
 QUEUED_CALLS = 64
+PORT_NAME = "the serving port"  # in the error when an address cannot be bound
 
 log = logging.getLogger("ferret.serve")
 
@@ -111,29 +111,13 @@ def create_serving_server(
     serving_pb2_grpc.add_ServingServicer_to_server(ServingServicer(holder, metrics, max_batch), server)  # type: ignore[no-untyped-call]
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVING_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = _bind(server, address, tls, "serving.listen")
+    port = bind_port(server, address, tls, "serving.listen", PORT_NAME)
     health_server, health_port = None, None
     if health_address is not None:
-        health_server = grpc.server(
-            ThreadPoolExecutor(max_workers=HEALTH_WORKERS, thread_name_prefix="ferret-serve-health"),
-            maximum_concurrent_rpcs=HEALTH_WORKERS + QUEUED_CALLS,
-            options=[("grpc.so_reuseport", 0)],
+        health_server, health_port = health_only_server(
+            health_servicer, health_address, "serving.health_listen", PORT_NAME
         )
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
-        health_port = _bind(health_server, health_address, None, "serving.health_listen")
     follower = ModelFollower(reader, holder) if reader is not None else None
     return ServingServer(
         server, port, split_host(address), holder, metrics, health_servicer, follower, health_server, health_port
     )
-
-
-def _bind(server: grpc.Server, address: str, tls: ServerTls | None, key: str) -> int:
-    try:
-        port = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
-    except RuntimeError as exc:
-        port, reason = 0, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    else:
-        reason = "the address is in use or not local"
-    if not port:
-        raise ConfigError(f"{key}: cannot bind the serving port to {address!r}: {reason}; pick another address")
-    return int(port)
