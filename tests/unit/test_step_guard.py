@@ -9,9 +9,11 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ferret_core.engine.optim import SGD
-from ferret_core.engine.step_guard import bounded, step_scale
+from ferret_core.engine.step_guard import _norm, bounded, finite_norm, step_scale
 from ferret_core.errors import ConfigError
 from services.config import load_settings
 from services.trainer.engine_learner import EngineLearner
@@ -67,3 +69,67 @@ def test_a_burst_of_extreme_inputs_never_yields_a_non_finite_forward() -> None:
     # the burst was trained on: every item back-propagated, or its non-finite loss or gradient dropped (the
     # engine's own guard: float32 overflows in the loss of some of these inputs whatever the weights)
     assert stats.backward_passes >= 100 and stats.backward_passes + stats.non_finite == 300
+
+
+def reference_scale(params: list[torch.Tensor], grads: list[torch.Tensor], lr: float, ratio: float) -> float:
+    """The guard's bound written out, with both norms always taken (float64 throughout)."""
+    step = lr * math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads))
+    if not math.isfinite(step) or step == 0.0:
+        return 1.0
+    bound = ratio * max(math.sqrt(sum(float(p.double().pow(2).sum()) for p in params)), 1.0)
+    return 1.0 if step <= bound else bound / step
+
+
+finite_floats = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False, width=32)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(finite_floats, min_size=1, max_size=12),
+    st.lists(finite_floats, min_size=1, max_size=12),
+    st.sampled_from([1e-3, 0.1, 1.0]),
+    st.sampled_from([0.01, 0.1, 1.0]),
+)
+def test_the_scale_matches_the_bound_written_out_with_or_without_a_given_norm(
+    theta: list[float], grad: list[float], lr: float, ratio: float
+) -> None:
+    params, grads = [torch.tensor(theta)], [torch.tensor(grad)]
+    expected = reference_scale(params, grads, lr, ratio)
+    assert step_scale(params, grads, lr, ratio) == pytest.approx(expected, rel=1e-5)
+    norm = finite_norm(grads)
+    assert norm is not None
+    assert step_scale(params, grads, lr, ratio, norm) == step_scale(params, grads, lr, ratio)
+
+
+def test_a_step_within_the_ratio_itself_never_reads_the_weights() -> None:
+    grads = [torch.full((4,), 0.01)]  # lr·‖g‖ = 0.02 ≤ r = 0.1 ≤ r·max(‖θ‖, 1)
+    weights = [torch.full((4,), math.nan)]  # a norm of these would make the scale NaN, not 1.0
+    assert step_scale(weights, grads, 1.0, 0.1) == 1.0
+    assert step_scale(weights, grads, 1.0, 0.1, grad_norm=0.02) == 1.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=0, max_size=6),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_finite_norm_is_none_exactly_when_an_element_is_not_finite_and_else_the_guards_norm(
+    values: list[list[float]],
+) -> None:
+    tensors = [torch.tensor(v, dtype=torch.float32) for v in values]
+    expected_finite = all(math.isfinite(x) for v in values for x in v)
+    norm = finite_norm(tensors)
+    assert (norm is not None) is expected_finite
+    if norm is not None:
+        assert norm == _norm(tensors)
+
+
+def test_finite_norm_survives_finite_values_whose_squares_overflow_float32() -> None:
+    big = torch.full((3,), 3e38)  # finite; its float32 norm overflows
+    norm = finite_norm([big, torch.ones(2)])
+    assert norm is not None and norm == pytest.approx(math.sqrt(3 * float(big[0]) ** 2 + 2), rel=1e-9)
+    assert finite_norm([big, torch.tensor([1.0, math.nan])]) is None
+    assert finite_norm([torch.tensor([-math.inf])]) is None

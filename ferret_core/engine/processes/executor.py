@@ -63,7 +63,7 @@ from ferret_core.engine.processes.slots import SharedStageVersions
 from ferret_core.engine.stage_exec import StageGraph, StageProgram, backward, forward_no_grad, forward_with_grad
 from ferret_core.engine.stage_update import all_finite
 from ferret_core.engine.state import GradientBuffer
-from ferret_core.engine.step_guard import bounded
+from ferret_core.engine.step_guard import bounded, finite_norm
 from ferret_core.errors import ScheduleError
 
 START_METHOD = "forkserver"  # executors start from a forkserver that has imported these (PRELOAD)
@@ -149,6 +149,9 @@ class _Executor:
         self.compensate_seconds = 0.0  # wall seconds in the compensator's calls (reported, not used)
         self.push_seconds = 0.0  # wall seconds writing deltas to the shared ring or folding them into the average
         self.buffer = GradientBuffer()
+        # the buffer's 2-norm while it holds one gradient measured by finite_norm (else None): the norm
+        # guard reads it instead of taking the gradient's norm again
+        self.buffer_norm: float | None = None
         self.replica = spec.replica
         self.items: dict[int, _Item] = {}
         # isend works not known to be received and the tensors they read, forward (item, work, payload) and
@@ -300,7 +303,8 @@ class _Executor:
             if grad_in is None:
                 raise ScheduleError(f"item {index}: stage {j} produced no input gradient for stage {j - 1}")
             self._send(grad_in, self.spec.prev_rank, index, forward=False)
-        finite = all_finite(grads)
+        norm = finite_norm(grads)  # the non-finite check, and the norm guard's gradient norm, in one pass
+        finite = norm is not None
         stage = self.stage
         with stage.update_lock:
             if finite:
@@ -309,6 +313,7 @@ class _Executor:
                 unchanged = all(f is g for f, g in zip(fixed, grads, strict=True))
                 finite = unchanged or all_finite(fixed)
                 if finite:
+                    self.buffer_norm = norm if unchanged and self.buffer.count == 0 else None
                     self.buffer.add(fixed, version)
             stage.unpin(slot)
         t_end = time.perf_counter()
@@ -414,9 +419,11 @@ class _Executor:
         lr = self.spec.lr
         with stage.update_lock:
             t0 = time.perf_counter()
+            norm = self.buffer_norm if self.buffer.count == 1 else None
             grads, reads = self.buffer.take()
+            self.buffer_norm = None
             now_slot, now_version = stage.current()
-            grads = list(bounded(stage.params[now_slot], grads, lr, self.spec.max_step_ratio))
+            grads = list(bounded(stage.params[now_slot], grads, lr, self.spec.max_step_ratio, norm))
             written = now_version + 1
 
             def in_place() -> None:
