@@ -1,7 +1,9 @@
 """What the guard adds per item on the record path's thread, for a zoo model: the shadow's forward
 (batch sizes 1, 16 and 256: the record path predicts one consumer batch together) and, as the obvious
 alternative it is compared with, the live model's own prediction + one SGD step of the same batch size; and
-the norm guard's two norms per update. Prints a Markdown table.
+what the engine's non-finite check and the norm guard cost per update together: as they were before
+stop 34 (``all_finite``, then the guard's norms of the gradient and the weights) and as they are
+(``finite_norm``, whose norm the guard reuses; the weights' norm only for a step above ``r``). Prints a Markdown table.
 
     flock /tmp/ferret-bench.lock .venv/bin/python -m benchmarks.guard.shadow_cost --model mnistnet
 """
@@ -14,7 +16,8 @@ import time
 import torch
 from torch import nn
 
-from ferret_core.engine.step_guard import step_scale
+from ferret_core.engine.stage_update import all_finite
+from ferret_core.engine.step_guard import finite_norm, step_scale
 from services.config import load_settings
 from services.trainer.guard.shadow import Shadow
 from services.trainer.runner import build_zoo_model
@@ -61,9 +64,26 @@ def main() -> None:
         shadow_ms = per_item_ms(lambda xs=xs: shadow.predict(xs), batch, repeats)
         live_ms = per_item_ms(step, batch, repeats)
         print(f"| | {batch} | {shadow_ms:.3f} | {live_ms:.3f} | {shadow_ms / live_ms:.2f} |")
-    norms = per_item_ms(lambda: step_scale(params, grads, 0.01, 0.1), 1, 50)
-    print(f"\nnorm guard: {norms:.3f} ms per update ({sum(p.numel() for p in params):,} weights)")
-
+    weights = f"{sum(p.numel() for p in params):,} weights"
+    scale = 5.0 / float(torch.cat([g.flatten() for g in grads]).norm())  # a real gradient's norm (3–6 here)
+    real = [g * scale for g in grads]  # lr 0.01: a step of 0.05, below r = 0.1
+    tiny = 1e-9  # a ratio every step exceeds: the guard reads the weights' norm as well
+    rows = {
+        "before (stop 34): all_finite, then the gradient's and the weights' norms": lambda: (
+            all_finite(real),
+            step_scale(params, real, 0.01, tiny),
+        ),
+        "now, step below r: finite_norm, its norm reused, the weights not read": lambda: step_scale(
+            params, real, 0.01, 0.1, finite_norm(real)
+        ),
+        "now, step above r: finite_norm, its norm reused, the weights' norm read": lambda: step_scale(
+            params, real, 0.01, tiny, finite_norm(real)
+        ),
+    }
+    print(f"\n| non-finite check + norm guard per update, {weights} | ms |")
+    print("|---|---|")
+    for name, call in rows.items():
+        print(f"| {name} | {per_item_ms(call, 1, 100):.3f} |")
 
 if __name__ == "__main__":
     main()

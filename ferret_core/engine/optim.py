@@ -23,9 +23,15 @@ class Optimizer(Protocol):
     """What the engine needs of an optimizer; calls for one stage are serialised by the engine."""
 
     def step(
-        self, stage: int, params: Sequence[Tensor], grads: Sequence[Tensor], out: Sequence[Tensor] | None = None
+        self,
+        stage: int,
+        params: Sequence[Tensor],
+        grads: Sequence[Tensor],
+        out: Sequence[Tensor] | None = None,
+        grad_norm: float | None = None,
     ) -> list[Tensor]:
-        """New parameters of ``stage``; written into ``out`` (free storage of the right shapes) if given."""
+        """New parameters of ``stage``; written into ``out`` (free storage of the right shapes) if given;
+        ``grad_norm``: ``grads``' 2-norm where the caller measured it (for the norm guard)."""
         ...
 
     def state_tensors(self) -> Iterator[Tensor]: ...
@@ -54,10 +60,16 @@ class SGD:
         self._buffers: dict[int, list[Tensor]] = {}
 
     def step(
-        self, stage: int, params: Sequence[Tensor], grads: Sequence[Tensor], out: Sequence[Tensor] | None = None
+        self,
+        stage: int,
+        params: Sequence[Tensor],
+        grads: Sequence[Tensor],
+        out: Sequence[Tensor] | None = None,
+        grad_norm: float | None = None,
     ) -> list[Tensor]:
         with torch.no_grad():
             if self.momentum:
+                grad_norm = None  # the step is the momentum buffer's, not the gradient's
                 old = self._buffers.get(stage)
                 if old is None:
                     bufs = [g.clone() for g in grads]
@@ -71,7 +83,7 @@ class SGD:
                     + ("" if out is None else f", {len(out)} output tensors")
                     + "; they must match one to one"
                 )
-            grads = bounded(params, grads, self.lr, self.max_step_ratio)
+            grads = bounded(params, grads, self.lr, self.max_step_ratio, grad_norm)
             if out is None:
                 return [torch.sub(p, g, alpha=self.lr) for p, g in zip(params, grads, strict=True)]
             # θ − lr·g for every tensor in two torch calls instead of one per tensor (each call on the

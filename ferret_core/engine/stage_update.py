@@ -44,6 +44,7 @@ from ferret_core.compensation import StageCompensator
 from ferret_core.engine.memory_meter import StorageKey, storage_keys
 from ferret_core.engine.optim import Optimizer
 from ferret_core.engine.state import Counters, GradientBuffer
+from ferret_core.engine.step_guard import finite_norm
 from ferret_core.engine.steps import Algorithm
 from ferret_core.engine.versions import StageVersion, VersionStore
 from ferret_core.errors import ConfigError
@@ -106,18 +107,22 @@ class StageUpdater:
         """Keep one item's parameter gradients of ``stage``, read from ``version`` (:meth:`keep`), when they
         are finite; False when they were not kept (non-finite, or made so by compensation): they never reach
         the weights. Every path that hands a gradient to an update goes through this (call under the stage's
-        lock)."""
-        return all_finite(grads) and self.keep(worker, stage, grads, version)
+        lock). The check measures the gradient's norm on the way (:func:`finite_norm`, one pass), which the
+        norm guard reuses when this gradient alone makes the update."""
+        norm = finite_norm(grads)
+        return norm is not None and self.keep(worker, stage, grads, version, norm)
 
-    def keep(self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion) -> bool:
+    def keep(
+        self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion, norm: float | None = None
+    ) -> bool:
         """Compensate one item's parameter gradients of ``stage`` and add them to the worker's buffer (T2:
-        one buffer, the stash released; call under the stage's lock). False (nothing added) when the
-        compensated gradient is not finite."""
+        one buffer, the stash released; call under the stage's lock), with their 2-norm ``norm`` where the
+        caller measured it. False (nothing added) when the compensated gradient is not finite."""
         fixed = self.compensate(stage, grads, version)
         unchanged = len(fixed) == len(grads) and all(f is g for f, g in zip(fixed, grads, strict=True))
         if not unchanged and not all_finite(fixed):  # the caller checked ``grads`` (τ = 0 returns them)
             return False
-        self._buffers[worker][stage].add(fixed, version.version)
+        self._buffers[worker][stage].add(fixed, version.version, norm if unchanged else None)
         return True
 
     def compensate(self, stage: int, grads: Sequence[Tensor], version: StageVersion) -> list[Tensor]:
@@ -146,10 +151,11 @@ class StageUpdater:
         """U: apply worker ``worker``'s buffer of ``stage`` to the master and refresh the worker's replica
         (call under the stage's lock)."""
         n, j = worker, stage
+        norm = self._buffers[n][j].norm
         grads, reads = self._buffers[n][j].take()
         read = self.store.master(j).version
         in_place_before = self.counters.in_place_updates
-        new_params = self.apply(n, j, grads, len(reads))
+        new_params = self.apply(n, j, grads, len(reads), norm)
         del grads
         # an in-place update of a stateless optimizer, with replicas sharing the master, keeps every storage
         # the stable sources hold (same data_ptr and size): their cached keys stay right
@@ -163,13 +169,19 @@ class StageUpdater:
         self.store.refresh(n, j)
         return StageUpdate(read, written, [read - r for r in reads], same_storages)
 
-    def apply(self, worker: int, stage: int, total: list[Tensor], steps: int = 1) -> list[Tensor]:
+    def apply(
+        self, worker: int, stage: int, total: list[Tensor], steps: int = 1, grad_norm: float | None = None
+    ) -> list[Tensor]:
         """Step the optimizer with the accumulated gradient of ``steps`` steps, after the OCL algorithm's
         ``regularise`` (which scales a penalty by ``steps``): the new master tensors (a function, so no
-        temporary outlives it; the caller publishes them)."""
+        temporary outlives it; the caller publishes them). ``grad_norm``: ``total``'s 2-norm where it was
+        measured, handed to the optimizer's norm guard while ``regularise`` leaves the gradient as it is."""
         master = self.store.master(stage)
         compensator = self.compensators[stage]
-        total = self.algorithm.regularise(stage, master.params, total, steps)
+        regularised = self.algorithm.regularise(stage, master.params, total, steps)
+        if regularised is not total:
+            grad_norm = None
+        total = regularised
         observes = self._observes[stage]
         if self.in_place and not observes:
             # decided and written under the masters' guard: a reader on another thread (the wall clock's
@@ -178,8 +190,12 @@ class StageUpdater:
             with self._masters_guard:
                 if self._unshared(master, worker):
                     self.counters.in_place_updates += 1
-                    return self.optimizer.step(stage, master.params, total, out=self.store.reuse(master))
-        new_params = self.optimizer.step(stage, master.params, total, out=self.store.recycled(stage))
+                    return self.optimizer.step(
+                        stage, master.params, total, out=self.store.reuse(master), grad_norm=grad_norm
+                    )
+        new_params = self.optimizer.step(
+            stage, master.params, total, out=self.store.recycled(stage), grad_norm=grad_norm
+        )
         if observes:
             with torch.no_grad():
                 compensator.observe_update([new - old for new, old in zip(new_params, master.params, strict=True)])

@@ -87,13 +87,19 @@ class GradientBuffer:
 
     grads: list[Tensor] | None = None
     reads: list[int] = field(default_factory=list)
+    # the sum's 2-norm while the buffer holds one gradient whose norm the caller measured (the non-finite
+    # check's step_guard.finite_norm), else None: the norm guard reads it instead of taking it again
+    norm: float | None = None
 
-    def add(self, grads: Sequence[Tensor], read: int) -> int:
-        """Add one (compensated) gradient the caller owns; returns how many the buffer now holds."""
+    def add(self, grads: Sequence[Tensor], read: int, norm: float | None = None) -> int:
+        """Add one (compensated) gradient the caller owns, with its 2-norm where measured; returns how many
+        the buffer now holds."""
         if self.grads is None:
             self.grads = list(grads)  # the first gradient becomes the buffer: no copy
+            self.norm = norm
         else:
             torch._foreach_add_(self.grads, list(grads))
+            self.norm = None
         self.reads.append(read)
         return len(self.reads)
 
@@ -103,14 +109,14 @@ class GradientBuffer:
         return len(self.reads)
 
     def take(self) -> tuple[list[Tensor], list[int]]:
-        """The sum and the read versions; the buffer is empty afterwards."""
+        """The sum and the read versions; the buffer is empty afterwards (read :attr:`norm` before)."""
         if self.grads is None:
             raise ScheduleError(
                 "an update needs at least one accumulated gradient, got an empty buffer; take() only after "
                 "add() (check count first)"
             )
         grads, reads = self.grads, self.reads
-        self.grads, self.reads = None, []
+        self.grads, self.reads, self.norm = None, [], None
         return grads, reads
 
     def tensors(self) -> list[Tensor]:

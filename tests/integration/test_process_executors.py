@@ -7,7 +7,6 @@ within seconds and leave no process behind.
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import threading
@@ -16,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch.testing import assert_close
 
 from ferret_core.compensation import COMPENSATOR_NAMES
@@ -26,7 +24,8 @@ from ferret_core.errors import ExecutorLost, ScheduleError
 from ferret_core.plan import Plan
 from ferret_core.schedule.scheduler import PlanRules
 from tests.unit.test_engine_equivalence import EXACT, plain_sgd
-from tests.unit.test_engine_support import IN_FEATURES, make_plan, sequential_model, stream, tiny_units
+from tests.unit.test_engine_support import IN_FEATURES, make_plan, stream, tiny_units
+from tests.unit.test_step_guard import guarded_sgd
 
 pytestmark = pytest.mark.integration
 
@@ -54,30 +53,6 @@ def test_one_worker_equals_the_plain_sgd_loop(recompute: bool) -> None:
         assert clock.counters.trained == 30 and clock.counters.updates[0] == [30]
         assert clock.counters.recomputes[0] == [30 if recompute else 0]
     assert_close(state, plain_sgd(units, items, 0.05), **EXACT)
-
-
-def guarded_sgd(
-    units: list, items: list, lr: float, ratio: float, accumulation: int = 1
-) -> tuple[dict[str, torch.Tensor], int]:
-    """The reference with the norm guard written out (float64 norms over the whole model, one stage): the
-    sum of each ``accumulation`` items' gradients as one step ``lr·g``, scaled to at most
-    ``ratio·max(‖θ‖, 1)``; also how many steps it scaled."""
-    model = sequential_model(units)
-    params = list(model.parameters())
-    scaled = 0
-    for start in range(0, len(items) - accumulation + 1, accumulation):
-        total = [torch.zeros_like(p) for p in params]
-        for item in items[start : start + accumulation]:
-            loss = F.cross_entropy(model(item.x.unsqueeze(0)), torch.tensor([item.y]))
-            total = [t + g for t, g in zip(total, torch.autograd.grad(loss, params), strict=True)]
-        with torch.no_grad():
-            step = lr * math.sqrt(sum(float(g.double().pow(2).sum()) for g in total))
-            bound = ratio * max(math.sqrt(sum(float(p.double().pow(2).sum()) for p in params)), 1.0)
-            scale = 1.0 if step <= bound else bound / step
-            scaled += scale < 1.0
-            for p, g in zip(params, total, strict=True):
-                p.sub_(g * scale if scale < 1.0 else g, alpha=lr)
-    return {k: v.detach() for k, v in model.state_dict().items()}, scaled
 
 
 @pytest.mark.parametrize(("accumulation", "ratio"), [(1, 0.05), (1, 0.3), (2, 0.1)])

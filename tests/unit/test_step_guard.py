@@ -9,16 +9,18 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ferret_core.engine import EngineSettings, Oracle, StreamEngine
 from ferret_core.engine.optim import SGD
 from ferret_core.engine.step_guard import _norm, bounded, finite_norm, step_scale
 from ferret_core.errors import ConfigError
 from services.config import load_settings
 from services.trainer.engine_learner import EngineLearner
 from services.trainer.runner import build_zoo_model
-from tests.unit.test_engine_support import make_plan
+from tests.unit.test_engine_support import make_plan, sequential_model, stream, tiny_units
 from tests.unit.test_model_diverged import large_inputs
 
 
@@ -133,3 +135,42 @@ def test_finite_norm_survives_finite_values_whose_squares_overflow_float32() -> 
     assert norm is not None and norm == pytest.approx(math.sqrt(3 * float(big[0]) ** 2 + 2), rel=1e-9)
     assert finite_norm([big, torch.tensor([1.0, math.nan])]) is None
     assert finite_norm([torch.tensor([-math.inf])]) is None
+
+
+def guarded_sgd(
+    units: list, items: list, lr: float, ratio: float, accumulation: int = 1
+) -> tuple[dict[str, torch.Tensor], int]:
+    """The reference with the norm guard written out (float64 norms over the whole model, one stage): the
+    sum of each ``accumulation`` items' gradients as one step ``lr·g``, scaled to at most
+    ``ratio·max(‖θ‖, 1)``; also how many steps it scaled."""
+    model = sequential_model(units)
+    params = list(model.parameters())
+    scaled = 0
+    for start in range(0, len(items) - accumulation + 1, accumulation):
+        total = [torch.zeros_like(p) for p in params]
+        for item in items[start : start + accumulation]:
+            loss = F.cross_entropy(model(item.x.unsqueeze(0)), torch.tensor([item.y]))
+            total = [t + g for t, g in zip(total, torch.autograd.grad(loss, params), strict=True)]
+        with torch.no_grad():
+            step = lr * math.sqrt(sum(float(g.double().pow(2).sum()) for g in total))
+            bound = ratio * max(math.sqrt(sum(float(p.double().pow(2).sum()) for p in params)), 1.0)
+            scale = 1.0 if step <= bound else bound / step
+            scaled += scale < 1.0
+            for p, g in zip(params, total, strict=True):
+                p.sub_(g * scale if scale < 1.0 else g, alpha=lr)
+    return {k: v.detach() for k, v in model.state_dict().items()}, scaled
+
+
+@pytest.mark.parametrize("ratio", [0.05, 0.3])
+def test_the_thread_engine_under_the_norm_guard_equals_the_guard_written_out(ratio: float) -> None:
+    """One worker, one stage on the thread engine: the non-finite check's norm reaches the guard
+    (StageUpdater.offer → GradientBuffer.norm → SGD.step); the weights are the guard's computed from
+    scratch, where it scales steps (0.05) and where most steps stay below r itself (0.3)."""
+    units, items = tiny_units(), stream(30)
+    setup = Oracle().setup("tiny", len(units), arrival_interval=1.0)
+    engine = StreamEngine(units, setup, EngineSettings(lr=0.1, max_step_ratio=ratio))
+    engine.run_virtual(items, None, arrival_interval=1.0)
+    reference, scaled = guarded_sgd(units, items, 0.1, ratio)
+    if ratio < 0.3:
+        assert 0 < scaled < len(items)
+    torch.testing.assert_close(engine.pipeline.master_state()[0], reference, rtol=1e-5, atol=1e-6)

@@ -149,9 +149,6 @@ class _Executor:
         self.compensate_seconds = 0.0  # wall seconds in the compensator's calls (reported, not used)
         self.push_seconds = 0.0  # wall seconds writing deltas to the shared ring or folding them into the average
         self.buffer = GradientBuffer()
-        # the buffer's 2-norm while it holds one gradient measured by finite_norm (else None): the norm
-        # guard reads it instead of taking the gradient's norm again
-        self.buffer_norm: float | None = None
         self.replica = spec.replica
         self.items: dict[int, _Item] = {}
         # isend works not known to be received and the tensors they read, forward (item, work, payload) and
@@ -313,8 +310,7 @@ class _Executor:
                 unchanged = all(f is g for f, g in zip(fixed, grads, strict=True))
                 finite = unchanged or all_finite(fixed)
                 if finite:
-                    self.buffer_norm = norm if unchanged and self.buffer.count == 0 else None
-                    self.buffer.add(fixed, version)
+                    self.buffer.add(fixed, version, norm if unchanged else None)
             stage.unpin(slot)
         t_end = time.perf_counter()
         del grads, grad_in
@@ -419,9 +415,8 @@ class _Executor:
         lr = self.spec.lr
         with stage.update_lock:
             t0 = time.perf_counter()
-            norm = self.buffer_norm if self.buffer.count == 1 else None
+            norm = self.buffer.norm  # the one gradient's, measured by its non-finite check (else None)
             grads, reads = self.buffer.take()
-            self.buffer_norm = None
             now_slot, now_version = stage.current()
             grads = list(bounded(stage.params[now_slot], grads, lr, self.spec.max_step_ratio, norm))
             written = now_version + 1

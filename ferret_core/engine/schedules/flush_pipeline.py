@@ -74,8 +74,11 @@ class FlushUpdater(StageUpdater):
             [[] for _ in range(stages)] for _ in range(rows)
         ]
 
-    def keep(self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion) -> bool:
-        """Add the gradient into the row's group sum (compensated at the flush: always kept here)."""
+    def keep(
+        self, worker: int, stage: int, grads: Sequence[Tensor], version: StageVersion, norm: float | None = None
+    ) -> bool:
+        """Add the gradient into the row's group sum (compensated at the flush: always kept here; ``norm`` is
+        not carried: the flush steps the rows' sum)."""
         self._held_steps[worker][stage] += 1
         pending = self._pending[worker][stage]
         if not pending:
