@@ -529,8 +529,9 @@ class GuardSettings(Section):
     # The alternative the test is tuned for: the shadow right on this share of the items where the two disagree.
     worse_share: float = field(default=0.75, metadata=meta(check=between(0.51, 0.999, "a share")))
     # ... and only when the live model is materially worse: the shadow's accuracy above the live model's by at
-    # least this share over the items of the test's run (SGD noise while a model learns is not a rollback).
-    min_drop: float = field(default=0.05, metadata=meta(check=between(0.0, 0.99, "a share")))
+    # least this share over the items of the test's run (SGD noise while a model learns is not a rollback;
+    # 0.25 from benchmarks/guard/results/false_alarms_seed*.md: clean streams' false alarms led by 8–26 points).
+    min_drop: float = field(default=0.25, metadata=meta(check=between(0.0, 0.99, "a share")))
     # Labelled items the shadow predicts per promotion window; the live model becomes last-good one window late.
     window: int = field(default=200, metadata=meta(check=between(10, None, "a number of items")))
     # Compared items a passing window's weights wait, with the test never firing, before they become last-good

@@ -94,6 +94,18 @@ def test_a_collapse_passes_the_drop_gate_as_fast_as_without_it(seed: int) -> Non
     assert run(pairs, CusumSettings(min_drop=0.05)) == run(pairs, CusumSettings(min_drop=0.0)) is not None
 
 
+def test_concordant_items_at_the_floor_are_in_no_run() -> None:
+    """A long agreeing stretch before a collapse (equal models, then a poisoned live model) must not dilute
+    the collapse's drop: the run starts with the shadow win that lifts the statistic."""
+    test = DiscordantCusum(CusumSettings(min_drop=0.25))
+    for _ in range(200):
+        assert test.observe(True, True) is Verdict.CONTINUE
+    assert test.run_drop == 0.0
+    verdicts = [test.observe(False, True) for _ in range(30)]
+    assert test.run_drop == 1.0
+    assert Verdict.WORSE in verdicts  # h = 9.2 nats at ln(1.5) a shadow win: the 23rd
+
+
 def test_the_drop_counts_the_run_since_the_statistic_left_its_floor() -> None:
     test = DiscordantCusum(CusumSettings(min_drop=0.05))
     for _ in range(50):  # a good stretch: live wins floor the statistic, the run restarts
