@@ -78,8 +78,13 @@ def finite_norm(tensors: Sequence[Tensor]) -> float | None:
     """The 2-norm of all the tensors together, or None when an element is NaN or ±inf: the non-finite
     check and the guard's gradient norm in one pass (one ``_foreach_norm``). A tensor's norm is finite iff
     every element is, unless squaring finite entries overflowed float32: such a tensor is checked exactly
-    (``aminmax``) and its norm taken again in float64 (as :func:`_norm`)."""
-    norms = [float(n) for n in torch._foreach_norm(list(tensors))] if tensors else []
+    (``aminmax``) and its norm taken again in float64 (as :func:`_norm`). On an accelerator the norms are
+    read back together (one sync per call, as ``all_finite``'s one sum)."""
+    found = torch._foreach_norm(list(tensors)) if tensors else []
+    if found and found[0].device.type != "cpu" and len({n.device for n in found}) == 1:
+        norms = torch.stack([n.double() for n in found]).tolist()  # one device sync, not one per tensor
+    else:
+        norms = [float(n) for n in found]
     total = 0.0
     for n, t in zip(norms, tensors, strict=True):
         if not math.isfinite(n):
