@@ -62,38 +62,39 @@ def step_scale(
     return 1.0 if step <= bound else bound / step
 
 
-def _norm(tensors: Sequence[Tensor]) -> float:
-    """The 2-norm of all the tensors together: per tensor in its own dtype (one ``_foreach_norm``), again in
-    float64 for a tensor whose norm overflowed (finite entries too large to square in float32), then
-    combined in float64."""
-    norms = [float(n) for n in torch._foreach_norm(list(tensors))]
-    norms = [
+def _tensor_norms(tensors: Sequence[Tensor]) -> list[float]:
+    """Each tensor's 2-norm: in its own dtype (one ``_foreach_norm``), again in float64 for a tensor whose
+    norm is not finite (finite entries too large to square in float32 overflow it; a NaN or ±inf entry
+    keeps it NaN or inf). On an accelerator the norms are read back together (one sync per call, as
+    ``all_finite``'s one sum), not one per tensor."""
+    found = torch._foreach_norm(list(tensors)) if tensors else []
+    if found and found[0].device.type != "cpu" and len({n.device for n in found}) == 1:
+        norms = torch.stack([n.double() for n in found]).tolist()
+    else:
+        norms = [float(n) for n in found]
+    return [
         n if math.isfinite(n) else float(torch.linalg.vector_norm(t, dtype=torch.float64))
         for n, t in zip(norms, tensors, strict=True)
     ]
-    return math.sqrt(sum(n * n for n in norms))
+
+
+def _norm(tensors: Sequence[Tensor]) -> float:
+    """The 2-norm of all the tensors together (:func:`_tensor_norms`, combined in float64)."""
+    return math.sqrt(sum(n * n for n in _tensor_norms(tensors)))
 
 
 def finite_norm(tensors: Sequence[Tensor]) -> float | None:
-    """The 2-norm of all the tensors together, or None when an element is NaN or ±inf: the non-finite
-    check and the guard's gradient norm in one pass (one ``_foreach_norm``). A tensor's norm is finite iff
-    every element is, unless squaring finite entries overflowed float32: such a tensor is checked exactly
-    (``aminmax``) and its norm taken again in float64 (as :func:`_norm`). On an accelerator the norms are
-    read back together (one sync per call, as ``all_finite``'s one sum)."""
-    found = torch._foreach_norm(list(tensors)) if tensors else []
-    if found and found[0].device.type != "cpu" and len({n.device for n in found}) == 1:
-        norms = torch.stack([n.double() for n in found]).tolist()  # one device sync, not one per tensor
-    else:
-        norms = [float(n) for n in found]
-    total = 0.0
+    """The 2-norm of all the tensors together (as :func:`_norm`), or None when an element is NaN or ±inf:
+    the non-finite check and the guard's gradient norm in one pass. A tensor's float64 norm is finite iff
+    every element is, except a float64 tensor too large to square, which is checked exactly (``aminmax``:
+    NaN propagates to both ends, ±inf is an end)."""
+    norms = _tensor_norms(tensors)
     for n, t in zip(norms, tensors, strict=True):
         if not math.isfinite(n):
-            low, high = torch.aminmax(t)  # NaN propagates to both ends, ±inf is an end
+            low, high = torch.aminmax(t)
             if not (math.isfinite(float(low)) and math.isfinite(float(high))):
                 return None
-            n = float(torch.linalg.vector_norm(t, dtype=torch.float64))
-        total += n * n
-    return math.sqrt(total)
+    return math.sqrt(sum(n * n for n in norms))
 
 
 def bounded(
