@@ -160,6 +160,13 @@ def options_from_args(args: argparse.Namespace, stamp: str | None = None) -> Dem
     stamp = stamp or run_stamp()
     data_root = args.data_root if args.data_root is not None else default_data_root()
     dataset = resolve_dataset(args.dataset, data_root)
+    if args.dataset is None and dataset == "digits":
+        log.info(
+            "dataset digits (scikit-learn's bundled 8x8 digits): no MNIST under the data root %s (%s missing); "
+            "pass --data-root DIR with MNIST/raw in it (README, Data) or --dataset NAME",
+            data_root,
+            data_root / "MNIST" / "raw",
+        )
     model = resolve_model(args.model, dataset)
     return DemoOptions(
         dataset=dataset,

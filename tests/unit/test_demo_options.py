@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,16 @@ def test_cli_defaults(tmp_path: Path) -> None:
     assert options.out_dir == Path("out/demo-20260101-120000")
     assert options.topic_prefix.startswith("demo-20260101-120000-")
     assert options.partitions == 2 and options.live and options.budget is None
+
+
+def test_the_digits_fallback_says_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from services.cli.demo_cmd import options_from_args
+
+    args = build_parser().parse_args(["demo", "--data-root", str(tmp_path / "nowhere"), "--rate", "50"])
+    with caplog.at_level(logging.INFO, logger="ferret.demo"):
+        options = options_from_args(args)
+    assert options.dataset == "digits"
+    assert "no MNIST under the data root" in caplog.text and "--data-root" in caplog.text
 
 
 def test_cli_flags(tmp_path: Path) -> None:
