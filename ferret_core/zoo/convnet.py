@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ferret_core.zoo.base import ZooModel, require_spatial
+from ferret_core.zoo.base import MaxPool2d, ZooModel, require_spatial
 
 DEFAULT_INPUT_SIZE = 32
 DEFAULT_IN_CHANNELS = 3
@@ -30,7 +30,7 @@ def build(*, num_classes: int, input_size: int | None = None, in_channels: int |
     units: list[nn.Module] = []
     previous = channels
     for width in WIDTHS:
-        units.append(nn.Sequential(nn.Conv2d(previous, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)))
+        units.append(nn.Sequential(nn.Conv2d(previous, width, 3, padding=1), nn.ReLU(), MaxPool2d(2)))
         previous = width
     units.append(nn.Sequential(nn.Flatten(), nn.Linear(previous * final * final, HIDDEN), nn.ReLU()))
     units.append(nn.Sequential(nn.Linear(HIDDEN, num_classes)))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ferret_core.zoo.base import ZooModel, require_spatial
+from ferret_core.zoo.base import MaxPool2d, ZooModel, require_spatial
 
 DEFAULT_INPUT_SIZE = 28
 DEFAULT_IN_CHANNELS = 1
@@ -33,7 +33,7 @@ def build(*, num_classes: int, input_size: int | None = None, in_channels: int |
     require_spatial("mnistnet", size, final, minimum=6)
     units: tuple[nn.Module, ...] = (
         nn.Sequential(nn.Conv2d(channels, 32, 3), nn.ReLU()),
-        nn.Sequential(nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2)),
+        nn.Sequential(nn.Conv2d(32, 64, 3), nn.ReLU(), MaxPool2d(2)),
         nn.Sequential(nn.Flatten(), nn.Linear(64 * final * final, 128), nn.ReLU()),
         nn.Sequential(nn.Linear(128, num_classes)),
     )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ferret_core.zoo.base import ZooModel, classifier_head, init_conv_norm, make_norm
+from ferret_core.zoo.base import MaxPool2d, ZooModel, classifier_head, init_conv_norm, make_norm
 
 DEFAULT_INPUT_SIZE = 32
 DEFAULT_IN_CHANNELS = 3
@@ -59,7 +59,7 @@ def _stem(in_channels: int, input_size: int, norm: str) -> nn.Sequential:
             nn.Conv2d(in_channels, WIDTHS[0], 7, stride=2, padding=3, bias=False),
             make_norm(norm, WIDTHS[0]),
             nn.ReLU(),
-            nn.MaxPool2d(3, stride=2, padding=1),
+            MaxPool2d(3, stride=2, padding=1),
         )
     return nn.Sequential(
         nn.Conv2d(in_channels, WIDTHS[0], 3, stride=1, padding=1, bias=False),
