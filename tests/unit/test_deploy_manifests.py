@@ -34,6 +34,8 @@ from services.cli import produce_cmd, run_cmd, serve_cmd
 from services.config import Settings, SettingsError, load_settings
 from services.control.health import LIVENESS, READINESS, ControlHealth
 from services.snapshots import signing_key
+from tests import compose_files
+from tests.compose_files import service_env
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -501,30 +503,8 @@ def in_build_context(path: str) -> bool:
 # --- docker-compose.yml ----------------------------------------------------------------------------------
 
 
-def interpolate(value: Any, env: dict[str, str]) -> Any:
-    """Compose's ${VAR}, ${VAR:-default} and $$, with ``env`` as the shell's environment."""
-    if isinstance(value, dict):
-        return {k: interpolate(v, env) for k, v in value.items()}
-    if isinstance(value, list):
-        return [interpolate(v, env) for v in value]
-    if not isinstance(value, str):
-        return value
-
-    def one(match: re.Match[str]) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        name, default = match.group(1), match.group(3) or ""
-        return env.get(name) or default
-
-    return re.sub(r"\$\$|\$\{(\w+)(:?-([^}]*))?\}", one, value)
-
-
 def compose(env: dict[str, str] | None = None) -> dict[str, Any]:
-    return interpolate(yaml.safe_load((ROOT / "docker-compose.yml").read_text(encoding="utf-8")), env or {})
-
-
-def service_env(service: dict[str, Any]) -> dict[str, str]:
-    return {k: "" if v is None else str(v) for k, v in service.get("environment", {}).items()}
+    return compose_files.compose(compose_files.BASE, env=env)
 
 
 def test_compose_structure_and_settings() -> None:
@@ -554,7 +534,8 @@ def test_compose_structure_and_settings() -> None:
         assert f"PLAINTEXT://{settings.kafka.bootstrap_servers}" in advertised
         assert settings.redis.url.startswith("redis://redis:6379/")
         assert settings.kafka.sample_partitions == trainer.kafka.sample_partitions
-    assert cli_parser().parse_args(services["trainer"]["command"]).command == "run"
+    program, *arguments = services["trainer"]["command"]
+    assert program == "ferret" and cli_parser().parse_args(arguments).command == "run"
     args = cli_parser().parse_args(services["producer"]["command"])
     assert (args.command, args.dataset, args.rate, args.loop) == ("produce", "digits", 50.0, True)
     # executor processes: the container's 2 CPUs are the record path's and one executor's; slots in /dev/shm
@@ -583,7 +564,7 @@ def test_compose_trainer_signs_its_snapshots_with_a_key_it_keeps(tmp_path: Path)
     trainer = spec["services"]["trainer"]
     assert "ferret-keys:/var/lib/ferret" in trainer["volumes"] and "ferret-keys" in spec["volumes"]
     sh, flag, script, argv0 = trainer["entrypoint"]
-    assert (sh, flag, argv0) == ("sh", "-c", "ferret") and "/var/lib/ferret" in script
+    assert (sh, flag) == ("sh", "-c") and "/var/lib/ferret" in script and argv0
     volume, bin_dir = tmp_path / "volume", tmp_path / "bin"
     volume.mkdir()
     bin_dir.mkdir()
@@ -640,10 +621,13 @@ def test_compose_trainer_healthcheck_follows_readiness() -> None:
     assert check() != 0
 
 
-def test_compose_file_validates_with_docker_compose() -> None:
+@pytest.mark.parametrize(
+    "files", [[compose_files.BASE], [compose_files.BASE, compose_files.HOSTS]], ids=["demo", "hosts"]
+)
+def test_compose_file_validates_with_docker_compose(files: list[str]) -> None:
     binary = tool("docker-compose", "Debian/Ubuntu: apt-get install --no-install-recommends docker-compose")
     out = subprocess.run(
-        [binary, "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        [binary, *(a for f in files for a in ("-f", str(ROOT / f))), "config", "-q"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -653,15 +637,72 @@ def test_compose_file_validates_with_docker_compose() -> None:
     assert out.returncode == 0, out.stderr
 
 
-def test_compose_file_matches_the_compose_spec() -> None:
+@pytest.mark.parametrize("name", [compose_files.BASE, compose_files.HOSTS])
+def test_compose_file_matches_the_compose_spec(name: str) -> None:
     checker = tool("check-jsonschema", "pip install -r requirements-deploy.txt")
     out = subprocess.run(
-        [checker, "--builtin-schema", "vendor.compose-spec", str(ROOT / "docker-compose.yml")],
+        [checker, "--builtin-schema", "vendor.compose-spec", str(ROOT / name)],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def torchrun_options(command: list[str]) -> tuple[dict[str, str], list[str]]:
+    """A ``torchrun`` command's ``--name=value`` options and the program after them (``--no-python``: run as is)."""
+    assert command[0] == "torchrun", command
+    options: dict[str, str] = {}
+    rest = command[1:]
+    while rest and rest[0].startswith("--"):
+        name, _, value = rest.pop(0)[2:].partition("=")
+        options[name] = value
+    return options, rest
+
+
+def test_compose_hosts_variant_is_one_torchrun_job() -> None:
+    """docker-compose.hosts.yml over the demo: the trainer (node rank 0, behind the entrypoint that sets its
+    signing key) and trainer-host-1 (node rank 1) are the two launchers of one static-rendezvous job at the
+    trainer's service name; both run `ferret run` with `trainer.hosts: torchrun` and the same settings;
+    the trainer keeps its ports, probes and key; the host is the trainer's image with its own liveness probe."""
+    base = compose()["services"]
+    spec = compose_files.compose(compose_files.BASE, compose_files.HOSTS)
+    services = spec["services"]
+    trainer, host = services["trainer"], services["trainer-host-1"]
+    assert trainer["entrypoint"] == base["trainer"]["entrypoint"]  # the key logic, then `exec "$@"`
+    assert host["entrypoint"] == ["torchrun"]
+    launchers = {"trainer": trainer["command"], "trainer-host-1": ["torchrun", *host["command"]]}
+    jobs = {name: torchrun_options(command) for name, command in launchers.items()}
+    ranks = {name: int(options["node-rank"]) for name, (options, _) in jobs.items()}
+    assert ranks == {"trainer": 0, "trainer-host-1": 1}
+    for name, (options, program) in jobs.items():
+        assert options.pop("no-python") == "" and program[0] == "ferret", (name, program)  # the console script
+        assert cli_parser().parse_args(program[1:]).command == "run", (name, program)
+        assert options["nnodes"] == str(len(jobs)) and options["nproc-per-node"] == "1"
+        assert options["rdzv-backend"] == "static" and options["max-restarts"] == "0"
+        assert options["master-addr"] == "trainer"  # rank 0's service: its TCP store and executors' store
+        assert options["master-port"] in [str(p) for p in trainer["expose"]]
+    settings = {name: load_settings(env=service_env(services[name])) for name in jobs}
+    for name, loaded in settings.items():
+        assert loaded.trainer.hosts == "torchrun" and loaded.trainer.executors == "processes", name
+        assert {n for n in service_env(services[name]) if n != "FERRET_CONFIG"} <= known_env_names()
+    same = ("model", "dataset", "max_workers", "executors", "hosts")
+    assert {k: getattr(settings["trainer"].trainer, k) for k in same} == {
+        k: getattr(settings["trainer-host-1"].trainer, k) for k in same
+    }
+    assert settings["trainer"].kafka.topic_prefix == settings["trainer-host-1"].kafka.topic_prefix
+    # the executors run on the host, which has no record path: a worker per CPU of its container
+    assert settings["trainer"].trainer.max_workers == int(float(host["deploy"]["resources"]["limits"]["cpus"]))
+    # the trainer keeps what the demo publishes and probes; only the command and the job's settings change
+    for key in ("ports", "healthcheck", "volumes", "depends_on", "shm_size"):
+        assert trainer[key] == base["trainer"][key], key
+    image = yaml.safe_load((ROOT / compose_files.BASE).read_text(encoding="utf-8"))["x-ferret-image"]
+    assert compose_files.interpolate(image, {}) == {"build": host["build"], "image": host["image"]}
+    probe = host["healthcheck"]["test"][3]
+    health = settings["trainer-host-1"].control.health_listen
+    assert health is not None and f"127.0.0.1:{host_port(health)[1]}" in probe and f"'{LIVENESS}'" in probe
+    assert host["shm_size"] == trainer["shm_size"] and host["restart"] == trainer["restart"]
+    assert "ports" not in host  # nothing to publish: control calls go to the trainer
 
 
 def test_dockerfile_passes_hadolint() -> None:
