@@ -7,7 +7,6 @@ rank 1, which owns the stages and runs their executors; a real broker and Redis 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from services.kafka.admin import TopicNames
 from tests import compose_files
 from tests.compose_files import service_env
 
-from .test_trainer_hosts import health_status, workers
+from .test_trainer_hosts import end_job, health_status, launched, tails, workers
 from .test_trainer_process import executor_processes, trainer_env, wait_status  # noqa: F401  (a fixture)
 from .trainer_support import produce_digits, read_predictions, wait_serving
 
@@ -83,16 +82,7 @@ def test_the_hosts_variant_runs_one_trainer_over_its_two_launchers(
         },
     ]
     logs = [tmp_path / "trainer.log", tmp_path / "trainer-host-1.log"]
-    handles = [log.open("wb") for log in logs]
-    launchers = [
-        subprocess.Popen(argv, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
-        for argv, env, handle in zip(argvs, envs, handles, strict=True)
-    ]
-
-    def both_logs() -> str:
-        return "\n---\n".join(log.read_text(errors="replace")[-4000:] for log in logs)
-
-    try:
+    with launched(argvs, envs, logs) as launchers:
         ranks = workers(launchers)
         assert {rank: launcher for rank, (_, launcher) in ranks.items()} == {0: 0, 1: 1}  # --node-rank
         wait_serving(launchers[0], common["FERRET_CONTROL_LISTEN"], logs[0], timeout=120.0)
@@ -100,26 +90,17 @@ def test_the_hosts_variant_runs_one_trainer_over_its_two_launchers(
             ids = produce_digits(bootstrap, topics.samples, 80)
             wait_status(client, "predictions_published", 80)
             status = client.get_status()
-            assert status.items_dispatched > 0 and status.backward_passes > 0, both_logs()
-        assert executor_processes(ranks[1][0]) and not executor_processes(ranks[0][0]), both_logs()
+            assert status.items_dispatched > 0 and status.backward_passes > 0, tails(logs)
+        assert executor_processes(ranks[1][0]) and not executor_processes(ranks[0][0]), tails(logs)
         assert health_status(health, LIVENESS) == health_pb2.HealthCheckResponse.SERVING
         probe = host["healthcheck"]["test"]  # the compose healthcheck's own command, at the local port
         assert probe[:3] == ["CMD", "python", "-c"]
         code = probe[3].replace(f"127.0.0.1:{health_port(service_env(host))}", health)
         assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60).returncode == 0
-        os.kill(ranks[0][0], signal.SIGTERM)  # the trainer: drain, snapshot, commit, end the job
-        codes = [launcher.wait(90) for launcher in launchers]
-        assert codes == [0, 0], f"launchers exited {codes}\n{both_logs()}"
-    finally:
-        for launcher in launchers:
-            if launcher.poll() is None:
-                launcher.kill()
-                launcher.wait(10)
-        for handle in handles:
-            handle.close()
+        end_job(ranks[0][0], launchers, logs)
     predictions = read_predictions(bootstrap, topics.predictions, 80)
     assert sorted(p.sample_id for p in predictions) == sorted(ids)  # exactly one each
-    assert "stage(s) owned by ranks [1] of 2 hosts" in both_logs()
+    assert "stage(s) owned by ranks [1] of 2 hosts" in tails(logs)
     key = volume / "snapshot-hmac-key"  # the entrypoint made the trainer's signing key before torchrun
     assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_text().strip()) == 64
 

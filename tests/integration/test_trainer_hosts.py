@@ -5,11 +5,13 @@ broker and Redis (the session's fixtures)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -57,6 +59,39 @@ def workers(launchers: list[subprocess.Popen[bytes]], timeout: float = 60.0) -> 
         time.sleep(0.2)
 
 
+@contextlib.contextmanager
+def launched(
+    argvs: list[list[str]], envs: list[dict[str, str]], logs: list[Path]
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The launchers of one job, each writing to its log; killed (if still running) on the way out."""
+    handles = [log.open("wb") for log in logs]
+    launchers = [
+        subprocess.Popen(argv, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
+        for argv, env, handle in zip(argvs, envs, handles, strict=True)
+    ]
+    try:
+        yield launchers
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait(10)
+        for handle in handles:
+            handle.close()
+
+
+def tails(logs: list[Path]) -> str:
+    return "\n---\n".join(log.read_text(errors="replace")[-4000:] for log in logs)
+
+
+def end_job(trainer_pid: int, launchers: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
+    """SIGTERM to the trainer (rank 0's worker) drains, snapshots, commits and ends the job: every launcher
+    exits 0."""
+    os.kill(trainer_pid, signal.SIGTERM)
+    codes = [launcher.wait(90) for launcher in launchers]
+    assert codes == [0] * len(launchers), f"launchers exited {codes}\n{tails(logs)}"
+
+
 def test_the_trainer_trains_on_the_other_hosts_executors(trainer_env: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
     """The stage lives on rank 1: its executor processes run there, none under the trainer; every item gets
     exactly one prediction and items are trained; SIGTERM to the trainer drains, snapshots and ends the job:
@@ -67,56 +102,33 @@ def test_the_trainer_trains_on_the_other_hosts_executors(trainer_env: dict[str, 
     env = {**trainer_env, "FERRET_TRAINER_HOSTS": "torchrun", "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     argv = [*torchrun_argv(2, free_port(), f"trainer-{prefix}"), "-m", "services.cli.main", "run"]
     logs = [tmp_path / f"launcher{n}.log" for n in range(2)]
-    handles = [log.open("wb") for log in logs]
     health = [f"127.0.0.1:{free_port()}" for _ in logs]  # one machine: each "host" its own health port
-    launchers = [
-        subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env={**env, "FERRET_CONTROL_HEALTH_LISTEN": address},
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-        )
-        for handle, address in zip(handles, health, strict=True)
-    ]
-
-    def both_logs() -> str:
-        return "\n---\n".join(log.read_text(errors="replace")[-4000:] for log in logs)
-
-    try:
+    envs = [{**env, "FERRET_CONTROL_HEALTH_LISTEN": address} for address in health]
+    with launched([argv, argv], envs, logs) as launchers:
         ranks = workers(launchers)
         wait_serving(launchers[0], env["FERRET_CONTROL_LISTEN"], logs[0], timeout=120.0)
         with ControlClient(env["FERRET_CONTROL_LISTEN"]) as client:
             ids = produce_digits(bootstrap, topics.samples, 120)
             wait_status(client, "predictions_published", 120)
             status = client.get_status()
-            assert status.items_dispatched > 0 and status.backward_passes > 0, both_logs()  # trained there
+            assert status.items_dispatched > 0 and status.backward_passes > 0, tails(logs)  # trained there
             # predictions read follower copies of the remote stage: how far behind, in GetStatus
             counters = dict(status.counters)
             assert counters["freshness_predictions"] > 0, counters
             assert 0 <= counters["freshness_updates_p50"] <= counters["freshness_updates_p99"]
             assert counters["freshness_updates_p99"] <= counters["freshness_updates_max"]
             # the executors are processes under rank 1's agent; the trainer's host runs none
-            assert executor_processes(ranks[1][0]), both_logs()
-            assert not executor_processes(ranks[0][0]), both_logs()
+            assert executor_processes(ranks[1][0]), tails(logs)
+            assert not executor_processes(ranks[0][0]), tails(logs)
         # the kubelet's view of the serving rank: live, never Ready (control calls go to the trainer only)
         assert health_status(health[ranks[1][1]], LIVENESS) == health_pb2.HealthCheckResponse.SERVING
         assert health_status(health[ranks[1][1]], READINESS) == health_pb2.HealthCheckResponse.NOT_SERVING
         assert health_status(health[ranks[0][1]], READINESS) == health_pb2.HealthCheckResponse.SERVING
-        os.kill(ranks[0][0], signal.SIGTERM)  # the trainer: drain, snapshot, commit, end the job
-        codes = [launcher.wait(90) for launcher in launchers]
-        assert codes == [0, 0], f"launchers exited {codes}\n{both_logs()}"
-    finally:
-        for launcher in launchers:
-            if launcher.poll() is None:
-                launcher.kill()
-                launcher.wait(10)
-        for handle in handles:
-            handle.close()
+        end_job(ranks[0][0], launchers, logs)
     predictions = read_predictions(bootstrap, topics.predictions, 120)
     assert sorted(p.sample_id for p in predictions) == sorted(ids)  # exactly one each
     assert not any(p.duplicate for p in predictions)
-    assert "stage(s) owned by ranks [1] of 2 hosts" in both_logs()
+    assert "stage(s) owned by ranks [1] of 2 hosts" in tails(logs)
 
 
 def health_status(address: str, service: str) -> int:
