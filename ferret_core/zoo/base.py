@@ -89,7 +89,8 @@ class MaxPool2d(nn.MaxPool2d):
             or input.device.type != "cpu"
             or (torch.is_grad_enabled() and input.requires_grad)
         ):
-            return super().forward(input)
+            out: torch.Tensor = super().forward(input)
+            return out
         pooled = F.max_pool2d(
             input.contiguous(memory_format=torch.channels_last),
             self.kernel_size,
