@@ -41,6 +41,7 @@ from benchmarks.distributed.throughput import (
     processes,
 )
 from benchmarks.support import run_record, write_result
+from ferret_core.engine.processes.follow import FOLLOW_SHARE
 from ferret_core.engine.processes.hosts import Hosts
 from services.hosts.job import coordinator_address, join, serve
 from services.hosts.loopback import run_on_loopback
@@ -105,7 +106,8 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
     return (
         f"# Process executors over {args.nodes} hosts on loopback ({args.rate_factor:g}× the plain loop's capacity)\n\n"
         f"Command: `{result['command']}` at {result['commit']}; {result['cpus']} CPUs shared by every host, load "
-        f"before {result['load_before'][0]:.2f}; medians of {args.repeats} repeats; job start to end "
+        f"before {result['load_before'][0]:.2f}; medians of {args.repeats} repeats; follow share "
+        f"{args.follow_share:g}; job start to end "
         f"{result.get('job_seconds', float('nan')):.1f} s.\n\n{table(result['results'])}\n"
     )
 
@@ -118,7 +120,7 @@ def coordinate(args: argparse.Namespace, argv: list[str] | None) -> int:
 
         args.data_root = default_data_root()
     load = os.getloadavg()
-    hosts = Hosts(coordinator_address())
+    hosts = Hosts(coordinator_address(), follow_share=args.follow_share)
     try:
         results = []
         for model in args.models:
@@ -146,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="N of the multi-worker arms")
     parser.add_argument("--nodes", type=int, default=2, help="launchers (hosts) on loopback")
     parser.add_argument("--data-root", type=Path, default=None)
+    parser.add_argument(
+        "--follow-share", type=float, default=FOLLOW_SHARE, help="the hosts' pace of sending masters (0, 1]"
+    )
     parser.add_argument("--out", default="hosts-loopback")
     args = parser.parse_args(argv)
     if "RANK" in os.environ:  # a rank of the job

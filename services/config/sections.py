@@ -162,6 +162,14 @@ def _check_rate(value: float | None) -> None:
         raise Invalid(_RATE)
 
 
+def _check_follow_share(value: float) -> None:
+    if not 0.0 < value <= 1.0:
+        raise Invalid("a share of a thread's time in (0, 1]")
+
+
+_check_follow_share.bounds = (0, 1)  # type: ignore[attr-defined]  # for the JSON Schema (0 itself is refused)
+
+
 def _check_optional_listen(value: str | None) -> None:
     if value is not None:
         check_listen(value)
@@ -385,6 +393,10 @@ class TrainerSettings(Section):
     max_workers: int | None = field(default=None, metadata=meta(check=between(1, None, "an integer")))
     max_stages: int | None = field(default=None, metadata=meta(check=between(1, None, "an integer")))
     hosts: HostsSetting = "off"
+    # With hosts: the most of each serving host's follower thread's time spent sending its stages' newest
+    # masters to the trainer, whose predictions read those copies (ferret_core/engine/processes/follow.py):
+    # 1 sends again as soon as a send ends (the freshest predictions, the most CPU on both ends).
+    follow_share: float = field(default=0.25, metadata=meta(check=_check_follow_share))
     profile: Path | None = field(default=None, metadata=meta(check=check_file))
     label_window: int = field(default=10_000, metadata=meta(check=between(0, None, "a number of items")))
     # The input contract's finite range (after uint8 → [0, 1]); values outside are rejected (out_of_range)

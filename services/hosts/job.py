@@ -17,6 +17,7 @@ from datetime import timedelta
 import grpc
 import torch.distributed as dist
 
+from ferret_core.engine.processes.follow import FOLLOW_SHARE
 from ferret_core.engine.processes.host_agent import serve_host
 from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.errors import ConfigError, ExecutorLost
@@ -47,12 +48,13 @@ def coordinator_address() -> str:
     return os.environ["MASTER_ADDR"]
 
 
-def trainer_hosts() -> Hosts:
-    """On the job's rank 0 (the trainer, ``trainer.hosts: torchrun``): the other hosts, which serve its clocks."""
+def trainer_hosts(follow_share: float = FOLLOW_SHARE) -> Hosts:
+    """On the job's rank 0 (the trainer, ``trainer.hosts: torchrun``): the other hosts, which serve its clocks
+    and send its predictions' copies of their stages at ``follow_share`` (``trainer.follow_share``)."""
     rank = join()
     if rank != 0:
         raise ConfigError(f"the trainer runs on rank 0 of the job, this is rank {rank}: call serve() here")
-    hosts = Hosts(coordinator_address())
+    hosts = Hosts(coordinator_address(), follow_share=follow_share)
     log.info("trainer on rank 0 of a job of %d host(s); the stages go to the others", hosts.world_size)
     return hosts
 

@@ -330,7 +330,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     model = build_zoo_model(settings)
     profile = load_profile(settings, model)
     # several hosts: join the torchrun job as its rank 0 (the others serve the stages: services/hosts)
-    hosts = trainer_hosts() if t.hosts == "torchrun" else None
+    hosts = trainer_hosts(t.follow_share) if t.hosts == "torchrun" else None
     world = 1 if hosts is None else hosts.world_size
     timing = start_timing(settings, model, profile)
     choice, planner, plan = plan_executors(settings, model, profile, timing=timing, hosts=world)

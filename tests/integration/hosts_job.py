@@ -18,6 +18,7 @@ from torch.testing import assert_close
 
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
+from ferret_core.engine.processes.follow import FOLLOW_SHARE
 from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.errors import ExecutorLost
 from ferret_core.plan import Plan
@@ -82,6 +83,7 @@ def saturated(hosts: Hosts, compensator: str = "none") -> dict[str, Any]:
         "shared_bytes": shared,
         "averages": [a is not None for a in clock.averages],
         "compensations": [[r.worker, r.stage, r.stats] for r in reports],
+        "follow_shares": {str(rank): share for rank, share in hosts.follow_shares.items()},
     }
 
 
@@ -134,6 +136,7 @@ SCENARIOS = {
     "transparency": transparency,
     "saturated": saturated,
     "saturated-gap-aware": lambda hosts: saturated(hosts, "gap-aware"),
+    "saturated-follow-every-update": saturated,  # Hosts(follow_share=1.0): main()
     "killed": killed,
 }
 
@@ -141,7 +144,8 @@ SCENARIOS = {
 def main(scenario: str, out: str) -> None:
     if join() != 0:
         sys.exit(serve())
-    hosts = Hosts(coordinator_address())
+    share = 1.0 if scenario == "saturated-follow-every-update" else FOLLOW_SHARE
+    hosts = Hosts(coordinator_address(), follow_share=share)
     if scenario == "coordinator_killed":
         coordinator_killed(hosts, out)
     result: dict[str, Any] = {"world_size": dist.get_world_size()}

@@ -69,6 +69,15 @@ def test_a_saturated_pipeline_over_two_hosts_validates_and_reports_freshness(tmp
     assert all(pid > 0 for *_, pid in result["executors"])
     assert fresh["updates_max"] >= 0 and fresh["ms_max"] >= 0.0
     assert result["shared_bytes"] > 0
+    assert result["follow_shares"] == {"1": 0.25}  # the default pace, confirmed by the host at setup
+
+
+def test_a_host_follows_every_update_at_follow_share_1(tmp_path: Path) -> None:
+    """``Hosts(follow_share=1.0)`` reaches the other host, which confirms it at setup and then sends its
+    stage's newest master again as soon as a send ends; the saturated run still accounts for every item."""
+    result = run_job("saturated-follow-every-update", tmp_path)
+    assert result["follow_shares"] == {"1": 1.0}
+    assert result["freshness"]["predictions"] == 200 and result["trained"] > 0
 
 
 def test_gap_aware_over_two_hosts_folds_each_stages_updates_on_its_owner(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import threading
 import pytest
 import torch
 
+from ferret_core.engine.processes.follow import FOLLOW_SHARE, check_follow_share, pause_after_send
 from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.engine.processes.router import lost_neighbour
 from ferret_core.engine.processes.slots import FlatTensors, SharedStageVersions
@@ -63,3 +64,30 @@ def test_a_gloo_connection_to_a_dead_neighbour_is_an_executor_lost_not_an_items_
     assert lost_neighbour("DistBackendError: [gloo/transport/tcp/pair.cc:534] Connection reset by peer")
     assert lost_neighbour("RuntimeError: [gloo/transport/tcp/pair.cc:598] Connection closed by peer")
     assert not lost_neighbour("ValueError: expected 10 classes, got 12")
+
+
+@pytest.mark.parametrize("share", [0.25, 0.5, 1.0])
+def test_a_host_spends_at_most_its_follow_share_sending(share: float) -> None:
+    """After each send of d seconds the follower waits d·(1/share − 1): over any run of sends and waits,
+    sending is ``share`` of the thread's time; share 1 sends again at once."""
+    sends = [0.004, 0.010, 0.0005, 0.020]
+    waits = [pause_after_send(d, share) for d in sends]
+    assert sum(sends) / (sum(sends) + sum(waits)) == pytest.approx(share)
+    assert (share == 1.0) == all(w == 0.0 for w in waits)
+
+
+@pytest.mark.parametrize("share", [0, -0.5, 1.5, float("nan"), True, "0.5"])
+def test_a_follow_share_outside_0_1_is_refused(share: object) -> None:
+    with pytest.raises(ConfigError, match=r"follow share must be in \(0, 1\]"):
+        check_follow_share(share)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="follow share"):  # before anything else: no job needed to be told
+        Hosts("127.0.0.1", follow_share=share)  # type: ignore[arg-type]
+
+
+def test_the_trainer_setting_reaches_its_hosts_and_is_checked() -> None:
+    from services.config import SettingsError, load_settings
+
+    assert load_settings(env={}).trainer.follow_share == FOLLOW_SHARE
+    assert load_settings(env={"FERRET_TRAINER_FOLLOW_SHARE": "1"}).trainer.follow_share == 1.0
+    with pytest.raises(SettingsError, match="follow_share"):
+        load_settings(env={"FERRET_TRAINER_FOLLOW_SHARE": "0"})

@@ -5,10 +5,12 @@ After updates, the owning host sends the newest master of each stage that moved:
 its version) and then the slot's parameters straight from shared memory, one contiguous region per dtype
 (:meth:`SharedStageVersions.regions`), which the coordinator receives straight into a free slot of its
 follower and publishes: no pickling, no copy but the network's. Sending costs CPU on both ends (45 MB per
-ResNet-18 master), so the host spends at most :data:`FOLLOW_SHARE` of the follower thread's time sending:
-after a send of d seconds it waits d·(1/FOLLOW_SHARE − 1) before the next, and then sends only the newest
-version (coalesced). A header with stage :data:`END_OF_SESSION` says the host sent its last master of
-a clock; :data:`BYE` that the host is leaving.
+ResNet-18 master), so the host spends at most a *share* of the follower thread's time sending (the
+coordinator's ``Hosts(follow_share=...)``, :data:`FOLLOW_SHARE` by default; ``trainer.follow_share``):
+after a send of d seconds it waits :func:`pause_after_send` = d·(1/share − 1) before the next, and then
+sends only the newest version (coalesced). Share 1 sends again as soon as a send ends: the freshest
+predictions, for the most CPU on both ends. A header with stage :data:`END_OF_SESSION` says the host
+sent its last master of a clock; :data:`BYE` that the host is leaving.
 """
 
 from __future__ import annotations
@@ -20,10 +22,27 @@ import torch.distributed as dist
 
 from ferret_core.engine.processes.link import TAG_MASTER
 from ferret_core.engine.processes.slots import SharedStageVersions
+from ferret_core.errors import ConfigError
 
-FOLLOW_SHARE = 0.25  # most of the follower thread's wall time a host spends sending masters
+FOLLOW_SHARE = 0.25  # most of the follower thread's wall time a host spends sending masters (default)
 END_OF_SESSION = -2
 BYE = -1
+
+
+def check_follow_share(share: float) -> float:
+    """``share`` if it is a share of a thread's time in (0, 1], else a :class:`ConfigError` saying so."""
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0.0 < share <= 1.0:
+        raise ConfigError(
+            f"follow share must be in (0, 1] (the most of the follower thread's time a host spends sending "
+            f"masters; 1: send after every update), got {share!r}"
+        )
+    return float(share)
+
+
+def pause_after_send(spent_s: float, share: float) -> float:
+    """Seconds to wait after a send that took ``spent_s`` so that sending takes at most ``share`` of the
+    follower thread's time: d·(1/share − 1) (0 at share 1)."""
+    return spent_s * (1.0 / share - 1.0)
 
 
 def send_master(stage: SharedStageVersions, dst: int, group: Any = None) -> int:

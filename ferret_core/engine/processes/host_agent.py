@@ -37,7 +37,15 @@ from ferret_core.engine.processes.executor import (
     start_executor,
     stop_executors,
 )
-from ferret_core.engine.processes.follow import BYE, END_OF_SESSION, FOLLOW_SHARE, send_marker, send_master
+from ferret_core.engine.processes.follow import (
+    BYE,
+    END_OF_SESSION,
+    FOLLOW_SHARE,
+    check_follow_share,
+    pause_after_send,
+    send_marker,
+    send_master,
+)
 from ferret_core.engine.processes.hosts import HEARTBEAT_S, LOST_AFTER_S
 from ferret_core.engine.processes.link import TAG_DOWN, TAG_UP, Link
 from ferret_core.engine.processes.pool import JOIN_TIMEOUT_S
@@ -48,8 +56,16 @@ from ferret_core.errors import ExecutorLost, ScheduleError
 class _Session:
     """One clock's stages, executors and follower thread on this host."""
 
-    def __init__(self, link: Link, ctx: Any, owned: dict[int, tuple[Any, int, int, bool]], group: Any) -> None:
+    def __init__(
+        self,
+        link: Link,
+        ctx: Any,
+        owned: dict[int, tuple[Any, int, int, bool]],
+        group: Any,
+        follow_share: float = FOLLOW_SHARE,
+    ) -> None:
         self.link = link
+        self.follow_share = check_follow_share(follow_share)
         self.ctx = ctx
         self.group = group
         self.stages: dict[int, SharedStageVersions] = {}
@@ -105,7 +121,7 @@ class _Session:
         self.link.send(("exited", executor, process.exitcode))
 
     def sync(self) -> None:
-        self._updated.set()  # the newest masters, at most FOLLOW_SHARE's wait from now
+        self._updated.set()  # the newest masters, at most the follow share's wait from now
         self.link.send(("synced", {j: stage.current_version() for j, stage in self.stages.items()}))
 
     def close(self) -> None:
@@ -119,7 +135,7 @@ class _Session:
 
     def _follow(self) -> None:
         """Send the newest master of every owned stage that moved, after updates (coalesced), spending at
-        most FOLLOW_SHARE of this thread's time sending (:mod:`.follow`); then end the clock's masters."""
+        most the follow share of this thread's time sending (:mod:`.follow`); then end the clock's masters."""
         try:
             while True:
                 self._updated.wait()
@@ -131,7 +147,7 @@ class _Session:
                     if stage.current_version() > self._sent[j]:
                         self._sent[j] = send_master(stage, self.link.peer, self.group)
                 spent = time.perf_counter() - t0
-                if self._stopping.wait(spent * (1 / FOLLOW_SHARE - 1)):
+                if self._stopping.wait(pause_after_send(spent, self.follow_share)):
                     break
             send_marker(END_OF_SESSION, self.link.peer, self.group)
         except Exception:
@@ -209,8 +225,8 @@ def serve_host(*, coordinator: int = 0, group: Any = None, start_method: str = S
                 elif kind == "setup":
                     if session is not None:
                         session.close()
-                    session = _Session(link, ctx, message[1], group)
-                    link.send(("ready", session.shared_bytes(), os.getpid()))
+                    session = _Session(link, ctx, message[1], group, *message[2:3])  # [2]: the follow share
+                    link.send(("ready", session.shared_bytes(), os.getpid(), session.follow_share))
                     break
                 elif kind == "sync":
                     if session is not None:

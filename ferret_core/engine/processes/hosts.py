@@ -47,7 +47,14 @@ import torch.distributed as dist
 
 from ferret_core.engine.processes.dispatch import Executor
 from ferret_core.engine.processes.executor import ExecutorSpec
-from ferret_core.engine.processes.follow import BYE, END_OF_SESSION, recv_header, recv_master
+from ferret_core.engine.processes.follow import (
+    BYE,
+    END_OF_SESSION,
+    FOLLOW_SHARE,
+    check_follow_share,
+    recv_header,
+    recv_master,
+)
 from ferret_core.engine.processes.link import TAG_DOWN, TAG_UP, Link
 from ferret_core.engine.processes.slots import SharedStageVersions
 from ferret_core.engine.versions import StageVersion
@@ -139,7 +146,10 @@ class Hosts:
     this host's address as the others reach it (where the executors' TCP store listens). One clock at a
     time uses it; :meth:`shutdown` ends the hosts' agents."""
 
-    def __init__(self, address: str, *, owners: Sequence[int] = (), group: Any = None) -> None:
+    def __init__(
+        self, address: str, *, owners: Sequence[int] = (), group: Any = None, follow_share: float = FOLLOW_SHARE
+    ) -> None:
+        self.follow_share = check_follow_share(follow_share)  # the hosts' pace of sending masters (:mod:`.follow`)
         if not dist.is_initialized():
             raise ConfigError(
                 "Hosts needs torch.distributed initialised (run under torchrun and call "
@@ -160,6 +170,7 @@ class Hosts:
         self._replies: dict[tuple[int, str], Any] = {}
         self._shared: dict[int, int] = {}  # per remote rank, the bytes of its stages' shared slots and rings
         self.host_pids: dict[int, int] = {}  # per remote rank, its agent's pid (there)
+        self.follow_shares: dict[int, float] = {}  # per remote rank, the follow share it confirmed at setup
         self._offset: dict[int, float] = {}  # per remote rank, its monotonic clock minus ours (0: the same clock)
         self._announced: dict[int, dict[int, float]] = {}  # per remote stage: version → when first announced
         self._newest: dict[int, int] = {}  # per remote stage: the newest master version announced
@@ -251,9 +262,9 @@ class Hosts:
                 for j in range(len(initial))
                 if self.owners[j] == rank
             }
-            self._send_down(rank, ("setup", owned))
+            self._send_down(rank, ("setup", owned, self.follow_share))
         for rank in self._links:
-            self._shared[rank], self.host_pids[rank] = self._await(rank, "ready")
+            self._shared[rank], self.host_pids[rank], self.follow_shares[rank] = self._await(rank, "ready")
         return dict(self._followers)
 
     def spawn(self, spec: ExecutorSpec) -> tuple[RemoteConnection, RemoteProcess]:
