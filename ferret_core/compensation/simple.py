@@ -105,6 +105,11 @@ class GapAwareCompensator(StageCompensator):
     def _updates(self) -> int:
         return int(self._count[0])
 
+    @property
+    def folded_updates(self) -> int:
+        """n, the master's updates folded into C so far (every executor's of the stage, when shared)."""
+        return self._updates
+
     def share_average(self, average: Sequence[Tensor], count: Tensor) -> None:
         """Before the first update: keep C in ``average`` and n in ``count`` (storage another owner
         allocated and other processes fold into: the stage's shared average on executor processes) instead

@@ -56,6 +56,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ferret_core.compensation import CompensatorSettings, make_compensator
+from ferret_core.compensation.simple import GapAwareCompensator
 from ferret_core.engine.memory_meter import MemoryMeter, StorageKey, storage_key, storage_keys
 from ferret_core.engine.processes.average import SharedStepAverage
 from ferret_core.engine.processes.deltas import SharedDeltas
@@ -391,9 +392,9 @@ class _Executor:
         return storage_keys(self.buffer.tensors())
 
     def compensation_report(self) -> tuple[dict[str, float], bytes]:
-        """The compensator's stats (with the wall seconds spent in its calls and in delta pushes) and the
-        recorded calls, serialised (``torch.save``: plain tensors, not shared-memory handles, travel over
-        the pipe)."""
+        """The compensator's stats (with the wall seconds spent in its calls and in delta pushes, and for
+        Gap-Aware the updates folded into the C it reads) and the recorded calls, serialised
+        (``torch.save``: plain tensors, not shared-memory handles, travel over the pipe)."""
         payload = io.BytesIO()
         torch.save(self.records, payload)
         stats = {
@@ -401,6 +402,8 @@ class _Executor:
             "compensate_seconds": self.compensate_seconds,
             "push_seconds": self.push_seconds,
         }
+        if isinstance(self.compensator, GapAwareCompensator):  # n of the C it reads (the stage's shared one)
+            stats["folded_updates"] = float(self.compensator.folded_updates)
         return stats, payload.getvalue()
 
     def _update(self) -> tuple[int, int, float, float, list[int]]:
