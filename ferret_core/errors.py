@@ -39,6 +39,22 @@ class InfeasibleBudgetError(FerretError, ValueError):
         )
 
 
+class InfeasibleHostBudgetError(FerretError, ValueError):
+    """No configuration fits every host's budget: over several hosts, the stage a host owns (or rank 0's
+    record path and follower copies) needs more than ``host_budget_bytes`` on every plan.
+    ``min_host_bytes`` is the smallest per-host budget for which a plan exists."""
+
+    def __init__(self, host_budget_bytes: int, hosts: int, min_host_bytes: int) -> None:
+        self.host_budget_bytes = int(host_budget_bytes)
+        self.hosts = int(hosts)
+        self.min_host_bytes = int(min_host_bytes)
+        super().__init__(
+            f"per-host memory budget {self.host_budget_bytes} bytes is below what every plan over {self.hosts} "
+            f"host(s) needs on its fullest host, {self.min_host_bytes} bytes; raise the per-host budget to at least "
+            f"{self.min_host_bytes}, or add hosts"
+        )
+
+
 class ScheduleError(FerretError, RuntimeError):
     """An engine invariant broke while running a schedule (a bug or a misused life cycle, not a user's
     value): an executor asked for what it does not hold, a version slot pool ran dry, a process died."""

@@ -179,6 +179,8 @@ class Plan:
     steps: tuple[PlanStep, ...] = ()
     recompute_note: str = ""
     objectives: PlanObjectives | None = None
+    # bytes per host, rank 0 first, where the plan was made for several hosts (ferret_core.planning.host_memory)
+    host_bytes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -251,6 +253,8 @@ class Plan:
         }
         if self.objectives is not None:
             out["objectives"] = self.objectives.to_dict()
+        if self.host_bytes:
+            out["host_bytes"] = list(self.host_bytes)
         return out
 
     @classmethod
@@ -302,4 +306,5 @@ class Plan:
             steps=steps,
             recompute_note=str(data.get("recompute_note", "")),
             objectives=None if objectives is None else PlanObjectives.from_dict(objectives),
+            host_bytes=tuple(int(b) for b in data.get("host_bytes", ())),
         )

@@ -94,7 +94,14 @@ from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan, WorkerConfig
 from ferret_core.planning.admission_queue import AdmissionQueue, queue_bytes
 from ferret_core.planning.cost_model import StageGeometry, paper_worker_elements
-from ferret_core.planning.residency import LABEL_BYTES, Residency, StageSizes, cap_residency, replay_worker
+from ferret_core.planning.residency import (
+    LABEL_BYTES,
+    Residency,
+    StageSizes,
+    cap_residency,
+    cap_stage_activations,
+    replay_worker,
+)
 from ferret_core.profile import ModelProfile, dtype_bytes
 from ferret_core.staleness import bound_for_workers
 
@@ -496,6 +503,74 @@ class MemoryModel:
     def shared_elements(self, workers: Sequence[WorkerConfig]) -> int:
         recompute = any(w.live and w.recompute for w in workers)
         return self.fixed_elements + self.compensator_elements(workers) + self.transient_elements(recompute)
+
+    # -- by stage ---------------------------------------------------------------------------------
+    def stage_breakdown(self, workers: Sequence[WorkerConfig]) -> tuple[tuple[dict[str, int], ...], dict[str, int]]:
+        """:meth:`breakdown` by where it lives: per stage j, the bytes its owner holds (every worker's
+        versions or version slots of j, their activations at j, accumulation buffers and pending gradients
+        of j, j's shared slots, optimizer state and compensator state; the transient gradient at the largest
+        stage), and the bytes of the record path, which holds no stage (admission queues, the prediction
+        path, the replay buffer). The stages' and the record path's values sum to :meth:`total`. Defined for
+        the engine's ``cap`` bound, the one executors on several hosts plan with: a ``schedule`` replay's
+        peak and the paper's M_F are not sums over stages."""
+        if not self._engine or self._schedule:
+            raise ConfigError(
+                "bytes by stage need the engine memory model with in_flight='cap' (the wall clock's bound); got "
+                f"variant={self.settings.variant!r}, in_flight={self.settings.in_flight!r}"
+            )
+        g = self.geometry
+        p = g.num_stages
+        stages: list[dict[str, int]] = [{} for _ in range(p)]
+        record: dict[str, int] = {}
+
+        def add(where: dict[str, int], name: str, elements: int) -> None:
+            if elements:
+                where[name] = where.get(name, 0) + elements
+
+        for worker in workers:
+            if not worker.live:
+                continue
+            activations = cap_stage_activations(self.sizes, worker.recompute)
+            for j in range(p):
+                if self._processes:
+                    slots = worker_version_slots(p, j)
+                    add(stages[j], "version_slots", slots * g.weights[j])
+                    add(stages[j], "version_slot_tables", self._elements_of(2 * slots * SLOT_TABLE_ENTRY_BYTES))
+                else:
+                    add(stages[j], "versions", self.stage_versions(worker, j) * g.weights[j])
+                add(stages[j], "activations", activations[j])
+                add(stages[j], "accumulation_buffers", g.weights[j] if worker.accumulation[j] > 1 else 0)
+                if self._per_worker_gradients:
+                    add(stages[j], "pending_gradients", g.weights[j])
+            add(record, "admission_queue", self.queue_elements(worker))
+        for name, value in self._fixed.items():
+            if name == "shared_version_slots":
+                for j in range(p):
+                    add(stages[j], name, SHARED_VERSION_SLOTS * g.weights[j])
+            elif name == "shared_version_slot_tables":
+                for j in range(p):
+                    add(stages[j], name, self._elements_of((1 + 2 * SHARED_VERSION_SLOTS) * SLOT_TABLE_ENTRY_BYTES))
+            elif name == "replay_buffer":
+                add(record, name, value)
+            else:  # optimizer state, LwF's teacher, MAS's importances: copies of the weights, per stage
+                copies = value // g.total_weights if g.total_weights else 0
+                for j in range(p):
+                    add(stages[j], name, copies * g.weights[j])
+        recompute = any(w.live and w.recompute for w in workers)
+        for name, value in self.transient_parts(recompute).items():
+            if name == "prediction_path":
+                add(record, name, value)
+            else:  # the transient gradient, max_j |w_j|: at its largest stage
+                add(stages[max(range(p), key=lambda j: g.weights[j])], name, value)
+        live = sum(1 for w in workers if w.live)
+        for j in range(p):
+            for name, value in self.stage_compensator_parts(j, bound_for_workers(workers, j, p), live).items():
+                add(stages[j], name, value)
+        unit = self.settings.unit_bytes
+        return (
+            tuple({k: v * unit for k, v in part.items()} for part in stages),
+            {k: v * unit for k, v in record.items()},
+        )
 
     # -- totals -----------------------------------------------------------------------------------
     def total(self, workers: Sequence[WorkerConfig]) -> int:

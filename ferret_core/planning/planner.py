@@ -34,10 +34,11 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from ferret_core.errors import ConfigError, InfeasibleBudgetError
+from ferret_core.errors import ConfigError, InfeasibleBudgetError, InfeasibleHostBudgetError
 from ferret_core.plan import Partition, Plan, PlanObjectives, WorkerConfig, backprop_period
 from ferret_core.planning.cost_model import RateModel, StageGeometry, num_worker_slots
 from ferret_core.planning.expected_staleness import ExpectedStaleness, replay_staleness
+from ferret_core.planning.host_memory import HostBudget, host_bytes
 from ferret_core.planning.memory_model import MemoryModel, MemorySettings
 from ferret_core.planning.partitioning import candidate_partitions
 from ferret_core.planning.search import PathPoint, SearchPath, search_path
@@ -73,6 +74,9 @@ class PlannerSettings:
     # what the plan maximises: "rate" (R_F, the paper's) or "accuracy" (R_F discounted by staleness_cost)
     objective: str = "rate"
     staleness_cost: StalenessCost | None = None  # d(τ), measured; required by "accuracy"
+    # several hosts (ours): every host's bytes within its budget too, stages placed as the trainer places them
+    # (:mod:`~ferret_core.planning.host_memory`); needs the engine's ``cap`` byte model
+    hosts: HostBudget | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -98,6 +102,11 @@ class PlannerSettings:
             raise ConfigError(f"max_stages must be >= 1, got {self.max_stages}")
         if not self.recompute_options or any(not isinstance(r, bool) for r in self.recompute_options):
             raise ConfigError(f"recompute_options must be a non-empty tuple of bools, got {self.recompute_options}")
+        if self.hosts is not None and (self.memory.variant != "engine" or self.memory.in_flight != "cap"):
+            raise ConfigError(
+                "a per-host budget needs the engine byte model with in_flight='cap' (what executors on several "
+                f"hosts hold), got variant={self.memory.variant!r}, in_flight={self.memory.in_flight!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -177,6 +186,7 @@ class Planner:
                     rate = rates[id(geometry)]
                     self._candidates.append(_Candidate(cap, geometry, memory, rate, recompute, slots, slots < n))
         self._paths: dict[int, SearchPath] = {}
+        self._host_bytes: dict[tuple[int, int], tuple[int, ...]] = {}
         self._replays: dict[tuple[tuple[int, ...], tuple[WorkerConfig, ...]], ExpectedStaleness] = {}
 
     @property
@@ -214,7 +224,7 @@ class Planner:
         out: list[PlanOption] = []
         for index, cand in enumerate(self._candidates):
             path = self._path(index)
-            point = path.first_within(budget_bytes)
+            point = self._first_within(index, budget_bytes)
             if point is None:
                 continue
             workers = path.workers_at(point)
@@ -245,7 +255,7 @@ class Planner:
             if not tied and _rounded(option.rate) < best:
                 continue
             path = self._path(option.index)
-            point = path.first_within(budget)
+            point = self._first_within(option.index, budget)
             assert point is not None
             discounted = dataclasses.replace(
                 option, discount=self._discount(self._candidates[option.index], path.workers_at(point))
@@ -306,10 +316,48 @@ class Planner:
             self._paths[index] = path
         return path
 
+    def _first_within(self, index: int, budget: int | None) -> PathPoint | None:
+        """The first point of candidate ``index``'s greedy path within ``budget`` (None: any) whose every
+        host fits :attr:`PlannerSettings.hosts` (Alg. 2's path, with a per-host test where hosts are set)."""
+        path = self._path(index)
+        if self.settings.hosts is None or self.settings.hosts.budget_bytes is None:
+            return path.first_within(budget)
+        for point in path.points:
+            if (budget is None or point.bytes <= budget) and self._fits_hosts(index, point):
+                return point
+        return None
+
+    def host_bytes_at(self, index: int, point: PathPoint) -> tuple[int, ...]:
+        """Bytes per host of candidate ``index`` at ``point`` (cached; :func:`host_bytes`)."""
+        hosts = self.settings.hosts
+        assert hosts is not None
+        key = (index, point.steps_taken)
+        found = self._host_bytes.get(key)
+        if found is None:
+            cand = self._candidates[index]
+            found = host_bytes(cand.memory, self._path(index).workers_at(point), hosts.hosts)
+            self._host_bytes[key] = found
+        return found
+
+    def _fits_hosts(self, index: int, point: PathPoint) -> bool:
+        hosts = self.settings.hosts
+        if hosts is None or hosts.budget_bytes is None:
+            return True
+        return max(self.host_bytes_at(index, point)) <= hosts.budget_bytes
+
     @property
     def min_feasible_bytes(self) -> int:
-        """Smallest budget any partition and c^r can meet (DESIGN §3.7)."""
-        return min(self._path(i).min_bytes for i in range(len(self._candidates)))
+        """Smallest budget any partition and c^r can meet (DESIGN §3.7); with a per-host budget, among the
+        configurations every host fits (:class:`InfeasibleHostBudgetError` when none does)."""
+        hosts = self.settings.hosts
+        if hosts is None or hosts.budget_bytes is None:
+            return min(self._path(i).min_bytes for i in range(len(self._candidates)))
+        points = [(i, point) for i in range(len(self._candidates)) for point in self._path(i).points]
+        fitting = [point.bytes for i, point in points if self._fits_hosts(i, point)]
+        if not fitting:
+            smallest = min(max(self.host_bytes_at(i, point)) for i, point in points)
+            raise InfeasibleHostBudgetError(hosts.budget_bytes, hosts.hosts, smallest)
+        return min(fitting)
 
     def warm(self) -> int:
         """Compute every greedy path now (later plans are lookups; the path cache is not thread-safe, so
@@ -329,7 +377,7 @@ class Planner:
         if self.weighs_staleness:
             options = self._discounted(budget_bytes, options)
         best = min(options, key=self.rank)
-        point = self._path(best.index).first_within(budget_bytes)
+        point = self._first_within(best.index, budget_bytes)
         assert point is not None
         plan = self._build_plan(best.index, point, budget_bytes, minimum)
         if self.settings.objective == "accuracy":
@@ -388,6 +436,7 @@ class Planner:
             memory_breakdown=cand.memory.breakdown(workers),
             steps=path.steps[: point.steps_taken],
             recompute_note=note,
+            host_bytes=() if self.settings.hosts is None else self.host_bytes_at(index, point),
         )
 
     def _recompute_alternative(self, chosen: _Candidate, budget: int | None) -> float | None:
@@ -397,7 +446,7 @@ class Planner:
                 and cand.recompute != chosen.recompute
                 and (cand.num_workers == chosen.num_workers or not (cand.reduced or chosen.reduced))
             ):
-                point = self._path(index).first_within(budget)
+                point = self._first_within(index, budget)
                 return None if point is None else point.rate
         return None
 

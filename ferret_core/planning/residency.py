@@ -103,18 +103,28 @@ class _OneWorker:
 def cap_residency(sizes: StageSizes, recompute: bool, *, wait_slots: int = 1) -> Residency:
     """A bound on one worker's activations that holds for any action durations (see the module docstring)."""
     p = sizes.num_stages
+    held = sum(cap_stage_activations(sizes, recompute, wait_slots=wait_slots))
+    return Residency(held, tuple(p - j for j in range(p)), exact=False)
+
+
+def cap_stage_activations(sizes: StageSizes, recompute: bool, *, wait_slots: int = 1) -> tuple[int, ...]:
+    """:func:`cap_residency`'s bound by the stage whose executor holds each term (they sum to its ``peak``):
+    stage j's P − j graphs (under T1: its kept inputs and one recomputed graph), one stage input, one
+    output gradient and one label; the ``wait_slots`` admitted items wait at stage 0. Where a stage's
+    memory lives apart from the others' (stages owned by several hosts), this is its share."""
+    p = sizes.num_stages
     largest_input = max(sizes.stage_input(j) for j in range(p))
     largest_output = max(sizes.outputs[:-1], default=0)  # an output gradient (never of the last stage)
-    in_flight = [p - j for j in range(p)]
-    if recompute:
-        kept = sum(k * sizes.stage_input(j) for j, k in enumerate(in_flight))
-        regraphs = sum(sizes.internal[j] + sizes.outputs[j] for j in range(p))
-        held = kept + regraphs + p * (largest_output + largest_input + sizes.label)
-    else:
-        graphs = sum(k * (sizes.internal[j] + sizes.outputs[j]) for j, k in enumerate(in_flight))
-        held = graphs + p * (largest_input + largest_output + sizes.label)
-    held += wait_slots * (sizes.sample + sizes.label)
-    return Residency(held, tuple(in_flight), exact=False)
+    per_stage = []
+    for j in range(p):
+        in_flight = p - j
+        if recompute:
+            held = in_flight * sizes.stage_input(j) + sizes.internal[j] + sizes.outputs[j]
+        else:
+            held = in_flight * (sizes.internal[j] + sizes.outputs[j])
+        per_stage.append(held + largest_input + largest_output + sizes.label)
+    per_stage[0] += wait_slots * (sizes.sample + sizes.label)
+    return tuple(per_stage)
 
 
 class _Held:

@@ -28,7 +28,7 @@ trained less than worker processes on every model measured (MNISTNet 0.64×, Con
 1.51× against 1.67× for two workers). On threads the caps are as before (:func:`thread_caps`).
 
 **Several hosts** (``trainer.hosts: torchrun``, docs/service.md "Several hosts"): always processes; the
-stages live on the other hosts (:mod:`services.hosts.placement`), which run no record path, so the caps
+stages live on the other hosts (:mod:`ferret_core.planning.placement`), which run no record path, so the caps
 are N ≤ cores and P ≤ the serving hosts (one stage per host; ``trainer.max_workers`` / ``max_stages``
 override). The other hosts' cores are taken to be this host's (the job's hosts are alike, as a
 Deployment's pods are); set ``trainer.max_workers`` where they are not.
@@ -45,11 +45,11 @@ from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.engine.processes.settings import ProcessSettings, check_supported
 from ferret_core.errors import ConfigError, NotImplementedFeatureError
 from ferret_core.plan import Plan
+from ferret_core.planning.placement import serving_hosts
 from ferret_core.planning.profiler import resolve_device
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
 from services.config import Settings
-from services.hosts.placement import serving_hosts
 from services.trainer.engine_learner import EngineLearner
 from services.trainer.guard.learner import GuardedLearner
 from services.trainer.learner import Learner

@@ -48,10 +48,10 @@ from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.engine.wall_clock import Arrival
 from ferret_core.errors import ConfigError, ExecutorLost, ScheduleError
 from ferret_core.plan import Plan
+from ferret_core.planning.placement import stage_owners
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
 from services.config import Settings
-from services.hosts.placement import stage_owners
 from services.trainer.learner import ArrivalOutcome, LearnerFailed, LearnerStats
 from services.trainer.lineage import Lineage
 from services.trainer.live_methods import live_setup, not_planned, plans_for_budget
@@ -114,7 +114,7 @@ class ProcessLearner:
     ) -> None:
         t = settings.trainer
         self.model = model
-        self.hosts = hosts  # several hosts: every clock places its stages there (services.hosts.placement)
+        self.hosts = hosts  # several hosts: every clock places its stages there (ferret_core.planning.placement)
         self.profile = profile
         self.method = t.method
         self.plans_for_budget = plans_for_budget(self.method)

@@ -59,8 +59,8 @@ from ferret_core.engine.processes.link import TAG_DOWN, TAG_UP, Link
 from ferret_core.engine.processes.slots import SharedStageVersions
 from ferret_core.engine.versions import StageVersion
 from ferret_core.errors import ConfigError, ExecutorLost, ScheduleError
+from ferret_core.planning.host_memory import FOLLOWER_SLOTS  # the planner counts what the followers hold
 
-FOLLOWER_SLOTS = 4  # a follower's slots: the current copy, a prediction's pin, master_state's pin, the one written
 REPLY_TIMEOUT_S = 60.0
 HEARTBEAT_S = 1.0  # each side of a link says it is alive this often
 LOST_AFTER_S = 10.0  # a peer silent this long is lost (a blocked gloo receive does not notice a dead peer)

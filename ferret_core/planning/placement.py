@@ -1,4 +1,4 @@
-"""Where the trainer's stages live when it runs over several hosts (``trainer.hosts: torchrun``).
+"""Where a plan's stages live when it runs over several hosts (the trainer's ``trainer.hosts: torchrun``).
 
 Rank 0 of the job is the trainer: its host keeps the record path (consume, decode, predict every item,
 publish, commit), which at saturation keeps a core busy by itself (docs/service.md "Executors"). So the
