@@ -233,6 +233,7 @@ def _utc(ms: int) -> str:
 
 def format_plan_reply(reply: pb.PlanReply, title: str = "Plan") -> str:
     """A compact readable plan (the server has no profile to name units: stages list unit indices)."""
+    from services.cli.plan_cmd import host_lines
     from services.control.messages import plan_from_reply
 
     plan = plan_from_reply(reply)
@@ -244,6 +245,7 @@ def format_plan_reply(reply: pb.PlanReply, title: str = "Plan") -> str:
         f"{title} v{reply.plan_version} for {plan.model} (applied {_utc(reply.applied_time_ms)} UTC{timing})",
         f"  budget {budget}; planned {format_bytes(plan.planned_bytes)}; "
         f"minimum feasible {format_bytes(plan.min_feasible_bytes)}; R_F = {plan.adaptation_rate:.6g}",
+        *host_lines(plan),
         f"  {plan.num_stages} stages (t^f = {plan.stage_forward_time * 1e3:.4g} ms, "
         f"t^b = {plan.stage_backward_time * 1e3:.4g} ms), {plan.num_workers} worker slots, "
         f"{plan.live_workers} live; t^d = {plan.arrival_interval * 1e3:.4g} ms; memory model "

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
-from ferret_core.errors import FerretError, InfeasibleBudgetError
+from ferret_core.errors import FerretError, InfeasibleBudgetError, InfeasibleHostBudgetError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: what `run --supervise` re-runs
     try:
         return int(args.handler(args))
-    except InfeasibleBudgetError as exc:
+    except (InfeasibleBudgetError, InfeasibleHostBudgetError) as exc:
         _fail(args, f"infeasible budget: {exc}")
         return EXIT_INFEASIBLE
     except FerretError as exc:

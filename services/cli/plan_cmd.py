@@ -14,7 +14,9 @@ from ferret_core.errors import ConfigError
 from ferret_core.ocl import ALGORITHM_NAMES, AlgorithmSettings, make_algorithm
 from ferret_core.ocl.planning import planning_memory, planning_profile
 from ferret_core.plan import Plan
+from ferret_core.planning.host_memory import HostBudget
 from ferret_core.planning.memory_model import IN_FLIGHT_MODES, MEMORY_VARIANTS, OPTIMIZER_SLOTS, MemorySettings
+from ferret_core.planning.placement import serving_hosts
 from ferret_core.planning.planner import OBJECTIVES, Planner, PlannerSettings
 from ferret_core.planning.staleness_cost import StalenessCost
 from ferret_core.profile import DTYPE_BYTES, ModelProfile
@@ -49,6 +51,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "buffer, teacher, importances) are planned, as `ferret simulate --algorithm` plans them (default vanilla)",
     )
     add_replay_arguments(parser)
+    parser.add_argument(
+        "--hosts",
+        type=positive_int,
+        default=None,
+        metavar="H",
+        help="plan for a job of H hosts as `ferret run` with trainer.hosts: torchrun runs it (executor processes, "
+        "stage j on rank 1 + ⌊j·(H − 1)/P⌋, P ≤ H − 1) and print the planned bytes per host (rank 0: the record "
+        "path and follower copies of the other hosts' stages)",
+    )
+    parser.add_argument(
+        "--host-budget",
+        type=budget_type,
+        default=None,
+        help="with --hosts: every host's own memory budget (trainer.host_budget_bytes); --budget stays the job's",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of the table")
     parser.set_defaults(handler=run)
 
@@ -214,22 +231,36 @@ def planner_from_args(args: argparse.Namespace, profile: ModelProfile, *, in_fli
             "simulate --objective accuracy` writes under its --cache-dir, in staleness/), or run `ferret simulate "
             "--objective accuracy`, which calibrates one on the stream's head"
         )
+    hosts = host_budget_of(args)
     memory = MemorySettings(
         variant=args.memory_model,
         in_flight=args.in_flight or in_flight,
         dtype=args.dtype,
         optimizer=args.optimizer,
         compensator=args.compensator or PLANNER_COMPENSATOR,
+        executors="threads" if hosts is None else "processes",  # several hosts: executor processes (run's)
     )
     settings = PlannerSettings(
         arrival_interval=args.arrival_interval.resolve(profile.max_forward_time),
         decay=args.decay,
         memory=memory,
         max_workers=args.max_workers,
+        max_stages=None if hosts is None else serving_hosts(hosts.hosts),
         objective=objective,
         staleness_cost=cost,
+        hosts=hosts,
     )
     return Planner(profile, settings)
+
+
+def host_budget_of(args: argparse.Namespace) -> HostBudget | None:
+    """``--hosts H [--host-budget B]`` (``ferret plan``'s): the job's hosts and each one's budget."""
+    hosts, budget = getattr(args, "hosts", None), getattr(args, "host_budget", None)
+    if hosts is None:
+        if budget is not None:
+            raise ConfigError("--host-budget is a budget per host of a job: give the job's hosts with --hosts H")
+        return None
+    return HostBudget(hosts, budget)
 
 
 def planner_for_algorithm(
@@ -300,6 +331,7 @@ def format_plan(plan: Plan, profile: ModelProfile, source: Path | None = None) -
         f"(eq. ferret-svre alone: {plan.paper_memory_elements:,} elements); adaptation rate R_F = "
         f"{plan.adaptation_rate:.6g}",
         *_objective_lines(plan),
+        *host_lines(plan),
         f"  {plan.num_stages} stages (t^f = {plan.stage_forward_time * 1e3:.4g} ms, "
         f"t^b = {plan.stage_backward_time * 1e3:.4g} ms), {plan.num_workers} worker slots, "
         f"{plan.live_workers} live",
@@ -331,6 +363,17 @@ def format_plan(plan: Plan, profile: ModelProfile, source: Path | None = None) -
     if not math.isfinite(plan.adaptation_rate):
         lines.append("  warning: the adaptation rate is not finite")
     return "\n".join(lines)
+
+
+def host_lines(plan: Plan) -> list[str]:
+    """The plan's planned bytes per host, where it was planned for several hosts (none otherwise)."""
+    if not plan.host_bytes:
+        return []
+    each = ", ".join(
+        f"rank {rank} {format_bytes(b)}{' (record path, follower copies)' if rank == 0 else ''}"
+        for rank, b in enumerate(plan.host_bytes)
+    )
+    return [f"  planned bytes per host: {each}"]
 
 
 def _objective_lines(plan: Plan) -> list[str]:

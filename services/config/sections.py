@@ -64,7 +64,7 @@ ProbationRule = Literal["suspect", "always"]
 # (services/trainer/executors.py, docs/service.md "Executors").
 ExecutorKindSetting = Literal["auto", "threads", "processes"]
 # Several hosts: "torchrun", every host runs `ferret run` under torchrun (c10d rendezvous); rank 0 is the trainer,
-# the other ranks own its stages and their executor processes (services/hosts/placement.py, docs/service.md
+# the other ranks own its stages and their executor processes (ferret_core/planning/placement.py, docs/service.md
 # "Several hosts"); "off": this host trains alone.
 HostsSetting = Literal["off", "torchrun"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
@@ -397,6 +397,12 @@ class TrainerSettings(Section):
     # masters to the trainer, whose predictions read those copies (ferret_core/engine/processes/follow.py):
     # 1 sends again as soon as a send ends (the freshest predictions, the most CPU on both ends).
     follow_share: float = field(default=0.25, metadata=meta(check=_check_follow_share))
+    # With hosts: every host's own memory budget (each host's planned bytes, the stages it owns or, on rank 0,
+    # the record path and its follower copies of the others' stages, stay within it; budget_bytes stays the
+    # job's total); null: none (the plan still reports its bytes per host).
+    host_budget_bytes: int | None = field(
+        default=None, metadata=meta(parse=parse_budget, expected=_BUDGET, check=between(1, None, "bytes"))
+    )
     profile: Path | None = field(default=None, metadata=meta(check=check_file))
     label_window: int = field(default=10_000, metadata=meta(check=between(0, None, "a number of items")))
     # The input contract's finite range (after uint8 → [0, 1]); values outside are rejected (out_of_range)
@@ -429,6 +435,12 @@ class TrainerSettings(Section):
                 f"'off' with trainer.executors {self.executors!r} and trainer.device {self.device!r} (the stages of "
                 "other hosts run on CPU executor processes)",
                 "set trainer.executors: auto (or processes) and trainer.device: cpu, or trainer.hosts: off",
+            )
+        if self.host_budget_bytes is not None and self.hosts == "off":
+            raise self._fail(
+                "host_budget_bytes",
+                "null with trainer.hosts 'off' (one host's budget is trainer.budget_bytes)",
+                "set trainer.budget_bytes instead, or trainer.hosts: torchrun",
             )
         if self.training_thread == "loop" and self.device != "cpu":
             raise self._fail(

@@ -6,6 +6,7 @@ error                                  gRPC status          raised by
 :class:`InvalidRequest` (ConfigError)  INVALID_ARGUMENT     request validation
 ``InfeasibleBudgetError`` (core)       FAILED_PRECONDITION  the planner (message: the minimum)
 :class:`BudgetNotPlanned`              FAILED_PRECONDITION  a trainer whose method has a fixed plan
+``InfeasibleHostBudgetError`` (core)   FAILED_PRECONDITION  the planner (per-host budget)
 :class:`Superseded`                    ABORTED              the re-planner (a newer request won)
 :class:`SnapshotNotFound`              NOT_FOUND            the trainer (any ``FerretError`` that
                                                             is also a ``LookupError`` counts)

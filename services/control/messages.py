@@ -62,6 +62,7 @@ def plan_reply(
         applied_time_ms=applied_time_ms,
         planning_seconds=planning_seconds,
         stall_seconds=stall_seconds,
+        host_bytes=list(plan.host_bytes),
     )
     if plan.budget_bytes is not None:
         reply.budget_bytes = plan.budget_bytes

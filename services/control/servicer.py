@@ -20,7 +20,7 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from ferret_core.errors import ConfigError, FerretError, InfeasibleBudgetError
+from ferret_core.errors import ConfigError, FerretError, InfeasibleBudgetError, InfeasibleHostBudgetError
 from services.control.deadline import CallDeadline
 from services.control.errors import (
     BUDGET_BELOW_MINIMUM,
@@ -51,7 +51,7 @@ _Reply = TypeVar("_Reply")
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status code and one-line details for an error raised while serving a call."""
     reason = (str(exc).splitlines() or [""])[0] or type(exc).__name__
-    if isinstance(exc, (InfeasibleBudgetError, BudgetNotPlanned)):
+    if isinstance(exc, (InfeasibleBudgetError, InfeasibleHostBudgetError, BudgetNotPlanned)):
         return grpc.StatusCode.FAILED_PRECONDITION, reason
     if isinstance(exc, (InvalidRequest, ConfigError)):
         return grpc.StatusCode.INVALID_ARGUMENT, reason

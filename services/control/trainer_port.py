@@ -101,6 +101,9 @@ class TrainerStatus:
     # several hosts: how far behind the newest master the predicting copies were (GetStatus counters
     # freshness_*; metrics ferret_prediction_freshness_*); None on one host, where predictions read the master
     freshness: Freshness | None = None
+    # several hosts: the plan's planned bytes per host, rank 0 first (GetStatus counters planned_host_bytes.<rank>;
+    # metrics ferret_planned_host_bytes{rank}); empty on one host
+    planned_host_bytes: tuple[int, ...] = ()
 
     @property
     def items_dead_lettered(self) -> int:

@@ -95,6 +95,14 @@ class TrainerCollector(Collector):
         if s.budget_bytes is not None:
             yield GaugeMetricFamily("ferret_budget_bytes", "The memory budget in force (absent: unconstrained)",
                                     value=s.budget_bytes)  # fmt: skip
+        if s.planned_host_bytes:  # several hosts: the plan's bytes on each host (rank 0: the trainer's)
+            per_host = GaugeMetricFamily(
+                "ferret_planned_host_bytes", "Bytes the plan in force predicts each host holds (several hosts)",
+                labels=["rank"],
+            )
+            for rank, value in enumerate(s.planned_host_bytes):
+                per_host.add_metric([str(rank)], value)
+            yield per_host
         state = GaugeMetricFamily("ferret_state", "The trainer's life-cycle state (1 for the current one)",
                                   labels=["state"])  # fmt: skip
         for value in TrainerState:

@@ -22,6 +22,7 @@ from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
 from ferret_core.planning.admission_queue import AdmissionQueue
+from ferret_core.planning.host_memory import HostBudget
 from ferret_core.planning.memory_model import MemorySettings
 from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.planning.profiler import resolve_device
@@ -266,6 +267,8 @@ def make_planner(
     # the wall clock's admission queue is part of the plan's bytes (K inputs per live worker, docs/service.md)
     queue = AdmissionQueue(DELIVERY_SPREAD_S, DELIVERY_ITEMS)
     memory = MemorySettings(compensator=t.compensator, admission_queue=queue, executors=choice.kind)
+    # several hosts: each host's bytes, within trainer.host_budget_bytes where set (ferret_core.planning.host_memory)
+    hosts = HostBudget(choice.hosts, t.host_budget_bytes) if t.hosts != "off" else None
     planner_settings = PlannerSettings(
         arrival_interval=startup_interval(settings, profile),
         decay=t.decay,
@@ -274,6 +277,7 @@ def make_planner(
         max_stages=max_stages,
         time_scale=time_scale,
         compensation_time=compensation_time,
+        hosts=hosts,
     )
     return Planner(profile, planner_settings)
 

@@ -96,9 +96,16 @@ class StatusView:
                 drifts=guard.drifts,
                 last_good_version=guard.last_good_version,
                 model_lineage=stats.model_lineage,
-                counters=staleness_counters(stats),
+                counters={**staleness_counters(stats), **host_counters(plan.host_bytes)},
                 freshness=stats.freshness,
+                planned_host_bytes=plan.host_bytes,
             )
+
+
+def host_counters(host_bytes: tuple[int, ...]) -> dict[str, int]:
+    """Several hosts: the plan's planned bytes on each host (``planned_host_bytes.<rank>``, rank 0 the
+    trainer's: record path and follower copies); none on one host."""
+    return {f"planned_host_bytes.{rank}": int(b) for rank, b in enumerate(host_bytes)}
 
 
 def staleness_counters(stats: LearnerStats) -> dict[str, int]:

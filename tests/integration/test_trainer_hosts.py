@@ -28,6 +28,7 @@ from .trainer_support import produce_digits, read_predictions, wait_serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
+HOST_BUDGET = 256 * 2**20  # each host's budget (trainer.host_budget_bytes): far above what the digits MLP needs
 
 
 def rank_of(pid: int) -> int | None:
@@ -100,6 +101,7 @@ def test_the_trainer_trains_on_the_other_hosts_executors(trainer_env: dict[str, 
     topics = TopicNames(prefix)
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**trainer_env, "FERRET_TRAINER_HOSTS": "torchrun", "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    env["FERRET_TRAINER_HOST_BUDGET_BYTES"] = str(HOST_BUDGET)
     argv = [*torchrun_argv(2, free_port(), f"trainer-{prefix}"), "-m", "services.cli.main", "run"]
     logs = [tmp_path / f"launcher{n}.log" for n in range(2)]
     health = [f"127.0.0.1:{free_port()}" for _ in logs]  # one machine: each "host" its own health port
@@ -117,13 +119,22 @@ def test_the_trainer_trains_on_the_other_hosts_executors(trainer_env: dict[str, 
             assert counters["freshness_predictions"] > 0, counters
             assert 0 <= counters["freshness_updates_p50"] <= counters["freshness_updates_p99"]
             assert counters["freshness_updates_p99"] <= counters["freshness_updates_max"]
+            # the plan's bytes on each host, within trainer.host_budget_bytes: rank 1 holds the stage, rank 0
+            # the record path and its follower copy of the stage
+            per_host = [counters["planned_host_bytes.0"], counters["planned_host_bytes.1"]]
+            assert 0 < per_host[0] <= HOST_BUDGET and 0 < per_host[1] <= HOST_BUDGET, counters
+            assert list(client.get_plan().host_bytes) == per_host
             # the executors are processes under rank 1's agent; the trainer's host runs none
             assert executor_processes(ranks[1][0]), tails(logs)
             assert not executor_processes(ranks[0][0]), tails(logs)
         # the kubelet's view of the serving rank: live, never Ready (control calls go to the trainer only)
         assert health_status(health[ranks[1][1]], LIVENESS) == health_pb2.HealthCheckResponse.SERVING
         assert health_status(health[ranks[1][1]], READINESS) == health_pb2.HealthCheckResponse.NOT_SERVING
-        assert health_status(health[ranks[0][1]], READINESS) == health_pb2.HealthCheckResponse.SERVING
+        # the trainer is Ready, except while a re-plan runs (a rate re-plan's new clock, slow under load): wait
+        deadline = time.monotonic() + 60.0
+        while health_status(health[ranks[0][1]], READINESS) != health_pb2.HealthCheckResponse.SERVING:
+            assert time.monotonic() < deadline, f"the trainer never became Ready\n{tails(logs)}"
+            time.sleep(0.2)
         end_job(ranks[0][0], launchers, logs)
     predictions = read_predictions(bootstrap, topics.predictions, 120)
     assert sorted(p.sample_id for p in predictions) == sorted(ids)  # exactly one each

@@ -1,19 +1,25 @@
-"""Where the trainer's stages live over several hosts (services/hosts/placement.py), the caps that follow
-(services/trainer/executors.py) and the setting's checks: pure, no job started."""
+"""Where the trainer's stages live over several hosts (ferret_core/planning/placement.py), the caps that follow
+(services/trainer/executors.py), the per-host budget and the settings' checks: pure, no job started."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ferret_core.errors import ConfigError
+from ferret_core.errors import ConfigError, InfeasibleHostBudgetError
+from ferret_core.planning.placement import serving_hosts, stage_owners
+from ferret_core.profile import ModelProfile
 from services.config import load_settings
 from services.config.values import SettingsError
-from services.hosts.placement import serving_hosts, stage_owners
 from services.trainer.executors import ExecutorChoice, executor_caps
+from services.trainer.runner import make_planner
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @given(st.integers(1, 64), st.integers(2, 16))
@@ -61,3 +67,29 @@ def test_hosts_default_off_and_unknown_values_are_refused() -> None:
     assert load_settings(None, env={}).trainer.hosts == "off"
     with pytest.raises(SettingsError, match=r"trainer\.hosts"):
         load_settings(None, env={"FERRET_TRAINER_HOSTS": "mpi"})
+
+
+def test_a_host_budget_needs_hosts_and_reads_like_a_budget() -> None:
+    with pytest.raises(SettingsError, match=r"trainer\.host_budget_bytes"):
+        load_settings(None, env={"FERRET_TRAINER_HOST_BUDGET_BYTES": "64MiB"})
+    loaded = load_settings(None, env={"FERRET_TRAINER_HOSTS": "torchrun", "FERRET_TRAINER_HOST_BUDGET_BYTES": "64MiB"})
+    assert loaded.trainer.host_budget_bytes == 64 * 2**20
+    with pytest.raises(SettingsError, match=r"trainer\.host_budget_bytes"):
+        load_settings(None, env={"FERRET_TRAINER_HOSTS": "torchrun", "FERRET_TRAINER_HOST_BUDGET_BYTES": "0"})
+
+
+def test_the_trainers_planner_keeps_every_host_within_its_budget() -> None:
+    """Over 3 hosts the trainer's start-up planner reports each host's bytes, and a per-host budget below
+    the unconstrained plan's fullest host gives a plan whose every host fits it (rank 0: the follower copies)."""
+    profile = ModelProfile.from_dict(json.loads((ROOT / "benchmarks/profiles/mnistnet-batches.json").read_text()))
+    env = {"FERRET_TRAINER_HOSTS": "torchrun", "FERRET_TRAINER_STREAM_RATE": "1500"}
+    over = ExecutorChoice("processes", "hosts", configured=True, hosts=3)
+    free = make_planner(load_settings(None, env=env), profile, over).plan(None)
+    assert len(free.host_bytes) == 3 and free.host_bytes[0] > 0
+    budget = int(0.8 * max(free.host_bytes))
+    env["FERRET_TRAINER_HOST_BUDGET_BYTES"] = str(budget)
+    bounded = make_planner(load_settings(None, env=env), profile, over).plan(None)
+    assert max(bounded.host_bytes) <= budget < max(free.host_bytes)
+    env["FERRET_TRAINER_HOST_BUDGET_BYTES"] = "1000"
+    with pytest.raises(InfeasibleHostBudgetError, match="raise the per-host budget"):
+        make_planner(load_settings(None, env=env), profile, over).warm()

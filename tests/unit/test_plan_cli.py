@@ -183,3 +183,18 @@ def test_plan_model_profiles_as_ferret_profile_does(
     from_profile, from_plan = calls
     assert from_plan == from_profile
     assert from_plan["threads_at_call"] == 1 and from_plan["meta"] == (1, "cpu", 3, 10)
+
+
+def test_plans_for_several_hosts_print_each_hosts_bytes(profile_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--profile", str(profile_file), "--hosts", "3", "--json"]) == 0
+    free = json.loads(capsys.readouterr().out)
+    assert len(free["host_bytes"]) == 3 and free["num_stages"] <= 2  # a stage per serving host
+    assert main(["plan", "--profile", str(profile_file), "--hosts", "3"]) == 0
+    assert "planned bytes per host: rank 0 " in capsys.readouterr().out
+    budget = str(max(free["host_bytes"]) - 1)
+    assert main(["plan", "--profile", str(profile_file), "--hosts", "3", "--host-budget", budget, "--json"]) == 0
+    assert max(json.loads(capsys.readouterr().out)["host_bytes"]) <= int(budget)
+    assert main(["plan", "--profile", str(profile_file), "--hosts", "3", "--host-budget", "10"]) == EXIT_INFEASIBLE
+    assert "raise the per-host budget to at least" in capsys.readouterr().err
+    assert main(["plan", "--profile", str(profile_file), "--host-budget", "1GB"]) == 1
+    assert "--hosts H" in capsys.readouterr().err

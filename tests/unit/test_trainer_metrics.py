@@ -40,6 +40,7 @@ FULL = TrainerStatus(
     freshness=Freshness(
         predictions=40, updates_p50=1.0, updates_p99=3.0, updates_max=4, ms_p50=5.0, ms_p99=20.0, ms_max=25.0
     ),
+    planned_host_bytes=(300, 700),
 )
 
 
@@ -84,6 +85,8 @@ def test_metrics_endpoint_reports_status_and_histograms_in_base_units() -> None:
         'ferret_prediction_freshness_updates{stat="p99"} 3.0',
         'ferret_prediction_freshness_seconds{stat="p99"} 0.02',
         'ferret_prediction_freshness_updates{stat="max"} 4.0',
+        'ferret_planned_host_bytes{rank="0"} 300.0',
+        'ferret_planned_host_bytes{rank="1"} 700.0',
         'ferret_state{state="replanning"} 1.0',
         'ferret_state{state="running"} 0.0',
         'ferret_prediction_latency_seconds_bucket{le="0.005"} 0.0',

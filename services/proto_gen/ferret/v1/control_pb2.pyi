@@ -59,7 +59,7 @@ class Worker(_message.Message):
     def __init__(self, index: _Optional[int] = ..., delay: _Optional[int] = ..., live: _Optional[bool] = ..., recompute: _Optional[bool] = ..., accumulation: _Optional[_Iterable[int]] = ..., omission: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PlanReply(_message.Message):
-    __slots__ = ("model", "stages", "partition", "num_stages", "workers", "num_workers", "live_workers", "predicted_bytes", "paper_memory_elements", "min_feasible_bytes", "budget_bytes", "adaptation_rate", "arrival_interval_s", "stage_forward_time_s", "stage_backward_time_s", "decay", "memory_model", "dtype", "memory_breakdown", "plan_json", "plan_version", "applied_time_ms", "planning_seconds", "stall_seconds")
+    __slots__ = ("model", "stages", "partition", "num_stages", "workers", "num_workers", "live_workers", "predicted_bytes", "paper_memory_elements", "min_feasible_bytes", "budget_bytes", "adaptation_rate", "arrival_interval_s", "stage_forward_time_s", "stage_backward_time_s", "decay", "memory_model", "dtype", "memory_breakdown", "plan_json", "plan_version", "applied_time_ms", "planning_seconds", "stall_seconds", "host_bytes")
     class MemoryBreakdownEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,7 @@ class PlanReply(_message.Message):
     APPLIED_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     PLANNING_SECONDS_FIELD_NUMBER: _ClassVar[int]
     STALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
     model: str
     stages: _containers.RepeatedCompositeFieldContainer[Stage]
     partition: _containers.RepeatedScalarFieldContainer[int]
@@ -115,7 +116,8 @@ class PlanReply(_message.Message):
     applied_time_ms: int
     planning_seconds: float
     stall_seconds: float
-    def __init__(self, model: _Optional[str] = ..., stages: _Optional[_Iterable[_Union[Stage, _Mapping]]] = ..., partition: _Optional[_Iterable[int]] = ..., num_stages: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[Worker, _Mapping]]] = ..., num_workers: _Optional[int] = ..., live_workers: _Optional[int] = ..., predicted_bytes: _Optional[int] = ..., paper_memory_elements: _Optional[int] = ..., min_feasible_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., adaptation_rate: _Optional[float] = ..., arrival_interval_s: _Optional[float] = ..., stage_forward_time_s: _Optional[float] = ..., stage_backward_time_s: _Optional[float] = ..., decay: _Optional[float] = ..., memory_model: _Optional[str] = ..., dtype: _Optional[str] = ..., memory_breakdown: _Optional[_Mapping[str, int]] = ..., plan_json: _Optional[str] = ..., plan_version: _Optional[int] = ..., applied_time_ms: _Optional[int] = ..., planning_seconds: _Optional[float] = ..., stall_seconds: _Optional[float] = ...) -> None: ...
+    host_bytes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model: _Optional[str] = ..., stages: _Optional[_Iterable[_Union[Stage, _Mapping]]] = ..., partition: _Optional[_Iterable[int]] = ..., num_stages: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[Worker, _Mapping]]] = ..., num_workers: _Optional[int] = ..., live_workers: _Optional[int] = ..., predicted_bytes: _Optional[int] = ..., paper_memory_elements: _Optional[int] = ..., min_feasible_bytes: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., adaptation_rate: _Optional[float] = ..., arrival_interval_s: _Optional[float] = ..., stage_forward_time_s: _Optional[float] = ..., stage_backward_time_s: _Optional[float] = ..., decay: _Optional[float] = ..., memory_model: _Optional[str] = ..., dtype: _Optional[str] = ..., memory_breakdown: _Optional[_Mapping[str, int]] = ..., plan_json: _Optional[str] = ..., plan_version: _Optional[int] = ..., applied_time_ms: _Optional[int] = ..., planning_seconds: _Optional[float] = ..., stall_seconds: _Optional[float] = ..., host_bytes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()
