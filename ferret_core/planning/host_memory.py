@@ -56,12 +56,16 @@ def follower_bytes(model: MemoryModel, stage: int) -> int:
     return FOLLOWER_SLOTS * model.geometry.weights[stage] * unit + table
 
 
-def host_bytes(model: MemoryModel, workers: Sequence[WorkerConfig], hosts: int) -> tuple[int, ...]:
-    """The configuration's bytes on each of ``hosts`` hosts (rank 0 first), stages placed by
-    :func:`~ferret_core.planning.placement.stage_owners` (module docstring). One host holds
-    :meth:`MemoryModel.total` exactly."""
+def host_bytes(
+    model: MemoryModel, workers: Sequence[WorkerConfig], hosts: int, owners: Sequence[int] | None = None
+) -> tuple[int, ...]:
+    """The configuration's bytes on each of ``hosts`` hosts (rank 0 first), stage j on rank ``owners[j]``
+    (default: :func:`~ferret_core.planning.placement.stage_owners`, the trainer's placement; module
+    docstring). One host holds :meth:`MemoryModel.total` exactly."""
     stages, record = model.stage_breakdown(workers)
-    owners = stage_owners(len(stages), hosts)
+    owners = stage_owners(len(stages), hosts) if owners is None else tuple(owners)
+    if len(owners) != len(stages) or not all(0 <= o < hosts for o in owners):
+        raise ConfigError(f"owners must name a rank 0..{hosts - 1} for each of {len(stages)} stage(s), got {owners}")
     out = [0] * hosts
     out[0] += sum(record.values())
     for stage, (owner, part) in enumerate(zip(owners, stages, strict=True)):

@@ -22,10 +22,13 @@ from ferret_core.engine.processes.follow import FOLLOW_SHARE
 from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.errors import ExecutorLost
 from ferret_core.plan import Plan
+from ferret_core.planning.host_memory import host_bytes
+from ferret_core.planning.memory_model import MemoryModel, MemorySettings
 from ferret_core.schedule.scheduler import PlanRules
 from services.hosts.job import coordinator_address, join, serve
 from tests.unit.test_engine_equivalence import EXACT, plain_sgd
 from tests.unit.test_engine_support import make_plan, stream, tiny_units
+from tests.unit.test_memory_bound import sized_profile
 
 
 def setup_for(plan: Plan) -> PolicySetup:
@@ -64,6 +67,10 @@ def saturated(hosts: Hosts, compensator: str = "none") -> dict[str, Any]:
     units, items = tiny_units(), stream(200)
     plan = make_plan(2, 2, num_units=3)
     settings = ProcessSettings(lr=0.05, compensator=compensator)
+    # what each host should hold by the byte model, stages placed as here (sizes from the profiler; times unused)
+    memory = MemorySettings(executors="processes", compensator=compensator)
+    profile = sized_profile(units, [(1.0, 2.0)] * len(units))
+    planned = host_bytes(MemoryModel.for_plan(plan, profile, memory), plan.workers, 2, owners=[0, 1])
     with ProcessClock(units, setup_for(plan), settings, hosts=hosts.place([0, 1])) as clock:
         for item in items:
             clock.submit(item.x, item.y)
@@ -76,7 +83,11 @@ def saturated(hosts: Hosts, compensator: str = "none") -> dict[str, Any]:
         usage = clock.usage()
         shared = clock.shared_bytes()
         reports = clock.compensations()
+        measured = clock.measured_host_bytes()
+        assert sum(measured) == clock.measured_bytes()
     return {
+        "planned_host_bytes": list(planned),
+        "measured_host_bytes": list(measured),
         "trained": c.trained,
         "freshness": fresh.__dict__,
         "executors": sorted([u.worker, u.stage, u.pid] for u in usage),

@@ -70,6 +70,10 @@ def test_a_saturated_pipeline_over_two_hosts_validates_and_reports_freshness(tmp
     assert fresh["updates_max"] >= 0 and fresh["ms_max"] >= 0.0
     assert result["shared_bytes"] > 0
     assert result["follow_shares"] == {"1": 0.25}  # the default pace, confirmed by the host at setup
+    # each host holds no more than the byte model plans for it (rank 0: stage 0 and the follower copy of
+    # stage 1; rank 1: stage 1's slots and executors), and both hold something
+    planned, measured = result["planned_host_bytes"], result["measured_host_bytes"]
+    assert all(0 < m <= p for m, p in zip(measured, planned, strict=True)), (measured, planned)
 
 
 def test_a_host_follows_every_update_at_follow_share_1(tmp_path: Path) -> None:
@@ -97,6 +101,9 @@ def test_gap_aware_over_two_hosts_folds_each_stages_updates_on_its_owner(tmp_pat
     # and is left as it is, and a loaded run had only such calls (2 of them; docs/history.md stop 35)
     assert all(s["folded_updates"] > 0 for s in remote), stats
     assert remote[0]["folded_updates"] == remote[1]["folded_updates"], stats  # one C per stage, shared
+    # each host within its planned bytes, the shared average steps counted on their owners
+    planned, measured = result["planned_host_bytes"], result["measured_host_bytes"]
+    assert all(0 < m <= p for m, p in zip(measured, planned, strict=True)), (measured, planned)
 
 
 def test_a_killed_executor_on_another_host_fails_the_clock_within_seconds(tmp_path: Path) -> None:

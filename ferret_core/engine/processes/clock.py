@@ -489,6 +489,22 @@ class ProcessClock:
         remote = 0 if self.hosts is None else self.hosts.shared_bytes()
         return sum(stage.nbytes() for stage in self.stages) + rings + remote
 
+    def measured_host_bytes(self) -> tuple[int, ...]:
+        """Over several hosts, :meth:`measured_bytes` by the host that holds it, rank 0 first: a remote rank's
+        shared segments (as it reported them) and the peaks of the executors of the stages it owns; rank 0's
+        own segments (its stages' slots, rings and average steps, and the follower copies of the others') and
+        its executors' peaks. One host: ``(measured_bytes(),)``. The parts sum to :meth:`measured_bytes`;
+        planned, they are :func:`ferret_core.planning.host_memory.host_bytes`."""
+        if self.hosts is None:
+            return (self.measured_bytes(),)
+        out = [0] * self.hosts.world_size
+        for rank, nbytes in self.hosts.shared_bytes_by_rank().items():
+            out[rank] += nbytes
+        out[self.hosts.rank] += self.shared_bytes() - self.hosts.shared_bytes()
+        for (_, stage), peak in self.executor_bytes().items():
+            out[self.hosts.owner(stage)] += peak
+        return tuple(out)
+
     def executor_bytes(self) -> dict[Executor, int]:
         """Per executor (worker, stage), the peak bytes it measured in its own process so far (the tensors
         it held at a sample after an action, the shared segments excluded), as its last answer reported."""

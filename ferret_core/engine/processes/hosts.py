@@ -320,6 +320,10 @@ class Hosts:
         followers here are among the clock's ``stages``)."""
         return sum(self._shared.values())
 
+    def shared_bytes_by_rank(self) -> dict[int, int]:
+        """:meth:`shared_bytes` per remote rank (as each host reported its stages' segments at setup)."""
+        return dict(self._shared)
+
     # ------------------------------------------------------------------------------------- freshness
     def observe_prediction(self, versions: Sequence[int]) -> None:
         """Record how far the follower versions a prediction used (one per stage) were behind."""
