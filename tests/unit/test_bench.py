@@ -382,3 +382,28 @@ def test_sweep_every_puts_every_schedule_and_ferret_in_the_pipelines_sweep_and_t
     swept = {a.method for a in spec.arms if "@" in a.column}
     assert swept == {*SCHEDULES, "ferret"}
     assert experiment("pipelines", preset("standard")).arms != spec.arms  # the default stays the preset's
+
+
+def test_ferrets_arms_plan_by_the_accuracy_objective_unless_told_rate(tmp_path: Path) -> None:
+    """The default objective of `ferret bench` is the accuracy objective (issue 24); `--objective rate` runs the
+    paper's R_F alone and the tables' command says so (the default is not written out)."""
+    from services.cli import bench_cmd
+    from services.cli.main import build_parser
+
+    seen: list[BenchOptions] = []
+
+    def fake_run(name: str, options: BenchOptions, *_: object) -> object:
+        seen.append(options)
+        raise NotAvailableError("stop here")
+
+    for extra in ([], ["--objective", "rate"]):
+        args = build_parser().parse_args(["bench", "overall", "--preset", "standard", "--out", str(tmp_path), *extra])
+        with pytest.MonkeyPatch.context() as mp, pytest.raises(NotAvailableError):
+            mp.setattr(bench_cmd, "run_experiment", fake_run)
+            args.handler(args)
+    default, rate = seen
+    assert default.objective == "accuracy" and "--objective" not in default.command
+    assert rate.objective == "rate" and rate.command.endswith("--objective rate")
+    arms = experiment("overall", default.preset, objective=default.objective).arms
+    assert {a.objective for a in arms if a.method == "ferret"} == {"accuracy"}
+    assert {a.objective for a in arms if a.method != "ferret"} == {"rate"}  # only Ferret plans by it
