@@ -25,8 +25,9 @@ import argparse
 import csv
 import math
 import shutil
-import statistics
 from pathlib import Path
+
+from benchmarks.planner.staleness_objective import cell, mean_se
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -41,16 +42,6 @@ def ferret_rows(out: Path) -> list[dict[str, str]]:
 def oracle_rows(out: Path) -> dict[tuple[str, str], float]:
     with (out / "overall" / "runs.csv").open() as f:
         return {(r["setting"], r["seed"]): float(r["oacc"]) for r in csv.DictReader(f) if r["method"] == "oracle"}
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
-    return statistics.fmean(values), se
-
-
-def cell(values: list[float]) -> str:
-    m, e = mean_se(values)
-    return f"{m:.2f} ± {e:.2f}"
 
 
 def plans(rows: list[dict[str, str]]) -> str:
