@@ -33,12 +33,12 @@ DEFAULT_CALIBRATION_ITEMS = 250
 CALIBRATION_VERSION = 1  # part of the cache key: bump when the calibration's procedure changes
 
 
-def load_cost(path: Path) -> StalenessCost:
-    """A staleness cost document (the JSON this module writes)."""
+def load_cost(path: Path, what: str = "--staleness-cost") -> StalenessCost:
+    """A staleness cost document (the JSON this module writes); ``what`` names the option that gave it."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"--staleness-cost {str(path)!r}: cannot read a JSON document ({exc})") from None
+        raise ConfigError(f"{what} {str(path)!r}: cannot read a JSON document ({exc})") from None
     return StalenessCost.from_dict(data)
 
 

@@ -67,6 +67,7 @@ ExecutorKindSetting = Literal["auto", "threads", "processes"]
 # the other ranks own its stages and their executor processes (ferret_core/planning/placement.py, docs/service.md
 # "Several hosts"); "off": this host trains alone.
 HostsSetting = Literal["off", "torchrun"]
+PlannerObjective = Literal["rate", "accuracy"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
 
 # librdkafka properties that have a named setting (or that Ferret's semantics fix): not in kafka.properties.
@@ -380,6 +381,11 @@ class TrainerSettings(Section):
     # compensation was counted, it planned 2 workers that trained fewer items than 1 (benchmarks/live/README.md
     # "16-core host"); with it counted it has not been measured live.
     calibrate_time: bool = False
+    # What the planner maximises: "rate" (R_F, the paper's) or "accuracy" (R_F discounted by the measured cost
+    # of staleness, docs/planner.md reading 13), which needs staleness_cost: the JSON `ferret simulate
+    # --objective accuracy` calibrates and caches (under --cache-dir/staleness/) for this model, lr and stream.
+    objective: PlannerObjective = "rate"
+    staleness_cost: Path | None = field(default=None, metadata=meta(check=check_file))
     decay: float | None = field(default=None, metadata=meta(check=between(0, None, "a decay constant")))
     lr: float = field(default=1e-3, metadata=meta(check=between(1e-12, None, "a learning rate")))
     device: str = field(default="cpu", metadata=meta(check=check_device))
@@ -435,6 +441,13 @@ class TrainerSettings(Section):
                 f"'off' with trainer.executors {self.executors!r} and trainer.device {self.device!r} (the stages of "
                 "other hosts run on CPU executor processes)",
                 "set trainer.executors: auto (or processes) and trainer.device: cpu, or trainer.hosts: off",
+            )
+        if self.objective == "accuracy" and self.staleness_cost is None:
+            raise self._fail(
+                "objective",
+                "'rate' without trainer.staleness_cost (the accuracy objective weighs plans by a measured cost)",
+                "calibrate one with `ferret simulate --objective accuracy --dataset D --model M --lr LR "
+                "--cache-dir C` and set trainer.staleness_cost to the JSON under C/staleness/",
             )
         if self.host_budget_bytes is not None and self.hosts == "off":
             raise self._fail(

@@ -28,6 +28,7 @@ from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.planning.profiler import resolve_device
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
+from services.cli.calibration import load_cost
 from services.config import Settings
 from services.control.auth import ServerTls
 from services.control.health import ControlHealth
@@ -278,6 +279,8 @@ def make_planner(
         time_scale=time_scale,
         compensation_time=compensation_time,
         hosts=hosts,
+        objective=t.objective,
+        staleness_cost=None if t.staleness_cost is None else load_cost(t.staleness_cost, "trainer.staleness_cost"),
     )
     return Planner(profile, planner_settings)
 

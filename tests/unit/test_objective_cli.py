@@ -1,6 +1,6 @@
 """``--objective`` on the CLI: ``ferret plan`` prints both objectives (and ``--json`` carries them as an
 addition), ``--objective accuracy`` needs a measured cost, and ``ferret simulate --objective accuracy``
-calibrates one on the stream's head and caches it."""
+calibrates one on the stream's head and caches it; the trainer plans by it with ``trainer.staleness_cost``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from ferret_core.profile import LayerProfile, ModelProfile
 from services.cli.main import EXIT_FAILURE, main
 
 from .planner_fixtures import GOLDEN_A_UNITS, profile_from
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -137,3 +139,26 @@ def test_bench_plans_ferret_by_the_objective_it_is_given() -> None:
         assert "--objective" not in simulate_argv(before, None)
     fixed = experiment("compensation", preset("quick"), seeds=1, objective="accuracy")
     assert all(a.objective == "rate" for a in fixed.arms)  # the ablation's plans are fixed files
+
+
+def test_the_trainer_plans_by_the_accuracy_objective_with_a_calibrated_cost(steep_cost: Path) -> None:
+    """`trainer.objective: accuracy` with `trainer.staleness_cost` (the JSON simulate caches): the start-up
+    planner ranks by R_F × d(τ), and where stale gradients cost this much it plans fewer workers than R_F;
+    without a cost the setting is refused at load with the command that calibrates one."""
+    from services.config import load_settings
+    from services.config.values import SettingsError
+    from services.trainer.executors import ExecutorChoice
+    from services.trainer.runner import make_planner
+
+    profile = ModelProfile.from_dict(json.loads((REPO / "benchmarks/profiles/mnistnet-batches.json").read_text()))
+    choice = ExecutorChoice("threads", "test", configured=True)
+    env = {"FERRET_TRAINER_STREAM_RATE": "3000", "FERRET_TRAINER_MAX_WORKERS": "8", "FERRET_TRAINER_MAX_STAGES": "4"}
+    rate = make_planner(load_settings(None, env=env), profile, choice).plan(None)
+    env |= {"FERRET_TRAINER_OBJECTIVE": "accuracy", "FERRET_TRAINER_STALENESS_COST": str(steep_cost)}
+    accuracy = make_planner(load_settings(None, env=env), profile, choice).plan(None)
+    assert accuracy.objectives is not None and accuracy.objectives.objective == "accuracy"
+    assert accuracy.objectives.cost_source == "steep"
+    assert (rate.num_stages, rate.live_workers) == (2, 6)  # R_F: 6 workers, each gradient ~5 updates late
+    assert accuracy.live_workers < rate.live_workers  # a steep cost: fewer workers sharing the master
+    with pytest.raises(SettingsError, match=r"trainer\.objective"):
+        load_settings(None, env={"FERRET_TRAINER_OBJECTIVE": "accuracy"})
