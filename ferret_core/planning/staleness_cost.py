@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ferret_core.errors import ConfigError
@@ -135,6 +137,17 @@ class StalenessCost:
             raise ConfigError(
                 f"not a staleness cost document (expected 'staleness' and 'worth' lists): {exc}"
             ) from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> StalenessCost:
+        """The cost document at ``path`` (the JSON ``ferret simulate --objective accuracy`` caches)."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"staleness cost {str(path)!r}: cannot read a JSON document ({exc})") from None
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"staleness cost {str(path)!r} must hold a JSON object")
+        return cls.from_dict(data)
 
 
 def _non_decreasing(values: list[float]) -> list[float]:

@@ -36,10 +36,9 @@ CALIBRATION_VERSION = 1  # part of the cache key: bump when the calibration's pr
 def load_cost(path: Path, what: str = "--staleness-cost") -> StalenessCost:
     """A staleness cost document (the JSON this module writes); ``what`` names the option that gave it."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{what} {str(path)!r}: cannot read a JSON document ({exc})") from None
-    return StalenessCost.from_dict(data)
+        return StalenessCost.load(path)
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
 
 
 def _head_digest(items: Sequence[StreamItem]) -> str:

@@ -56,15 +56,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=positive_int,
         default=None,
         metavar="H",
-        help="plan for a job of H hosts as `ferret run` with trainer.hosts: torchrun runs it (executor processes, "
+help="plan for a job of H hosts as `ferret run` with trainer.hosts: torchrun runs it (executor processes, "
         "stage j on rank 1 + ⌊j·(H − 1)/P⌋, P ≤ H − 1) and print the planned bytes per host (rank 0: the record "
-        "path and follower copies of the other hosts' stages)",
+        "path and follower copies of the other hosts' stages); default: one host",
     )
     parser.add_argument(
         "--host-budget",
         type=budget_type,
         default=None,
-        help="with --hosts: every host's own memory budget (trainer.host_budget_bytes); --budget stays the job's",
+        help="with --hosts: every host's own memory budget (trainer.host_budget_bytes; default: none); --budget "
+        "stays the job's",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of the table")
     parser.set_defaults(handler=run)

@@ -14,6 +14,7 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -26,9 +27,9 @@ from ferret_core.planning.host_memory import HostBudget
 from ferret_core.planning.memory_model import MemorySettings
 from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.planning.profiler import resolve_device
+from ferret_core.planning.staleness_cost import StalenessCost
 from ferret_core.profile import ModelProfile
 from ferret_core.zoo import ZooModel
-from services.cli.calibration import load_cost
 from services.config import Settings
 from services.control.auth import ServerTls
 from services.control.health import ControlHealth
@@ -280,9 +281,17 @@ def make_planner(
         compensation_time=compensation_time,
         hosts=hosts,
         objective=t.objective,
-        staleness_cost=None if t.staleness_cost is None else load_cost(t.staleness_cost, "trainer.staleness_cost"),
+        staleness_cost=None if t.staleness_cost is None else _staleness_cost(t.staleness_cost),
     )
     return Planner(profile, planner_settings)
+
+
+def _staleness_cost(path: Path) -> StalenessCost:
+    """``trainer.staleness_cost``'s document (the accuracy objective's d(τ))."""
+    try:
+        return StalenessCost.load(path)
+    except ConfigError as exc:
+        raise ConfigError(f"trainer.staleness_cost: {exc}") from None
 
 
 def start_timing(settings: Settings, model: ZooModel, profile: ModelProfile) -> StartTiming:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
 from ferret_core.planning.staleness_cost import StalenessCost
 from ferret_core.profile import LayerProfile, ModelProfile
@@ -162,3 +163,6 @@ def test_the_trainer_plans_by_the_accuracy_objective_with_a_calibrated_cost(stee
     assert accuracy.live_workers < rate.live_workers  # a steep cost: fewer workers sharing the master
     with pytest.raises(SettingsError, match=r"trainer\.objective"):
         load_settings(None, env={"FERRET_TRAINER_OBJECTIVE": "accuracy"})
+    steep_cost.write_text("not a cost")
+    with pytest.raises(ConfigError, match=r"trainer\.staleness_cost: staleness cost .* cannot read a JSON document"):
+        make_planner(load_settings(None, env=env), profile, choice)
