@@ -316,11 +316,16 @@ class Planner:
             self._paths[index] = path
         return path
 
+    @property
+    def _host_budget(self) -> int | None:
+        """The budget every host must fit (:attr:`PlannerSettings.hosts`); None: no per-host bound."""
+        return None if self.settings.hosts is None else self.settings.hosts.budget_bytes
+
     def _first_within(self, index: int, budget: int | None) -> PathPoint | None:
         """The first point of candidate ``index``'s greedy path within ``budget`` (None: any) whose every
         host fits :attr:`PlannerSettings.hosts` (Alg. 2's path, with a per-host test where hosts are set)."""
         path = self._path(index)
-        if self.settings.hosts is None or self.settings.hosts.budget_bytes is None:
+        if self._host_budget is None:
             return path.first_within(budget)
         for point in path.points:
             if (budget is None or point.bytes <= budget) and self._fits_hosts(index, point):
@@ -340,23 +345,22 @@ class Planner:
         return found
 
     def _fits_hosts(self, index: int, point: PathPoint) -> bool:
-        hosts = self.settings.hosts
-        if hosts is None or hosts.budget_bytes is None:
-            return True
-        return max(self.host_bytes_at(index, point)) <= hosts.budget_bytes
+        limit = self._host_budget
+        return limit is None or max(self.host_bytes_at(index, point)) <= limit
 
     @property
     def min_feasible_bytes(self) -> int:
         """Smallest budget any partition and c^r can meet (DESIGN §3.7); with a per-host budget, among the
         configurations every host fits (:class:`InfeasibleHostBudgetError` when none does)."""
-        hosts = self.settings.hosts
-        if hosts is None or hosts.budget_bytes is None:
+        limit = self._host_budget
+        if limit is None:
             return min(self._path(i).min_bytes for i in range(len(self._candidates)))
         points = [(i, point) for i in range(len(self._candidates)) for point in self._path(i).points]
         fitting = [point.bytes for i, point in points if self._fits_hosts(i, point)]
         if not fitting:
             smallest = min(max(self.host_bytes_at(i, point)) for i, point in points)
-            raise InfeasibleHostBudgetError(hosts.budget_bytes, hosts.hosts, smallest)
+            assert self.settings.hosts is not None
+            raise InfeasibleHostBudgetError(limit, self.settings.hosts.hosts, smallest)
         return min(fitting)
 
     def warm(self) -> int:

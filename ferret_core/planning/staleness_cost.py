@@ -139,16 +139,20 @@ class StalenessCost:
             ) from None
 
     @classmethod
-    def load(cls, path: str | Path) -> StalenessCost:
-        """The cost document at ``path`` (the JSON ``ferret simulate --objective accuracy`` caches)."""
+    def load(cls, path: str | Path, what: str | None = None) -> StalenessCost:
+        """The cost document at ``path`` (the JSON ``ferret simulate --objective accuracy`` caches); ``what``
+        names the option or setting that gave the path, first in an error's message."""
+        prefix = f"{what}: " if what else ""
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"staleness cost {str(path)!r}: cannot read a JSON document ({exc})") from None
+            raise ConfigError(f"{prefix}staleness cost {str(path)!r}: cannot read a JSON document ({exc})") from None
         if not isinstance(data, Mapping):
-            raise ConfigError(f"staleness cost {str(path)!r} must hold a JSON object")
-        return cls.from_dict(data)
-
+            raise ConfigError(f"{prefix}staleness cost {str(path)!r} must hold a JSON object")
+        try:
+            return cls.from_dict(data)
+        except ConfigError as exc:
+            raise ConfigError(f"{prefix}{exc}") from None
 
 def _non_decreasing(values: list[float]) -> list[float]:
     """The least-squares non-decreasing fit (pool adjacent violators), equal weights."""

@@ -35,10 +35,7 @@ CALIBRATION_VERSION = 1  # part of the cache key: bump when the calibration's pr
 
 def load_cost(path: Path, what: str = "--staleness-cost") -> StalenessCost:
     """A staleness cost document (the JSON this module writes); ``what`` names the option that gave it."""
-    try:
-        return StalenessCost.load(path)
-    except ConfigError as exc:
-        raise ConfigError(f"{what}: {exc}") from None
+    return StalenessCost.load(path, what)
 
 
 def _head_digest(items: Sequence[StreamItem]) -> str:

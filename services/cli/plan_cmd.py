@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=positive_int,
         default=None,
         metavar="H",
-help="plan for a job of H hosts as `ferret run` with trainer.hosts: torchrun runs it (executor processes, "
+        help="plan for a job of H hosts as `ferret run` with trainer.hosts: torchrun runs it (executor processes, "
         "stage j on rank 1 + ⌊j·(H − 1)/P⌋, P ≤ H − 1) and print the planned bytes per host (rank 0: the record "
         "path and follower copies of the other hosts' stages); default: one host",
     )

@@ -14,7 +14,6 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -271,6 +270,7 @@ def make_planner(
     memory = MemorySettings(compensator=t.compensator, admission_queue=queue, executors=choice.kind)
     # several hosts: each host's bytes, within trainer.host_budget_bytes where set (ferret_core.planning.host_memory)
     hosts = HostBudget(choice.hosts, t.host_budget_bytes) if t.hosts != "off" else None
+    cost = None if t.staleness_cost is None else StalenessCost.load(t.staleness_cost, "trainer.staleness_cost")
     planner_settings = PlannerSettings(
         arrival_interval=startup_interval(settings, profile),
         decay=t.decay,
@@ -281,17 +281,9 @@ def make_planner(
         compensation_time=compensation_time,
         hosts=hosts,
         objective=t.objective,
-        staleness_cost=None if t.staleness_cost is None else _staleness_cost(t.staleness_cost),
+        staleness_cost=cost,
     )
     return Planner(profile, planner_settings)
-
-
-def _staleness_cost(path: Path) -> StalenessCost:
-    """``trainer.staleness_cost``'s document (the accuracy objective's d(τ))."""
-    try:
-        return StalenessCost.load(path)
-    except ConfigError as exc:
-        raise ConfigError(f"trainer.staleness_cost: {exc}") from None
 
 
 def start_timing(settings: Settings, model: ZooModel, profile: ModelProfile) -> StartTiming:
