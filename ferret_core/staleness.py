@@ -5,9 +5,13 @@ of the worker's replica it was computed on and its application. A worker's repli
 only at that worker's own update points, one every q_n = c^a_{n,i} · period_{n,i} of its items
 (period = the T3 back-propagation period, the LCM of §3.6), so:
 
-* own_n: the worker's own updates between the item's forward and its backward at stage i: of the
-  P−1−i older items in flight there, ⌊(P−1−i)/period⌋ are back-propagated, applied every c^a:
-  ⌈⌊(P−1−i)/period⌋ / c^a⌉ (with one worker, c^a = 1, no omission: PipeDream's P−1−i);
+* own_n: the worker's own updates between the item's forward and its backward at stage i: at most
+  P−1−i older items are in flight there (the 1F1B cap), and under T3 every one of them may be
+  back-propagated at i — an item that is not leaves the stage's in-flight set at its last backward
+  higher up, which can come before an older back-propagated item's backward at i, so the items in
+  flight need not be consecutive and T3's period does not thin them (the executed traces of random
+  T3 plans reached this; ``tests/unit/test_staleness_bound.py``) — applied every c^a:
+  ⌈(P−1−i) / c^a⌉ (with c^a = 1: PipeDream's P−1−i);
 * the window between the refresh the gradient read and its application spans at most
   L_n = (own_n + 1) · q_n of the worker's item periods (the replica may be one refresh interval old at
   the forward, and own_n more refreshes happen before the backward);
@@ -16,8 +20,11 @@ only at that worker's own update points, one every q_n = c^a_{n,i} · period_{n,
 
 bound_i = max over live n of own_n + Σ_{m ≠ n} (⌈L_n / q_m⌉ + 1). It grows with N (DESIGN §3.13's
 simulation: 10 at stage 0 for P = 4, N = 3). The bound sizes the Iter-Fisher delta ring
-(:func:`ring_capacity`), the cost model counts that ring with the same function, and validators check
-executed traces against it.
+(:func:`ring_capacity`) and the cost model counts that ring with the same function. One worker's executed
+staleness never exceeds it; with several, the others' term assumes each worker's items come one per N
+arrivals, and a worker working off a backlog in its admission queue can update more often in the window
+(docs/planner.md reading 5): such a gradient is compensated with the deltas the ring holds and counted as
+truncated.
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ from ferret_core.plan import Plan, WorkerConfig
 
 
 def own_updates_in_flight(worker: WorkerConfig, stage: int, num_stages: int) -> int:
-    """Updates of ``stage`` by the worker itself while one of its back-propagated items is in flight."""
-    older_backprops = (num_stages - 1 - stage) // worker.backprop_period(stage)
+    """Updates of ``stage`` by the worker itself while one of its back-propagated items is in flight: the
+    older items in flight there, each of which may be back-propagated (module docstring), every c^a."""
+    older_backprops = num_stages - 1 - stage
     return math.ceil(older_backprops / worker.accumulation[stage])
 
 
