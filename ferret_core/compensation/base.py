@@ -192,6 +192,35 @@ class StageCompensator(ABC):
             f"compensator {self.name!r} keeps no running average of the master's updates, so it cannot share one"
         )
 
+    def tuning_state(self) -> list[Tensor]:
+        """What this compensator learns from the gradients it is given, as tensors it updates in place, in
+        a fixed order: Iter-Fisher's λ, v_r and v_a, DC-ASGD-a's MeanSquare, and their host-side counts as
+        int64 tensors of shape (1,). Empty where it learns nothing from gradients (``none``, ``step-aware``,
+        ``fisher``, Gap-Aware, whose C folds the master's updates: :meth:`share_average`) or keeps nothing at
+        this stage (never stale). The thread engine keeps one compensator per stage, so every worker's
+        gradient updates this state; executor processes keep one per executor and share it per stage through
+        :meth:`share_tuning_state` (:mod:`ferret_core.engine.processes.tuning`)."""
+        return []
+
+    def share_tuning_state(self, tensors: Sequence[Tensor]) -> None:
+        """Before the first call: keep :meth:`tuning_state` in ``tensors`` (shaped and typed as it, in its
+        order; storage another owner allocated and other processes update: the stage's shared tuning state
+        on executor processes) instead of this compensator's own. Update and read it under one lock (the
+        stage's update lock)."""
+        mine = [(tuple(t.shape), t.dtype) for t in self.tuning_state()]
+        given = [(tuple(t.shape), t.dtype) for t in tensors]
+        if not mine:
+            raise ConfigError(
+                f"compensator {self.name!r} learns nothing from gradients at this stage (or keeps it elsewhere), "
+                "so it has no tuning state to share"
+            )
+        if self._calls:
+            raise ConfigError(f"{self.name}: share a tuning state before the first call, this one had {self._calls}")
+        if given != mine:
+            raise ConfigError(f"{self.name}: a shared tuning state must be shaped and typed as {mine}, got {given}")
+        self._adopt_tuning_state(list(tensors))
+        self.state_generation += 1
+
     def fit_ring(self, capacity: int, limit: int) -> None:
         """Before the first update: keep ``capacity`` deltas (the staleness the schedule reaches), growing
         up to ``limit`` (the plan's bound) if a staler gradient comes. A no-op for compensators that keep
@@ -226,6 +255,11 @@ class StageCompensator(ABC):
     def _lambda(self) -> float:
         """The current λ, NaN where the compensator has none."""
         return math.nan
+
+    def _adopt_tuning_state(self, tensors: list[Tensor]) -> None:
+        """Use ``tensors`` (checked against :meth:`tuning_state`) as this compensator's tuning state; only
+        compensators whose :meth:`tuning_state` is not empty are asked to."""
+        raise NotImplementedError(f"{self.name} has no tuning state to adopt")
 
     def _extra_state(self) -> dict[str, Any]:
         return {}

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -57,7 +58,28 @@ class DcAsgdAdaptiveCompensator(StageCompensator):
             self._mean_square = [
                 torch.zeros(s, dtype=d, device=self._device) for s, d in zip(self._shapes, self._dtypes, strict=True)
             ]
-        self._seen = 0  # gradients folded into MeanSquare (for the bias correction)
+        # gradients folded into MeanSquare (for the bias correction): one int64 on the host (a read is no
+        # device sync), a view of shared memory once :meth:`share_tuning_state` is called
+        self._seen_count: np.ndarray[Any, np.dtype[np.int64]] = np.zeros(1, dtype=np.int64)
+
+    @property
+    def _seen(self) -> int:
+        return int(self._seen_count[0])
+
+    @_seen.setter
+    def _seen(self, count: int) -> None:
+        self._seen_count[0] = count
+
+    def tuning_state(self) -> list[Tensor]:
+        """The count of gradients folded (int64 of shape (1,), host) and MeanSquare, where the stage can be
+        stale; else nothing."""
+        if not self.active:
+            return []
+        return [torch.from_numpy(self._seen_count), *self._mean_square]
+
+    def _adopt_tuning_state(self, tensors: list[Tensor]) -> None:
+        self._seen_count = tensors[0].numpy()
+        self._mean_square = tensors[1:]
 
     def _compensate(
         self,

@@ -46,6 +46,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -90,8 +91,18 @@ class IterFisherCompensator(StageCompensator):
                 torch.zeros(s, dtype=d, device=self._device) for s, d in zip(self._shapes, self._dtypes, strict=True)
             ]
         # v_a is exactly 0 until a gradient comes with a Δ_1 (a ring holding a delta): until then every
-        # call's ⟨Δv_r, v_a⟩, ‖v_a‖² and α·v_a are 0, so _tune skips those passes; λ and v_r are updated alike
-        self._v_a_zero = True
+        # call's ⟨Δv_r, v_a⟩, ‖v_a‖² and α·v_a are 0, so _tune skips those passes; λ and v_r are updated alike.
+        # One int64 on the host (1 once v_a may be non-zero; a read is no device sync), a view of shared memory
+        # once :meth:`share_tuning_state` is called
+        self._v_a_seen: np.ndarray[Any, np.dtype[np.int64]] = np.zeros(1, dtype=np.int64)
+
+    @property
+    def _v_a_zero(self) -> bool:
+        return not self._v_a_seen[0]
+
+    @_v_a_zero.setter
+    def _v_a_zero(self, zero: bool) -> None:
+        self._v_a_seen[0] = 0 if zero else 1
 
     @property
     def ring(self) -> DeltaRing:
@@ -105,7 +116,7 @@ class IterFisherCompensator(StageCompensator):
     def share_ring(self, ring: DeltaRing) -> None:
         """Before the first update: walk ``ring`` (the stage's ring that every executor process of the
         stage reads and the updater pushes to) instead of a ring of its own; it must hold as many deltas
-        as this compensator was built for. λ, v_r and v_a stay this object's own."""
+        as this compensator was built for. λ, v_r and v_a are shared apart (:meth:`share_tuning_state`)."""
         if not self.keeps_ring:
             return  # the lean form reads the versions, not the deltas
         if self._ring.pushed or len(self._ring):
@@ -116,6 +127,21 @@ class IterFisherCompensator(StageCompensator):
                 f"ring_capacity={self._ring.capacity}; size the shared ring to the stage's staleness bound"
             )
         self._ring = ring
+
+    def tuning_state(self) -> list[Tensor]:
+        """λ (0-dim float64), whether v_a may be non-zero (int64 of shape (1,), host), v_r and v_a — where λ is
+        tuned at this stage; else nothing (λ is the setting λ⁰)."""
+        if not self._tuned:
+            return []
+        assert isinstance(self._lam, Tensor)
+        return [self._lam, torch.from_numpy(self._v_a_seen), *self._v_r, *self._v_a]
+
+    def _adopt_tuning_state(self, tensors: list[Tensor]) -> None:
+        k = len(self._v_r)
+        self._lam = tensors[0]
+        self._v_a_seen = tensors[1].numpy()
+        self._v_r = tensors[2 : 2 + k]
+        self._v_a = tensors[2 + k :]
 
     def fit_ring(self, capacity: int, limit: int) -> None:
         """Size the ring to the staleness the schedule reaches (``capacity``), growing up to ``limit``;

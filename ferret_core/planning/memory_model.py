@@ -53,13 +53,15 @@ prediction's pin) + 1 (the slot being written), :func:`process_version_slots`. C
 ``versions``, plus each stage's slot table (the current slot, then a version and a reader count per slot:
 1 + 2·K_j int64s, :func:`slot_table_bytes`): its shared part once (``shared_version_slot_tables``) and
 2·(1 + P − j) int64s per live worker (``version_slot_tables``). A re-plan that removes a worker starts a
-new clock, whose slots fit its live workers. Each executor keeps its own compensator state, so
-``compensator_moments`` and ``compensator_counters`` become per-worker copies (counted in the shared
-compensator term, once per live worker: a removed worker frees them); Alg. 1's delta ring is shared by
-the stage's executors (``ferret_core.engine.processes.deltas``), so ``compensator_ring`` stays once per
-stage, bound_j·|w_j| plus the ring's three int64 counters; so is Gap-Aware's average step
-(``ferret_core.engine.processes.average``): its ``compensator_moments`` are once per stage, |w_j| plus the
-int64 update count n. Activations, accumulation buffers, pending
+new clock, whose slots fit its live workers. Each executor keeps its own compensator statistics, so
+``compensator_counters`` (the float64 correction accumulator) is a per-worker copy (counted in the shared
+compensator term, once per live worker: a removed worker frees it); what the compensator keeps is shared by
+the stage's executors, once per stage: Alg. 1's delta ring (``ferret_core.engine.processes.deltas``),
+``compensator_ring`` = bound_j·|w_j| plus the ring's three int64 counters; Gap-Aware's average step
+(``ferret_core.engine.processes.average``), ``compensator_moments`` = |w_j| plus the int64 update count n;
+and the tuning state (``ferret_core.engine.processes.tuning``), ``compensator_moments`` = DC-ASGD-a's mean
+square |w_j| plus its int64 count of gradients, or Iter-Fisher's v_r, v_a = 2|w_j| plus λ (float64) and an
+int64 flag. Activations, accumulation buffers, pending
 gradients and the queue are counted as on threads; each executor measures them in its own process
 (:meth:`ProcessClock.measured_bytes`: shared segments + Σ executor peaks;
 ``tests/integration/test_process_memory.py`` checks it against this total). Not counted: each process's
@@ -114,10 +116,9 @@ COMPENSATOR_MOMENTS = {"gap-aware": 1, "dc-asgd-a": 1, "iter-fisher-cf": 2}
 TUNED_MOMENTS = {"iter-fisher": 2, "iter-fisher-lean": 2}
 OPTIMIZER_SLOTS = {"sgd": 0, "momentum": 1, "adam": 2}
 EXECUTOR_KINDS = ("threads", "processes")
-PER_EXECUTOR_EXTRAS = ("compensator_moments", "compensator_counters")  # kept by each executor process
-# compensators whose moments executor processes share per stage (Gap-Aware's C), with an int64 count beside
-SHARED_MOMENTS = ("gap-aware",)
-SHARED_COUNT_BYTES = 8  # n, the updates folded into a shared average step (engine/processes/average.py)
+# on executor processes a stage's moments are shared by its executors, with an int64 host count beside: Gap-Aware's
+# n (engine/processes/average.py), DC-ASGD-a's gradients folded or Iter-Fisher's "v_a seen" (processes/tuning.py)
+SHARED_COUNT_BYTES = 8
 CORRECTION_SUM_BYTES = 8  # a compensator's device-side float64 statistics accumulator (compensation/base.py)
 LAMBDA_BYTES = 8  # Iter-Fisher's λ, a float64 scalar tensor where it keeps v_r and v_a (compensation/iter_fisher.py)
 ITER_FISHER_FAMILY = ("iter-fisher", "iter-fisher-cf", "iter-fisher-lean")
@@ -144,8 +145,8 @@ class MemorySettings:
     # None: not counted (the virtual clock admits by its own wait_slots)
     admission_queue: AdmissionQueue | None = None
     # where the executors run (engine variant): "threads" share the Python-owned versions of one process;
-    # "processes" allocate K version slots per stage in shared memory up front and keep compensator state per
-    # executor (:func:`process_version_slots`; module docstring "Executor processes")
+    # "processes" allocate K version slots per stage in shared memory up front and share compensator state per
+    # stage, statistics per executor (:func:`process_version_slots`; module docstring "Executor processes")
     executors: str = "threads"
 
     def __post_init__(self) -> None:
@@ -438,19 +439,24 @@ class MemoryModel:
         """Elements the compensator of ``stage`` holds when the stage's staleness bound is ``bound``: nothing
         at ``bound`` = 0 (no gradient there is ever stale: the compensators allocate nothing, ``make_compensator``),
         else its moments, its float64 correction accumulator and (Alg. 1) a ring of ``bound`` deltas. On
-        executor processes every live worker's executor keeps its own moments and accumulator, except
-        Gap-Aware's C, shared by the stage's executors with its count n (:data:`SHARED_MOMENTS`)."""
+        executor processes every live worker's executor keeps its own accumulator, and the stage's executors
+        share its moments once, with an int64 count (Gap-Aware's C and n; the tuning state: DC-ASGD-a's mean
+        square, Iter-Fisher's v_r, v_a and λ)."""
         if not self._stateful or bound <= 0:
             return {}
         w = self.geometry.weights[stage]
         copies = self.live_copies(live_workers)
         # the float64 correction accumulator, and Iter-Fisher's float64 λ wherever it keeps v_r, v_a (ours)
-        scalars = CORRECTION_SUM_BYTES + (LAMBDA_BYTES if self.keeps_lambda_tensor() else 0)
-        parts = {"compensator_counters": copies * self._elements_of(scalars)}
-        if self.moment_copies() and self._processes and self.settings.compensator in SHARED_MOMENTS:
-            parts["compensator_moments"] = self.moment_copies() * w + self._elements_of(SHARED_COUNT_BYTES)
-        elif self.moment_copies():
-            parts["compensator_moments"] = copies * self.moment_copies() * w
+        lam = LAMBDA_BYTES if self.keeps_lambda_tensor() else 0
+        if self._processes:  # λ is in the stage's shared tuning state (engine/processes/tuning.py), once
+            parts = {"compensator_counters": copies * self._elements_of(CORRECTION_SUM_BYTES)}
+            if self.moment_copies():
+                shared = self._elements_of(lam + SHARED_COUNT_BYTES)
+                parts["compensator_moments"] = self.moment_copies() * w + shared
+        else:
+            parts = {"compensator_counters": self._elements_of(CORRECTION_SUM_BYTES + lam)}
+            if self.moment_copies():
+                parts["compensator_moments"] = self.moment_copies() * w
         if self._ring:  # one ring per stage (on executor processes: the shared ring, with its counters)
             parts["compensator_ring"] = bound * w + (self._ring_counter_elements() if self._processes else 0)
         return parts

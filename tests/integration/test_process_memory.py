@@ -70,6 +70,7 @@ PLANS = {  # name: (model, stage boundaries over its 4 units, workers, compensat
     "2x1-T2-iter-fisher": ("mlp", (0, 4), _workers(2, 1, accumulation=2), "iter-fisher"),
     "2x2-iter-fisher-lean": ("mlp", (0, 2, 4), _workers(2, 2), "iter-fisher-lean"),
     "2x2-gap-aware": ("mlp", (0, 2, 4), _workers(2, 2), "gap-aware"),  # its C shared per stage, counted once
+    "2x1-dc-asgd-a": ("mlp", (0, 4), _workers(2, 1), "dc-asgd-a"),  # its mean square shared per stage, once
     "cnn-1x3": ("cnn", (0, 1, 2, 4), _workers(1, 3), "none"),
     # T3: stage 0 forwards items it does not back-propagate; their sends were once held forever
     "cnn-1x3-T3": ("cnn", (0, 1, 2, 4), _workers(1, 3, omission=(2, 1, 0)), "none"),

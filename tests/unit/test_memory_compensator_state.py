@@ -65,11 +65,15 @@ def test_state_follows_the_bounds(stages: int, workers: int, compensator: str) -
     ) * 4
 
 
-def test_executor_processes_keep_one_copy_per_live_worker() -> None:
+def test_executor_processes_share_the_moments_and_keep_statistics_per_live_worker() -> None:
+    """The stage's executors share DC-ASGD-a's mean square (with its int64 count of gradients, once per stage:
+    engine/processes/tuning.py); each keeps its own float64 correction accumulator."""
     plan = make_plan(2, 2, num_units=len(MNISTNET.layers))
     threads = _model(plan, "dc-asgd-a").breakdown(plan.workers)
     processes = _model(plan, "dc-asgd-a", executors="processes").breakdown(plan.workers)
-    assert processes["compensator_moments"] == 2 * threads["compensator_moments"]
+    stale = sum(staleness_bound(plan, j) > 0 for j in range(plan.num_stages))
+    assert processes["compensator_moments"] == threads["compensator_moments"] + stale * 8
+    assert processes["compensator_counters"] == 2 * threads["compensator_counters"]
 
 
 @pytest.mark.parametrize("compensator", ["gap-aware", "iter-fisher", "iter-fisher-lean", "dc-asgd-a"])

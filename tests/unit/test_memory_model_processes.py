@@ -1,8 +1,9 @@
 """The byte model of executor processes (``MemorySettings.executors="processes"``, memory_model.py
 "Executor processes"): the shared version slots the process clock allocates, counted exactly; compensator
-state per executor, Iter-Fisher's shared delta ring and Gap-Aware's shared average step once per stage;
-planned bytes of the search equal to the model's total; a removed worker frees its slots and state; the
-slot tables counted as allocated."""
+statistics per executor, Iter-Fisher's shared delta ring, Gap-Aware's shared average step and the shared
+tuning state (λ and the EMAs, or DC-ASGD-a's mean square) once per stage, as allocated; planned bytes of the
+search equal to the model's total; a removed worker frees its slots and statistics; the slot tables counted
+as allocated."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ferret_core.compensation import CompensatorSettings
 from ferret_core.compensation.ring import COUNTERS
 from ferret_core.engine.processes.average import SharedStepAverage
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.slots import slots_needed, stage_versions
+from ferret_core.engine.processes.tuning import StageTunings
 from ferret_core.engine.versions import StageVersion
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
@@ -66,16 +69,18 @@ def test_the_slot_tables_are_counted_as_the_clock_allocates_them(stages: int, wo
     assert parts["version_slot_tables"] + parts["shared_version_slot_tables"] == sum(tables)
 
 
-def test_compensator_state_is_counted_per_executor_and_freed_by_removal() -> None:
+def test_compensator_statistics_are_counted_per_executor_and_freed_by_removal() -> None:
     two = make_plan(1, 2, num_units=MNISTNET.num_units)
     one = make_plan(1, 2, num_units=MNISTNET.num_units, live=[True, False])
     threads = _model(two, executors="threads").breakdown(two.workers)
     processes = _model(two).breakdown(two.workers)
-    assert processes["compensator_moments"] == 2 * threads["compensator_moments"]  # one per worker
+    # v_r, v_a once (shared), with λ and the int64 flag beside them; each executor's correction accumulator
+    assert processes["compensator_moments"] == threads["compensator_moments"] + 8 + 8
+    assert processes["compensator_counters"] == 2 * 8 and threads["compensator_counters"] == 8 + 8  # + λ
     removed = _model(one)
     total_w = sum(StageGeometry.from_profile(MNISTNET, two.partition).weights) * 4
-    # removing a worker frees its replica and stash slots (2 copies at one stage) and its moments (2 copies)
-    assert _model(two).total(two.workers) - removed.total(one.workers) >= 4 * total_w
+    # removing a worker frees its replica and stash slots (2 copies at one stage) and its statistics
+    assert _model(two).total(two.workers) - removed.total(one.workers) >= 2 * total_w + 8
 
 
 @settings(max_examples=25, deadline=None)
@@ -111,7 +116,13 @@ def test_the_shared_delta_ring_is_counted_once_per_stage_as_the_clock_allocates_
     ]
     assert rings and processes["compensator_ring"] == sum(r.nbytes() for r in rings)
     assert processes["compensator_ring"] == threads["compensator_ring"] + len(rings) * COUNTERS * 8  # + counters
-    assert processes["compensator_moments"] == workers * threads["compensator_moments"]  # λ, v_r, v_a per executor
+    tunings = StageTunings()  # what ProcessClock allocates at each stage's first executor
+    states = [
+        tunings.get(j, [torch.zeros(w)], "iter-fisher", CompensatorSettings(), ring_capacity(plan, j))
+        for j, w in enumerate(weights)
+    ]
+    assert processes["compensator_moments"] == tunings.nbytes() == sum(t.nbytes() for t in states if t is not None)
+    assert processes["compensator_moments"] == threads["compensator_moments"] + len(rings) * 16  # + λ, the flag
 
 
 @pytest.mark.parametrize(("stages", "workers"), [(1, 2), (2, 2), (3, 1)])

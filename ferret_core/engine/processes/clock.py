@@ -32,17 +32,17 @@ T1–T4 included, with every registered compensator. Refused with
 :class:`~ferret_core.errors.NotImplementedFeatureError` (run them on the wall clock): buffering methods,
 flushing schedules and instant methods (and a compensator that would fold every master update into state
 of its own that is neither a delta ring nor a running average: none of the registered ones); the engine has
-no OCL algorithm or SGD momentum option here (vanilla, plain SGD). Each executor keeps its own compensator
-state (the thread engine shares one per stage): a stateful compensator (Fisher's moments, Iter-Fisher's λ,
-v_r, v_a, DC-ASGD-a's mean square) learns from its worker's gradients only; what is folded from the
-master's updates is shared, Alg. 1's deltas and Gap-Aware's C and n, so Gap-Aware compensates exactly as
-the thread engine's one compensator per stage on the same sequence of updates (C restarts with a new
-clock, :mod:`.average`). The delta rings hold the plan's bound, which this clock does not enforce: a
-staler gradient is compensated with the most recent deltas and counted as truncated
+no OCL algorithm or SGD momentum option here (vanilla, plain SGD). Each executor builds its own
+compensator, and what the thread engine's one compensator per stage keeps is shared per stage: what is folded
+from the master's updates (Alg. 1's deltas, :mod:`.deltas`; Gap-Aware's C and n, :mod:`.average`) and what
+is learnt from the gradients (Iter-Fisher's λ, v_r, v_a; DC-ASGD-a's mean square: :mod:`.tuning`), so every
+compensator compensates as the thread engine's on the same sequence of updates and gradients (the state
+restarts with a new clock); only statistics are per executor. The delta rings hold the plan's bound, which
+this clock does not enforce: a staler gradient is compensated with the most recent deltas and counted as truncated
 (:meth:`ProcessClock.compensations`). A script that starts process executors needs the ``if __name__ ==
 "__main__":`` guard (the forkserver imports the main module by path, as torch's DataLoader workers do).
 
-**Memory.** The shared version slots, delta rings and average steps are counted once
+**Memory.** The shared version slots, delta rings, average steps and tuning states are counted once
 (:meth:`ProcessClock.shared_bytes`); each executor measures the tensors it holds in its own process after
 every action (its items' inputs, outputs and saved tensors, sends, gradient buffer, compensator state:
 :mod:`.executor`) and reports its peak with every answer. :meth:`ProcessClock.measured_bytes` is the
@@ -99,6 +99,7 @@ from ferret_core.engine.processes.settings import (
     shares_deltas,
 )
 from ferret_core.engine.processes.slots import SharedStageVersions, slots_needed, stage_versions
+from ferret_core.engine.processes.tuning import StageTunings
 from ferret_core.engine.result import EngineStats
 from ferret_core.engine.stage_exec import build_stages, unit_state
 from ferret_core.engine.state import Counters
@@ -145,6 +146,9 @@ class ProcessClock:
         self._shares_average = shares_average(s)
         self.deltas: list[SharedDeltas | None] = []  # per stage: its shared delta ring (Alg. 1), if any
         self.averages: list[SharedStepAverage | None] = []  # per stage: its shared average step (Gap-Aware), if any
+        # per local stage: its shared tuning state (λ and the EMAs, or a mean square), built at the stage's
+        # first executor that keeps one (:mod:`.tuning`)
+        self.tunings = StageTunings()
         self._live = [w.index for w in plan.workers if w.live]
         self._executors = [(n, j) for n in self._live for j in range(plan.num_stages)]  # rank order
         self.stages: list[SharedStageVersions] = []
@@ -286,7 +290,10 @@ class ProcessClock:
         if self.hosts is not None and not self._local(j):
             self._pool.add(executor, *self.hosts.spawn(spec))
             return
-        self._pool.add(executor, *start_executor(self._ctx, spec, self.stages[j], self.deltas[j], self.averages[j]))
+        tuning = self.tunings.get(j, self._initial[j].params, s.compensator, s.compensator_settings, spec.ring_capacity)
+        self._pool.add(
+            executor, *start_executor(self._ctx, spec, self.stages[j], self.deltas[j], self.averages[j], tuning)
+        )
 
     def _ring_capacity(self, stage: int) -> int:
         """The ``ring_capacity`` an executor's compensator is built with: the shared ring's where the
@@ -482,10 +489,12 @@ class ProcessClock:
             return self.dispatch.measured_service_times()
 
     def shared_bytes(self) -> int:
-        """Bytes of the shared version slots, delta rings and average steps (each counted once, however
-        many processes map it); over several hosts, every host's (and the coordinator's follower copies)."""
+        """Bytes of the shared version slots, delta rings, average steps and tuning states (each counted
+        once, however many processes map it); over several hosts, every host's (and the coordinator's
+        follower copies)."""
         rings = sum(d.nbytes() for d in self.deltas if d is not None)
         rings += sum(a.nbytes() for a in self.averages if a is not None)
+        rings += self.tunings.nbytes()
         remote = 0 if self.hosts is None else self.hosts.shared_bytes()
         return sum(stage.nbytes() for stage in self.stages) + rings + remote
 

@@ -12,8 +12,7 @@ invariant as on the other clocks: after n pushes it holds the last min(n, capaci
 Ownership: the executor that updates the stage's master pushes θ_new − θ_old, and a compensating
 executor reads the deltas since its gradient's version (oldest first), both under the stage's update
 lock (:attr:`SharedStageVersions.update_lock`), so a read never sees a push half written and ``pushed``
-equals the stage's master version. Only the deltas are shared: each executor keeps its own λ, v_r and
-v_a (as Fisher's moments, docs/processes.md).
+equals the stage's master version. λ, v_r and v_a are shared apart (:mod:`.tuning`).
 
 Capacity is the stage's staleness bound under the plan (:func:`ferret_core.staleness.ring_capacity`),
 what the thread engine sizes its rings to before any growth. The process clock does not enforce that

@@ -27,9 +27,9 @@ of Python-owned versions (:mod:`ferret_core.engine.processes.slots`):
 only empties the gradient buffer the B's sample counted, so it is not sampled): the
 stage inputs, outputs and labels of its items in flight, autograd's saved tensors of their graphs, the
 tensors its sends to the next or previous stage still hold, its gradient buffer (T2) and its
-compensator's state. The shared version slots, delta rings and average steps are excluded (the
-coordinator counts them once: :meth:`ProcessClock.measured_bytes`). Its peak rides on every answer; the
-sampling's own time is reported with the usage (``stats``).
+compensator's statistics. The shared version slots, delta rings, average steps and tuning states are
+excluded (the coordinator counts them once: :meth:`ProcessClock.measured_bytes`). Its peak rides on every
+answer; the sampling's own time is reported with the usage (``stats``).
 
 A non-finite gradient (or compensated gradient) is dropped, never applied, and reported. An exception
 is sent to the coordinator with its traceback and ends the process; so does a closed pipe (the
@@ -61,6 +61,7 @@ from ferret_core.engine.memory_meter import MemoryMeter, StorageKey, storage_key
 from ferret_core.engine.processes.average import SharedStepAverage
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.slots import SharedStageVersions
+from ferret_core.engine.processes.tuning import SharedTuning
 from ferret_core.engine.stage_exec import StageGraph, StageProgram, backward, forward_no_grad, forward_with_grad
 from ferret_core.engine.stage_update import all_finite
 from ferret_core.engine.state import GradientBuffer
@@ -133,6 +134,7 @@ class _Executor:
         stage: SharedStageVersions,
         deltas: SharedDeltas | None,
         average: SharedStepAverage | None = None,
+        tuning: SharedTuning | None = None,
     ) -> None:
         self.spec = spec
         self.stage = stage
@@ -146,6 +148,8 @@ class _Executor:
         self.average = average  # the stage's shared average step (Gap-Aware's C and n), else None
         if average is not None:
             self.compensator.share_average(average.tensors(), average.count)
+        if tuning is not None:  # the stage's λ, EMAs or mean square, which every executor of the stage learns
+            self.compensator.share_tuning_state(tuning.tensors())
         self.records: list[dict[str, Any]] = []  # spec.record_compensations' stale compensations
         self.compensate_seconds = 0.0  # wall seconds in the compensator's calls (reported, not used)
         self.push_seconds = 0.0  # wall seconds writing deltas to the shared ring or folding them into the average
@@ -165,6 +169,7 @@ class _Executor:
                 *stage.storages(),
                 *(deltas.storages() if deltas is not None else ()),
                 *(average.storages() if average is not None else ()),
+                *(tuning.storages() if tuning is not None else ()),
             ]
             self.meter = MemoryMeter(
                 {"items": self._item_storages, "sends": self._send_storages, "gradients": self._buffer_storages},
@@ -461,13 +466,15 @@ def start_executor(
     stage: SharedStageVersions,
     deltas: SharedDeltas | None,
     average: SharedStepAverage | None = None,
+    tuning: SharedTuning | None = None,
 ) -> tuple[Connection, Any]:
     """Start ``spec``'s executor as a daemon process of ``ctx`` (the forkserver context) over ``stage``'s
-    shared slots (and ``deltas`` or ``average``); returns the coordinator's end of its pipe and the process."""
+    shared slots (and ``deltas`` or ``average``, and ``tuning``); returns the coordinator's end of its pipe
+    and the process."""
     parent, child = ctx.Pipe(duplex=True)
     process = ctx.Process(
         target=executor_main,
-        args=(child, spec, stage, deltas, average),
+        args=(child, spec, stage, deltas, average, tuning),
         name=f"ferret-w{spec.worker}s{spec.stage}",
         daemon=True,
     )
@@ -495,10 +502,12 @@ def executor_main(
     stage: SharedStageVersions,
     deltas: SharedDeltas | None = None,
     average: SharedStepAverage | None = None,
+    tuning: SharedTuning | None = None,
 ) -> None:
     """Serve actions from ``conn`` until it sends ``None`` or closes; report a failure and stop.
     ``deltas``: the stage's shared delta ring where the compensator walks the master's deltas;
-    ``average``: the stage's shared average step where it folds them (Gap-Aware)."""
+    ``average``: the stage's shared average step where it folds them (Gap-Aware); ``tuning``: the stage's
+    shared tuning state where the compensator learns from gradients (Iter-Fisher's λ, DC-ASGD-a)."""
     torch.set_num_threads(spec.threads)
     torch.set_flush_denormal(spec.flush_denormal)
     executor: _Executor | None = None
@@ -514,7 +523,7 @@ def executor_main(
             dist.init_process_group(
                 "gloo", init_method=f"file://{spec.store}", rank=spec.rank, world_size=spec.world_size
             )
-        executor = _Executor(spec, stage, deltas, average)
+        executor = _Executor(spec, stage, deltas, average, tuning)
         while True:
             try:
                 message = conn.recv()

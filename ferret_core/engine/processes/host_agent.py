@@ -50,6 +50,7 @@ from ferret_core.engine.processes.hosts import HEARTBEAT_S, LOST_AFTER_S
 from ferret_core.engine.processes.link import TAG_DOWN, TAG_UP, Link
 from ferret_core.engine.processes.pool import JOIN_TIMEOUT_S
 from ferret_core.engine.processes.slots import SharedStageVersions
+from ferret_core.engine.processes.tuning import StageTunings
 from ferret_core.errors import ExecutorLost, ScheduleError
 
 
@@ -71,6 +72,8 @@ class _Session:
         self.stages: dict[int, SharedStageVersions] = {}
         self.deltas: dict[int, SharedDeltas | None] = {}
         self.averages: dict[int, SharedStepAverage | None] = {}
+        self.tunings = StageTunings()  # built at a stage's first executor that keeps one
+        self._initial = {j: initial for j, (initial, *_) in owned.items()}
         for j, (initial, slots, ring, averaged) in owned.items():
             self.stages[j] = SharedStageVersions(initial, slots, ctx.Lock(), ctx.Lock())
             self.deltas[j] = SharedDeltas(j, initial.params, ring) if ring > 0 else None
@@ -86,6 +89,7 @@ class _Session:
     def shared_bytes(self) -> int:
         rings = sum(d.nbytes() for d in self.deltas.values() if d is not None)
         rings += sum(a.nbytes() for a in self.averages.values() if a is not None)
+        rings += self.tunings.nbytes()
         return sum(s.nbytes() for s in self.stages.values()) + rings
 
     def spawn(self, spec: ExecutorSpec) -> None:
@@ -94,7 +98,10 @@ class _Session:
         if stage is None:
             raise ScheduleError(f"stage {spec.stage} is not owned by this host (it owns {sorted(self.stages)})")
         spec = dataclasses.replace(spec, replica=stage.pin_current())
-        parent, process = start_executor(self.ctx, spec, stage, self.deltas[spec.stage], self.averages[spec.stage])
+        j = spec.stage
+        params = self._initial[j].params
+        tuning = self.tunings.get(j, params, spec.compensator, spec.compensator_settings, spec.ring_capacity)
+        parent, process = start_executor(self.ctx, spec, stage, self.deltas[j], self.averages[j], tuning)
         self.conns[executor] = parent
         self.processes[executor] = process
         self.link.send(("spawned", executor, process.pid))

@@ -62,8 +62,9 @@ class ProcessUsage:
     """One executor process's CPU seconds and peak resident bytes (its own, shared segments included
     where it touched them, the interpreter and torch too), read when asked; and what its memory meter
     measured: ``measured_bytes``, the peak of the tensors it held at a sample (after each action), the
-    shared version slots, delta rings and average steps excluded, with ``measured_breakdown`` by source at
-    that peak (``items``: stage inputs, outputs and labels of items in flight; ``autograd_saved``: their
+    shared version slots, delta rings, average steps and tuning states excluded, with
+    ``measured_breakdown`` by source at that peak (``items``: stage inputs, outputs and labels of items in
+    flight; ``autograd_saved``: their
     graphs' saved tensors; ``sends``: tensors still held by sends to another stage; ``gradients``: the
     gradient buffer; ``compensator``: its own state), ``memory_samples`` and ``sample_seconds`` (the samples' CPU
     seconds) over ``actions`` F and B actions run (0 where ``ProcessSettings.measure_memory`` is off)."""
