@@ -114,6 +114,22 @@ def carry_compensator_states(
     return out
 
 
+def same_stages(old: Sequence[Mapping[str, Any]], fresh: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether ``old`` (a snapshot's states, whose plan is not at hand) looks like the same partition as
+    ``fresh``: as many stages, and every per-parameter tensor both keep shaped alike stage by stage (a
+    stage that keeps none on one side, never stale there, cannot tell and does not object)."""
+    if len(old) != len(fresh):
+        return False
+    for previous, state in zip(old, fresh, strict=True):
+        for key, mine in state.items():
+            theirs = previous.get(key)
+            if _per_parameter(mine) and _per_parameter(theirs):
+                assert isinstance(mine, list) and isinstance(theirs, list)
+                if [tuple(t.shape) for t in mine] != [tuple(t.shape) for t in theirs]:
+                    return False
+    return True
+
+
 def _weighted_lambda(old: Sequence[Mapping[str, Any]], taken: Sequence[tuple[int, int]], default: Any) -> Any:
     """Σ_j n_j·λ_j / Σ_j n_j over the old stages j a new stage took n_j parameter elements from (one
     source stage: its λ exactly, no rounding)."""

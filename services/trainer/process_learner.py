@@ -13,9 +13,11 @@ the new plan, whose version slots fit its live workers (docs/processes.md "Re-pl
 
 What differs from the thread learner (:mod:`services.trainer.engine_learner`), said where it shows:
 
-* each executor keeps its own compensator state (λ, moments; Gap-Aware's C and n are shared per stage
-  and restart with each clock); snapshots carry none, and a snapshot's compensator state (from the
-  thread learner) is not loaded: λ restarts (logged);
+* the compensators' state is shared per stage by its executors (λ, the EMAs or mean square, Gap-Aware's C
+  and n, Alg. 1's ring: :mod:`ferret_core.engine.processes`), so snapshots carry it in the thread learner's
+  format and either learner's snapshot loads (:meth:`ProcessLearner.load_compensator_state`); a new clock
+  (a re-plan that needs one, a restarted executor) carries it on as the thread learner carries it across a
+  re-plan, except Alg. 1's ring, which starts empty (its deltas are of the old clock's versions);
 * ``measured_bytes`` (and ``peak_bytes``) is :meth:`ProcessClock.measured_bytes`: the shared version
   slots and, for Iter-Fisher and Gap-Aware, the stages' shared delta rings or average steps (counted once
   however many processes map them), plus every executor's measured peak of what it holds in its own
@@ -42,6 +44,7 @@ import torch
 
 from ferret_core.engine import SkipReason
 from ferret_core.engine.admission import AdmissionSettings
+from ferret_core.engine.carry import carry_compensator_states, same_stages
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
 from ferret_core.engine.processes.hosts import Hosts
@@ -259,11 +262,17 @@ class ProcessLearner:
         if len(self._deaths) >= MAX_EXECUTOR_RESTARTS:
             raise lost
         self._deaths.append(now)
+        compensators: list[dict[str, Any]] | None = None
         try:
             state = self.clock.unit_state()  # raises where a dead process holds the slot table's lock
             source = "the master in shared memory"
         except ScheduleError:
             state = None
+        if state is not None:
+            try:  # raises where the dead process holds a stage's update lock: the compensators start fresh
+                compensators = self.clock.compensator_states(timeout=0.5)
+            except ScheduleError as exc:
+                log.warning("compensator state not carried to the restarted executors: %s", exc)
         self._retire_counts()
         self.clock.close(reraise=False)
         if state is not None:
@@ -277,6 +286,7 @@ class ProcessLearner:
             self.lineage.branch()
             source = "the weights the executors started from"
         self.clock = self._start(self.plan)
+        self._carry_compensators(compensators, same_partition=True)
         self.recovery_seconds.append(time.perf_counter() - began)
         log.warning(
             "%s; executors restarted from %s in %.0f ms (restart %d)",
@@ -353,13 +363,16 @@ class ProcessLearner:
         """Close the clock (drained) and start one for ``plan`` from the master's weights; if that fails,
         ``fallback`` runs on (its weights are in the units) and the error is raised."""
         copy_into_units(self.model, self.clock.unit_state())
+        states = self.clock.compensator_states()
         self._retire_counts()
         self.clock.close()
         try:
             self.clock = self._start(plan)
         except BaseException:
             self.clock = self._start(fallback)
+            self._carry_compensators(states, same_partition=True)
             raise
+        self._carry_compensators(states, same_partition=plan.partition == fallback.partition)
 
     def _retire_counts(self) -> None:
         """Fold the closing clock's counters into the totals kept across clocks."""
@@ -394,14 +407,30 @@ class ProcessLearner:
         self.clock = self._start(plan)
 
     def compensator_state(self) -> list[dict[str, Any]]:
-        """None to save: each executor process keeps its own compensator state (module docstring)."""
-        return []
+        """Per stage, what the stage's executors share (:meth:`ProcessClock.compensator_states`: the thread
+        learner's format), taken drained."""
+        self.drain()
+        return self.clock.compensator_states()
 
     def load_compensator_state(self, states: Sequence[Mapping[str, Any]]) -> None:
-        if any(states):
-            log.warning(
-                "the snapshot's compensator state is not loaded: executor processes keep their own (λ restarts)"
-            )
+        """What the stages' shared state can use of ``states`` (a snapshot's, from either learner, or the
+        guard's start), carried as across a re-plan (:mod:`ferret_core.engine.carry`: λ, the EMAs, the mean
+        square, Gap-Aware's C and n; Alg. 1's ring keeps this clock's deltas). Another compensator's states
+        raise :class:`ConfigError` (the callers keep the fresh state and say so)."""
+        if not states:
+            return
+        self.drain()
+        fresh = self.clock.compensator_states()
+        carried = carry_compensator_states(states, fresh, same_partition=same_stages(states, fresh))
+        self.clock.load_compensator_states(carried)
+
+    def _carry_compensators(self, states: Sequence[Mapping[str, Any]] | None, same_partition: bool) -> None:
+        """Into the clock just started: what it can use of the closed clock's ``states`` (None: none were
+        readable)."""
+        if states:
+            fresh = self.clock.compensator_states()
+            carried = carry_compensator_states(states, fresh, same_partition=same_partition)
+            self.clock.load_compensator_states(carried)
 
     def stats(self) -> LearnerStats:
         stats = self.clock.stats()

@@ -1,8 +1,9 @@
 """The trainer's learner on executor processes (services/trainer/process_learner.py) through the
 :class:`~services.trainer.learner.Learner` contract: predictions and dispatch of a queued batch, the
 counts, re-plans on the same processes (T1–T3) and on a new clock (T4: slots sized for the live workers,
-measured ≤ planned), snapshot tensors that restore the same predictions, and an executor's death
-reported as the learner's failure."""
+measured ≤ planned, the compensators' state carried on), snapshot tensors that restore the same predictions
+and a snapshot's compensator state that restores λ, and an executor's death reported as the learner's
+failure."""
 
 from __future__ import annotations
 
@@ -132,6 +133,7 @@ def test_snapshot_tensors_restore_the_same_predictions_on_a_new_learner() -> Non
             first.submit(i, x, y)()
         first.drain(30)
         tensors = first.state_tensors()
+        compensators = first.compensator_state()  # the stages' shared state, as a snapshot keeps it
         probe = [first.submit(100 + k, x, None)() for k, (x, _) in enumerate(items[:5])]
     finally:
         first.close()
@@ -142,7 +144,13 @@ def test_snapshot_tensors_restore_the_same_predictions_on_a_new_learner() -> Non
         assert [o.predicted_class for o in again] == [o.predicted_class for o in probe]
         assert [o.confidence for o in again] == pytest.approx([o.confidence for o in probe])
         assert second.stats().model_version == int(tensors["engine.updates"])
-        assert second.compensator_state() == []
+        fresh = second.compensator_state()
+        second.load_compensator_state(compensators)
+        restored = second.compensator_state()
+        assert compensators[0]["lambda"] != fresh[0]["lambda"]  # λ was tuned by the first learner's workers...
+        assert restored[0]["lambda"] == compensators[0]["lambda"]  # ... and the new executors start from it
+        for key in ("v_r", "v_a"):
+            assert all(torch.equal(a, b) for a, b in zip(restored[0][key], compensators[0][key], strict=True))
     finally:
         second.close()
 

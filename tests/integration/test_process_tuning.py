@@ -16,7 +16,9 @@ import torch
 from torch.testing import assert_close
 
 from ferret_core.compensation import CompensatorSettings, make_compensator
+from ferret_core.engine.carry import carry_compensator_states
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
+from ferret_core.errors import ConfigError
 from ferret_core.staleness import ring_capacity
 from tests.integration.test_process_executors import setup_for
 from tests.unit.test_engine_equivalence import EXACT
@@ -112,3 +114,36 @@ def test_a_worker_a_replan_brings_back_learns_on_from_the_stages_state() -> None
     back = next(r for r in reports if r.worker == 1)  # the process the last re-plan started
     assert back.records, "the worker brought back computed no stale gradient"
     assert min(int(r["state"]["seen"]) for r in back.records) >= before  # it read the state learnt before it came
+
+
+def test_the_stages_shared_state_is_saved_and_carried_to_a_new_clock() -> None:
+    """``compensator_states`` reads the shared state as one compensator's ``state_dict()`` (the thread engine's
+    format, what a snapshot keeps); a new clock loads what it can use of it (λ, v_r, v_a), its own delta
+    ring left as it is (empty: its deltas would be of the old clock's versions)."""
+    plan = make_plan(1, 2, num_units=3)
+    settings = ProcessSettings(lr=0.05, compensator="iter-fisher", compensator_settings=TUNING, queue_slots=4)
+    with ProcessClock(tiny_units(), setup_for(plan), settings) as clock:
+        _train_in_bursts(clock, 60)
+        (saved,) = clock.compensator_states()
+        shared = [t.clone() for t in clock.tunings[0].tensors()]
+        ring = clock.deltas[0]
+        assert ring is not None and saved["ring"]["pushed"] == ring.pushed > 0
+    assert saved["lambda"] == float(shared[0]) != TUNING.lambda0
+    k = len(saved["v_r"])
+    assert_close(saved["v_r"], shared[2 : 2 + k], **EXACT)
+    assert_close(saved["v_a"], shared[2 + k :], **EXACT)
+    with ProcessClock(tiny_units(), setup_for(plan), settings) as clock:
+        (fresh,) = clock.compensator_states()
+        assert fresh["lambda"] == TUNING.lambda0
+        (carried,) = carry_compensator_states([saved], [fresh], same_partition=True)
+        clock.load_compensator_states([carried])
+        (loaded,) = clock.compensator_states()
+        assert loaded["lambda"] == saved["lambda"]
+        assert_close(loaded["v_r"], saved["v_r"], **EXACT)
+        assert_close(loaded["v_a"], saved["v_a"], **EXACT)
+        assert loaded["ring"]["pushed"] == 0 and loaded["ring"]["deltas"] == []  # the new clock's own, still empty
+        _train_in_bursts(clock, 40)  # the workers learn on from the loaded λ
+        (after,) = clock.compensator_states()
+        assert after["lambda"] != saved["lambda"] and after["ring"]["pushed"] > 0
+        with pytest.raises(ConfigError, match="for 2 stages, this plan has 1"):
+            clock.load_compensator_states([carried, carried])

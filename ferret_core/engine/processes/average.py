@@ -29,10 +29,10 @@ fold half written.
 Lifetime: allocated by :meth:`ProcessClock.start` at every stage whose staleness bound is > 0 under the
 clock's first plan (as the rings: a stage that is never stale keeps no C), zero with n = 0; kept through
 re-plans on the same clock (an executor started by a re-plan shares the C its stage has folded so far);
-a new clock starts from C = 0, n = 0 again: after a re-plan that needs one, and after the trainer's
-recovery from a dead executor, which starts a new clock (``services/trainer/process_learner.py``); until
-its first fold a stale gradient is applied as is, as on a fresh thread engine. Not snapshotted:
-compensator state on executor processes is not (docs/service.md, "Failures"). The coordinator counts its
+a new clock starts from C = 0, n = 0 (until its first fold a stale gradient is applied as is, as on a
+fresh thread engine), unless its owner loads a state into it (:meth:`ProcessClock.load_compensator_states`:
+the trainer carries C and n on to the new clock of a re-plan or a recovery, and loads a snapshot's,
+``services/trainer/process_learner.py``). The coordinator counts its
 bytes once (:meth:`ProcessClock.shared_bytes`; executors' memory meters exclude them).
 """
 

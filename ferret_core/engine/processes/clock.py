@@ -37,7 +37,8 @@ compensator, and what the thread engine's one compensator per stage keeps is sha
 from the master's updates (Alg. 1's deltas, :mod:`.deltas`; Gap-Aware's C and n, :mod:`.average`) and what
 is learnt from the gradients (Iter-Fisher's λ, v_r, v_a; DC-ASGD-a's mean square: :mod:`.tuning`), so every
 compensator compensates as the thread engine's on the same sequence of updates and gradients (the state
-restarts with a new clock); only statistics are per executor. The delta rings hold the plan's bound, which
+restarts with a new clock unless its owner loads one: :meth:`ProcessClock.load_compensator_states`); only
+statistics are per executor. The delta rings hold the plan's bound, which
 this clock does not enforce: a staler gradient is compensated with the most recent deltas and counted as truncated
 (:meth:`ProcessClock.compensations`). A script that starts process executors needs the ``if __name__ ==
 "__main__":`` guard (the forkserver imports the main module by path, as torch's DataLoader workers do).
@@ -74,12 +75,13 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch.multiprocessing as tmp
 from torch import Tensor, nn
 
+from ferret_core.compensation import StageCompensator, make_compensator
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.processes.average import SharedStepAverage
 from ferret_core.engine.processes.deltas import SharedDeltas
@@ -443,6 +445,65 @@ class ProcessClock:
             self._pool.raise_if_failed()
 
     # ------------------------------------------------------------------------------------ reporting
+    def compensator_states(self, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """Per stage, what its executors' compensators share, as one compensator's ``state_dict()`` (the
+        thread engine's format: Alg. 1's ring, Gap-Aware's C and n, λ and the EMAs or DC-ASGD-a's mean
+        square; the statistics, kept per executor, are zeros here): what a snapshot keeps and what a new
+        clock carries on (:func:`~ferret_core.engine.carry.carry_compensator_states`). Call it drained. A
+        stage another host owns gives a fresh compensator's state (its shared memory lives there). Raises
+        :class:`ScheduleError` when a stage's update lock is not free within ``timeout`` seconds (an executor
+        killed inside its update never releases it)."""
+        states = []
+        for j in range(self.plan.num_stages):
+            view = self._stage_compensator(j)
+            lock = self.stages[j].update_lock
+            if not lock.acquire(timeout=timeout):
+                raise ScheduleError(
+                    f"stage {j}'s update lock was not free within {timeout:g} s (an executor killed during its "
+                    "update holds it): its compensator state cannot be read"
+                )
+            try:
+                states.append(view.state_dict())
+            finally:
+                lock.release()
+        return states
+
+    def load_compensator_states(self, states: Sequence[Mapping[str, Any]]) -> None:
+        """Write ``states`` (:meth:`compensator_states`' format, one per stage of this plan) into the stages'
+        shared memory, drained: the tuning state and Gap-Aware's C and n; Alg. 1's ring keeps what this
+        clock pushed (its deltas are of this clock's versions). Stages another host owns are left as they
+        are."""
+        if len(states) != self.plan.num_stages:
+            raise ConfigError(
+                f"compensator states for {len(states)} stages, this plan has {self.plan.num_stages}; carry them "
+                "to this plan first (ferret_core.engine.carry.carry_compensator_states)"
+            )
+        for j, state in enumerate(states):
+            if not self._local(j):
+                continue
+            view = self._stage_compensator(j)
+            with self.stages[j].update_lock:
+                kept = {**state, "ring": view.state_dict()["ring"]} if "ring" in state else state
+                view.load_state_dict(kept)
+
+    def _stage_compensator(self, stage: int) -> StageCompensator:
+        """A compensator of ``stage`` over the state its executors share (where this host holds it): what
+        the thread engine's one compensator per stage would hold."""
+        s = self.settings
+        params = self._initial[stage].params
+        view = make_compensator(s.compensator, params, s.compensator_settings, self._ring_capacity(stage))
+        if not self._local(stage):
+            return view
+        deltas, average = self.deltas[stage], self.averages[stage]
+        if deltas is not None:
+            view.share_ring(deltas.ring())
+        if average is not None:
+            view.share_average(average.tensors(), average.count)
+        tuning = self.tunings.get(stage, params, s.compensator, s.compensator_settings, self._ring_capacity(stage))
+        if tuning is not None:
+            view.share_tuning_state(tuning.tensors())
+        return view
+
     def master_state(self) -> list[dict[str, Tensor]]:
         """Copies of the current master's tensors by stage, keyed by the stage module's parameter and
         buffer names (as :meth:`Pipeline.master_state`). Over several hosts the followers are first brought

@@ -22,8 +22,9 @@ is statistics (calls, the correction's running sum), which the clock's report su
 Lifetime: built from a prototype compensator of the stage (its initial values: λ⁰, zeros) the first time an
 executor of the stage is spawned with such state, on the host that owns the stage; kept through re-plans on
 the same clock (an executor a re-plan starts learns on from the stage's λ); a new clock starts from λ⁰
-again, as a new thread engine does. Not snapshotted (compensator state on executor processes is not,
-docs/service.md "Failures"). Counted once (:meth:`ProcessClock.shared_bytes`; executors' memory meters
+again, as a new thread engine does, unless its owner loads a state into it
+(:meth:`ProcessClock.load_compensator_states`: the trainer carries it on to the new clock of a re-plan or a
+recovery, and loads a snapshot's). Counted once (:meth:`ProcessClock.shared_bytes`; executors' memory meters
 exclude it; the byte model: ``ferret_core/planning/memory_model.py`` "Executor processes").
 """
 

@@ -433,7 +433,7 @@ class GuardedLearner:
         the dropped weights stays; the last-good's own state is not kept, the start's is the clean one); what
         happened, for the log and the event."""
         if not self._start_compensators:
-            return "no compensator state to reset (the learner exposes none: executor processes keep their own)"
+            return "no compensator state to reset (the learner exposes none)"
         try:
             self.inner.load_compensator_state(self._start_compensators)
         except ConfigError as exc:  # the plan changed since the start: the start's state no longer fits
