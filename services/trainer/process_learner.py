@@ -426,11 +426,16 @@ class ProcessLearner:
 
     def _carry_compensators(self, states: Sequence[Mapping[str, Any]] | None, same_partition: bool) -> None:
         """Into the clock just started: what it can use of the closed clock's ``states`` (None: none were
-        readable)."""
-        if states:
+        readable). A state that does not fit leaves the new clock's fresh, with a warning: a re-plan or a
+        recovery does not fail for it."""
+        if not states:
+            return
+        try:
             fresh = self.clock.compensator_states()
             carried = carry_compensator_states(states, fresh, same_partition=same_partition)
             self.clock.load_compensator_states(carried)
+        except (ConfigError, ScheduleError) as exc:
+            log.warning("compensator state not carried to the new executors (they start fresh): %s", exc)
 
     def stats(self) -> LearnerStats:
         stats = self.clock.stats()
