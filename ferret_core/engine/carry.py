@@ -45,6 +45,14 @@ def _per_parameter(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(t, Tensor) for t in value)
 
 
+def _alike(mine: object, theirs: object) -> bool:
+    """Whether both are per-parameter tensor lists of the same shapes."""
+    if not (_per_parameter(mine) and _per_parameter(theirs)):
+        return False
+    assert isinstance(mine, list) and isinstance(theirs, list)
+    return [tuple(t.shape) for t in mine] == [tuple(t.shape) for t in theirs]
+
+
 def _sources(old: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> list[tuple[int, int]] | None:
     """(old stage, elements) of every parameter in model order, from a per-parameter key every old stage
     has; None when no such key exists (then parameter boundaries are unknown)."""
@@ -77,10 +85,8 @@ def carry_compensator_states(
         if same_partition:  # stage by stage: a stage that keeps none on one side (never stale) starts fresh
             for state, previous in zip(out, old, strict=True):
                 mine, theirs = state.get(key), previous.get(key)
-                if _per_parameter(mine) and _per_parameter(theirs):
-                    assert isinstance(mine, list) and isinstance(theirs, list)
-                    if [tuple(t.shape) for t in mine] == [tuple(t.shape) for t in theirs]:
-                        state[key] = theirs
+                if _alike(mine, theirs):
+                    state[key] = theirs
             continue
         if not all(_per_parameter(state.get(key)) for state in old):
             continue  # the old compensator did not keep it (e.g. λ fixed): the new one starts fresh
@@ -123,10 +129,8 @@ def same_stages(old: Sequence[Mapping[str, Any]], fresh: Sequence[Mapping[str, A
     for previous, state in zip(old, fresh, strict=True):
         for key, mine in state.items():
             theirs = previous.get(key)
-            if _per_parameter(mine) and _per_parameter(theirs):
-                assert isinstance(mine, list) and isinstance(theirs, list)
-                if [tuple(t.shape) for t in mine] != [tuple(t.shape) for t in theirs]:
-                    return False
+            if _per_parameter(mine) and _per_parameter(theirs) and not _alike(mine, theirs):
+                return False
     return True
 
 

@@ -101,7 +101,7 @@ from ferret_core.engine.processes.settings import (
     shares_deltas,
 )
 from ferret_core.engine.processes.slots import SharedStageVersions, slots_needed, stage_versions
-from ferret_core.engine.processes.tuning import StageTunings
+from ferret_core.engine.processes.tuning import SharedTuning, StageTunings
 from ferret_core.engine.result import EngineStats
 from ferret_core.engine.stage_exec import build_stages, unit_state
 from ferret_core.engine.state import Counters
@@ -292,10 +292,14 @@ class ProcessClock:
         if self.hosts is not None and not self._local(j):
             self._pool.add(executor, *self.hosts.spawn(spec))
             return
-        tuning = self.tunings.get(j, self._initial[j].params, s.compensator, s.compensator_settings, spec.ring_capacity)
-        self._pool.add(
-            executor, *start_executor(self._ctx, spec, self.stages[j], self.deltas[j], self.averages[j], tuning)
-        )
+        shared = (self.deltas[j], self.averages[j], self._tuning(j))
+        self._pool.add(executor, *start_executor(self._ctx, spec, self.stages[j], *shared))
+
+    def _tuning(self, stage: int) -> SharedTuning | None:
+        """``stage``'s shared tuning state (built at its first executor that keeps one), else None."""
+        s = self.settings
+        params = self._initial[stage].params
+        return self.tunings.get(stage, params, s.compensator, s.compensator_settings, self._ring_capacity(stage))
 
     def _ring_capacity(self, stage: int) -> int:
         """The ``ring_capacity`` an executor's compensator is built with: the shared ring's where the
@@ -481,25 +485,24 @@ class ProcessClock:
         for j, state in enumerate(states):
             if not self._local(j):
                 continue
-            view = self._stage_compensator(j)
+            view = self._stage_compensator(j, ring=False)  # its own empty ring takes the state's ring, unread
             with self.stages[j].update_lock:
-                kept = {**state, "ring": view.state_dict()["ring"]} if "ring" in state else state
-                view.load_state_dict(kept)
+                view.load_state_dict({**state, "ring": view.state_dict()["ring"]} if "ring" in state else state)
 
-    def _stage_compensator(self, stage: int) -> StageCompensator:
+    def _stage_compensator(self, stage: int, *, ring: bool = True) -> StageCompensator:
         """A compensator of ``stage`` over the state its executors share (where this host holds it): what
-        the thread engine's one compensator per stage would hold."""
+        the thread engine's one compensator per stage would hold; without ``ring``, over a ring of its own
+        (empty) instead of the stage's shared one."""
         s = self.settings
-        params = self._initial[stage].params
-        view = make_compensator(s.compensator, params, s.compensator_settings, self._ring_capacity(stage))
+        view = make_compensator(s.compensator, self._initial[stage].params, s.compensator_settings,
+                                self._ring_capacity(stage))  # fmt: skip
         if not self._local(stage):
             return view
-        deltas, average = self.deltas[stage], self.averages[stage]
-        if deltas is not None:
+        deltas, average, tuning = self.deltas[stage], self.averages[stage], self._tuning(stage)
+        if deltas is not None and ring:
             view.share_ring(deltas.ring())
         if average is not None:
             view.share_average(average.tensors(), average.count)
-        tuning = self.tunings.get(stage, params, s.compensator, s.compensator_settings, self._ring_capacity(stage))
         if tuning is not None:
             view.share_tuning_state(tuning.tensors())
         return view
