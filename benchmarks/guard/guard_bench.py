@@ -16,7 +16,10 @@ Arms: ``unguarded`` (``guard.enabled: false``, ``guard.max_step_ratio: null``: t
 guard), ``norm-only`` (the norm guard at its default, no shadow; fuzz only), ``guard-cusum-only`` (the
 guard of commit 9dad031: the CUSUM as the only rollback rule, every passing window on probation:
 ``guard.recurrence_level: 0``, ``guard.probation: always``), ``guard`` (the defaults: norm guard, shadow,
-CUSUM rollback, the recurrence rule, probation for suspect windows, ADWIN).
+CUSUM rollback, the recurrence rule, probation for suspect windows, ADWIN), and for ``flip`` the
+counterfactual ``rollback-at-end``: the unguarded learner whose pre-burst weights (those of item ``--at``)
+are put back the moment the burst ends — a rollback that knows exactly when the burst began and ended,
+which no rule can: what the best possible rollback would have bought, beside what the guard did.
 Accuracy is scored against the label the stream gives (for fuzz items a random one; for ``drift`` the
 permuted one). A prediction the learner refuses as non-finite
 (``ModelDivergedError``: the trainer dead-letters it instead of publishing a NaN confidence) counts as a
@@ -53,10 +56,12 @@ ARMS = {
     "norm-only": {"FERRET_GUARD_ENABLED": "false"},
     "guard-cusum-only": {"FERRET_GUARD_PROBATION": "always", "FERRET_GUARD_RECURRENCE_LEVEL": "0"},
     "guard": {},
+    "rollback-at-end": {"FERRET_GUARD_ENABLED": "false", "FERRET_GUARD_MAX_STEP_RATIO": "null"},
 }
+COUNTERFACTUAL = "rollback-at-end"  # an unguarded learner given the pre-burst weights back at the burst's end
 SCENARIO_ARMS = {
     "fuzz": list(ARMS),
-    "flip": ["unguarded", "guard-cusum-only", "guard"],
+    "flip": ["unguarded", "guard-cusum-only", "guard", "rollback-at-end"],
     "drift": ["unguarded", "guard-cusum-only", "guard"],
 }
 WINDOW = 100
@@ -99,7 +104,9 @@ def stream(seed: int, items: int, scenario: str, at: int, burst: int) -> list[tu
     return out
 
 
-def run(scenario: str, arm: str, seed: int, data: list[tuple[torch.Tensor, int]], lr: float) -> Run:
+def run(
+    scenario: str, arm: str, seed: int, data: list[tuple[torch.Tensor, int]], lr: float, at: int, burst: int
+) -> Run:
     env = {"FERRET_TRAINER_DATASET": "mnist", "FERRET_TRAINER_MODEL": "mnistnet", "FERRET_TRAINER_LR": str(lr),
            "FERRET_TRAINER_TRAINING_THREAD": "loop", "FERRET_TRAINER_PREDICTION_TOP_K": "1", **ARMS[arm]}  # fmt: skip
     settings = load_settings(None, env=env)
@@ -109,8 +116,14 @@ def run(scenario: str, arm: str, seed: int, data: list[tuple[torch.Tensor, int]]
     learner: Learner = GuardedLearner(inner, model, settings.guard) if settings.guard.enabled else inner
     out = Run(scenario, arm, seed)
     began = time.perf_counter()
+    pre_burst: dict[str, torch.Tensor] = {}
     try:
         for i, (x, y) in enumerate(data):
+            if arm == COUNTERFACTUAL and i == at:
+                pre_burst = {k: v.clone() for k, v in learner.state_tensors().items()}
+            elif arm == COUNTERFACTUAL and i == at + burst:
+                learner.load_state_tensors(pre_burst)
+                out.rollbacks.append(i)
             try:
                 outcome = learner.arrive(i, x, y)
                 ok = math.isfinite(outcome.confidence)
@@ -148,23 +161,30 @@ def recovery(r: Run, at: int, burst: int, level: float) -> int | None:
 def summarise(runs: list[Run], at: int, burst: int) -> str:
     columns = [
         "scenario", "arm", "seed", "pre-burst acc % (500 items)", "burst start → rollback (items)",
-        "rollbacks before the burst", "burst start → back to pre-burst level (items)", "acc % of the last 500",
-        "NaN predictions", "drift detected after (items)", "s per 1,000 items", "shadow ms / item",
+        "rollbacks before the burst", "burst start → back to pre-burst level (items)",
+        "acc % of the 500 after the burst", "acc % of the last 500", "NaN predictions",
+        "drift detected after (items)", "s per 1,000 items", "shadow ms / item",
     ]  # fmt: skip
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in runs:
         level = 100.0 * float(np.mean(r.correct[at - 500 : at]))
         after = [i - at for i in r.rollbacks if i >= at]
         before = sum(1 for i in r.rollbacks if i < at)
-        back = recovery(r, at, burst if r.scenario != "drift" else 0, level)
+        end = at + (burst if r.scenario != "drift" else 0)
+        back = recovery(r, at, end - at, level)
+        after_burst = 100.0 * float(np.mean(r.correct[end : end + 500]))
         drift = [i - at for i in r.drifts if i >= at]
         guarded = r.arm.startswith("guard")
         none = "none" if guarded else "—"
+        before_cell: object = before if guarded else "—"
+        if r.arm == COUNTERFACTUAL:
+            guarded, before_cell = True, 0  # its one rollback is the restore at the burst's end
         cells = [
-            r.scenario, r.arm, r.seed, f"{level:.1f}", after[0] if after else none, before if guarded else "—",
-            back if back is not None else "not within the stream", f"{100.0 * float(np.mean(r.correct[-500:])):.1f}",
+            r.scenario, r.arm, r.seed, f"{level:.1f}", after[0] if after else none, before_cell,
+            back if back is not None else "not within the stream", f"{after_burst:.1f}",
+            f"{100.0 * float(np.mean(r.correct[-500:])):.1f}",
             r.nan, drift[0] if drift else none, f"{1e3 * r.seconds / len(r.correct):.1f}",
-            f"{r.shadow_ms:.2f}" if guarded else "—",
+            f"{r.shadow_ms:.2f}" if r.arm.startswith("guard") else "—",
         ]  # fmt: skip
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
@@ -201,7 +221,7 @@ def main() -> None:
         for scenario in args.scenarios:
             data = stream(seed, args.items, scenario, args.at, args.burst)
             for arm in SCENARIO_ARMS[scenario]:
-                runs.append(run(scenario, arm, seed, data, args.lr))
+                runs.append(run(scenario, arm, seed, data, args.lr, args.at, args.burst))
                 print(f"{scenario} {arm} seed {seed}: {runs[-1].seconds:.1f} s", flush=True)
     report = "\n".join([
         f"# Guard benchmark (commit {commit})\n",
