@@ -143,12 +143,58 @@ def coordinator_killed(hosts: Hosts, out: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def carried(hosts: Hosts) -> dict[str, Any]:
+    """Iter-Fisher over 2 workers × 2 stages, stage 1 owned by the other host: the remote stage's λ, v_r and
+    v_a are read there (``compensator_states``), loaded into a new clock's stage there, and learnt on from."""
+    from ferret_core.compensation import CompensatorSettings
+    from ferret_core.engine.carry import carry_compensator_states
+
+    tuning = CompensatorSettings(eta_lambda=0.05)
+    plan = make_plan(2, 2, num_units=3)
+    settings = ProcessSettings(lr=0.05, compensator="iter-fisher", compensator_settings=tuning, queue_slots=4)
+    items = stream(100)
+
+    def train(clock: ProcessClock, part: list[Any]) -> None:
+        for burst in range(0, len(part), 20):  # bursts that keep both workers busy: stale gradients
+            clock.submit_many([i.x for i in part[burst : burst + 20]], [i.y for i in part[burst : burst + 20]])
+            clock.drain(timeout=60)
+
+    placed = hosts.place([0, 1])
+    with ProcessClock(tiny_units(), setup_for(plan), settings, hosts=placed) as clock:
+        train(clock, items[:60])
+        saved = clock.compensator_states()
+        applied = {f"{r.worker},{r.stage}": r.stats["lambda"] for r in clock.compensations()}
+    with ProcessClock(tiny_units(), setup_for(plan), settings, hosts=placed) as clock:
+        fresh = clock.compensator_states()
+        clock.load_compensator_states(carry_compensator_states(saved, fresh, same_partition=True))
+        loaded = clock.compensator_states()
+        train(clock, items[60:])
+        after = clock.compensator_states()
+    same = [
+        bool(all(torch.equal(a, b) for a, b in zip(loaded[j][k], saved[j][k], strict=True)))
+        for j in range(2)
+        for k in ("v_r", "v_a")
+    ]
+    return {
+        "lambda0": tuning.lambda0,
+        "saved": [s["lambda"] for s in saved],
+        "pushed": [s["ring"]["pushed"] for s in saved],
+        "applied": applied,
+        "fresh": [s["lambda"] for s in fresh],
+        "loaded": [s["lambda"] for s in loaded],
+        "loaded_pushed": [s["ring"]["pushed"] for s in loaded],
+        "moments_equal": same,
+        "after": [s["lambda"] for s in after],
+    }
+
+
 SCENARIOS = {
     "transparency": transparency,
     "saturated": saturated,
     "saturated-gap-aware": lambda hosts: saturated(hosts, "gap-aware"),
     "saturated-follow-every-update": saturated,  # Hosts(follow_share=1.0): main()
     "killed": killed,
+    "carried": carried,
 }
 
 

@@ -106,6 +106,23 @@ def test_gap_aware_over_two_hosts_folds_each_stages_updates_on_its_owner(tmp_pat
     assert all(0 < m <= p for m, p in zip(measured, planned, strict=True)), (measured, planned)
 
 
+def test_a_remote_stages_compensator_state_is_read_loaded_and_learnt_on_from_its_owner(tmp_path: Path) -> None:
+    """Iter-Fisher's λ, v_r and v_a of stage 1 live on the host that owns it: the coordinator reads them there
+    (what a snapshot keeps), a new clock loads them there (the new clock's ring left empty), and its
+    executors learn on from the loaded λ."""
+    result = run_job("carried", tmp_path)
+    lambda0, saved = result["lambda0"], result["saved"]
+    assert all(lam != lambda0 for lam in saved), saved  # both stages tuned theirs, stage 1 on the other host
+    assert all(p > 0 for p in result["pushed"]), result["pushed"]
+    # each executor applied its stage's one λ: stage 1's, read on its owner, is the one its executors report
+    assert result["applied"] == {f"{n},{j}": saved[j] for n in range(2) for j in range(2)}, result["applied"]
+    assert result["fresh"] == [lambda0, lambda0]  # a new clock starts from λ⁰ on either host ...
+    assert result["loaded"] == saved  # ... until the saved state is loaded where each stage lives
+    assert all(result["moments_equal"]), result["moments_equal"]
+    assert result["loaded_pushed"] == [0, 0]
+    assert all(a != s for a, s in zip(result["after"], saved, strict=True))  # learnt on from there
+
+
 def test_a_killed_executor_on_another_host_fails_the_clock_within_seconds(tmp_path: Path) -> None:
     result = run_job("killed", tmp_path)
     assert result["error"] is not None and "ExecutorLost" in result["error"], result

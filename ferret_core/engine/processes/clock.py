@@ -81,7 +81,7 @@ from typing import Any
 import torch.multiprocessing as tmp
 from torch import Tensor, nn
 
-from ferret_core.compensation import StageCompensator, make_compensator
+from ferret_core.compensation import StageCompensator
 from ferret_core.engine.policies import PolicySetup
 from ferret_core.engine.processes.average import SharedStepAverage
 from ferret_core.engine.processes.deltas import SharedDeltas
@@ -101,6 +101,7 @@ from ferret_core.engine.processes.settings import (
     shares_deltas,
 )
 from ferret_core.engine.processes.slots import SharedStageVersions, slots_needed, stage_versions
+from ferret_core.engine.processes.stage_state import CompensatorSpec, load_state, read_state, stage_view
 from ferret_core.engine.processes.tuning import SharedTuning, StageTunings
 from ferret_core.engine.result import EngineStats
 from ferret_core.engine.stage_exec import build_stages, unit_state
@@ -454,58 +455,43 @@ class ProcessClock:
         thread engine's format: Alg. 1's ring, Gap-Aware's C and n, λ and the EMAs or DC-ASGD-a's mean
         square; the statistics, kept per executor, are zeros here): what a snapshot keeps and what a new
         clock carries on (:func:`~ferret_core.engine.carry.carry_compensator_states`). Call it drained. A
-        stage another host owns gives a fresh compensator's state (its shared memory lives there). Raises
+        stage another host owns is read there (:meth:`Hosts.compensator_states`). Raises
         :class:`ScheduleError` when a stage's update lock is not free within ``timeout`` seconds (an executor
         killed inside its update never releases it)."""
-        states = []
+        remote = {j: self._compensator_spec(j) for j in range(self.plan.num_stages) if not self._local(j)}
+        states = {} if self.hosts is None or not remote else self.hosts.compensator_states(remote, timeout)
         for j in range(self.plan.num_stages):
-            view = self._stage_compensator(j)
-            lock = self.stages[j].update_lock
-            if not lock.acquire(timeout=timeout):
-                raise ScheduleError(
-                    f"stage {j}'s update lock was not free within {timeout:g} s (an executor killed during its "
-                    "update holds it): its compensator state cannot be read"
-                )
-            try:
-                states.append(view.state_dict())
-            finally:
-                lock.release()
-        return states
+            if j not in remote:
+                states[j] = read_state(self._stage_compensator(j), self.stages[j].update_lock, j, timeout)
+        return [states[j] for j in range(self.plan.num_stages)]
 
-    def load_compensator_states(self, states: Sequence[Mapping[str, Any]]) -> None:
+    def load_compensator_states(self, states: Sequence[Mapping[str, Any]], timeout: float = 10.0) -> None:
         """Write ``states`` (:meth:`compensator_states`' format, one per stage of this plan) into the stages'
-        shared memory, drained: the tuning state and Gap-Aware's C and n; Alg. 1's ring keeps what this
-        clock pushed (its deltas are of this clock's versions). Stages another host owns are left as they
-        are."""
+        shared memory, drained, on whichever host owns each: the tuning state and Gap-Aware's C and n;
+        Alg. 1's ring keeps what this clock pushed (its deltas are of this clock's versions). Raises
+        :class:`ScheduleError` as :meth:`compensator_states` does."""
         if len(states) != self.plan.num_stages:
             raise ConfigError(
                 f"compensator states for {len(states)} stages, this plan has {self.plan.num_stages}; carry them "
                 "to this plan first (ferret_core.engine.carry.carry_compensator_states)"
             )
+        remote = {j: (self._compensator_spec(j), dict(s)) for j, s in enumerate(states) if not self._local(j)}
+        if remote and self.hosts is not None:
+            self.hosts.load_compensator_states(remote, timeout)
         for j, state in enumerate(states):
-            if not self._local(j):
-                continue
-            view = self._stage_compensator(j, ring=False)  # its own empty ring takes the state's ring, unread
-            with self.stages[j].update_lock:
-                view.load_state_dict({**state, "ring": view.state_dict()["ring"]} if "ring" in state else state)
+            if j not in remote:  # its own empty ring takes the state's ring, unread
+                load_state(self._stage_compensator(j, ring=False), self.stages[j].update_lock, j, state, timeout)
+
+    def _compensator_spec(self, stage: int) -> CompensatorSpec:
+        """How ``stage``'s executors build their compensator (what a view of its state is built with)."""
+        s = self.settings
+        return CompensatorSpec(s.compensator, s.compensator_settings, self._ring_capacity(stage))
 
     def _stage_compensator(self, stage: int, *, ring: bool = True) -> StageCompensator:
-        """A compensator of ``stage`` over the state its executors share (where this host holds it): what
-        the thread engine's one compensator per stage would hold; without ``ring``, over a ring of its own
-        (empty) instead of the stage's shared one."""
-        s = self.settings
-        view = make_compensator(s.compensator, self._initial[stage].params, s.compensator_settings,
-                                self._ring_capacity(stage))  # fmt: skip
-        if not self._local(stage):
-            return view
-        deltas, average, tuning = self.deltas[stage], self.averages[stage], self._tuning(stage)
-        if deltas is not None and ring:
-            view.share_ring(deltas.ring())
-        if average is not None:
-            view.share_average(average.tensors(), average.count)
-        if tuning is not None:
-            view.share_tuning_state(tuning.tensors())
-        return view
+        """A compensator of ``stage``, a stage of this host, over the state its executors share
+        (:func:`stage_view`); without ``ring``, over a ring of its own (empty) instead of the stage's shared one."""
+        return stage_view(self._compensator_spec(stage), self._initial[stage].params, deltas=self.deltas[stage],
+                          average=self.averages[stage], tuning=self._tuning(stage), ring=ring)  # fmt: skip
 
     def master_state(self) -> list[dict[str, Tensor]]:
         """Copies of the current master's tensors by stage, keyed by the stage module's parameter and

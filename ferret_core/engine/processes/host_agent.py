@@ -23,10 +23,12 @@ import os
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from typing import Any
 
 import torch.multiprocessing as tmp
 
+from ferret_core.compensation import StageCompensator
 from ferret_core.engine.processes.average import SharedStepAverage
 from ferret_core.engine.processes.deltas import SharedDeltas
 from ferret_core.engine.processes.dispatch import Executor
@@ -50,8 +52,9 @@ from ferret_core.engine.processes.hosts import HEARTBEAT_S, LOST_AFTER_S
 from ferret_core.engine.processes.link import TAG_DOWN, TAG_UP, Link
 from ferret_core.engine.processes.pool import JOIN_TIMEOUT_S
 from ferret_core.engine.processes.slots import SharedStageVersions
+from ferret_core.engine.processes.stage_state import CompensatorSpec, load_state, read_state, stage_view
 from ferret_core.engine.processes.tuning import StageTunings
-from ferret_core.errors import ExecutorLost, ScheduleError
+from ferret_core.errors import ConfigError, ExecutorLost, ScheduleError
 
 
 class _Session:
@@ -130,6 +133,35 @@ class _Session:
     def sync(self) -> None:
         self._updated.set()  # the newest masters, at most the follow share's wait from now
         self.link.send(("synced", {j: stage.current_version() for j, stage in self.stages.items()}))
+
+    def compensator_states(
+        self, specs: Mapping[int, CompensatorSpec], timeout: float
+    ) -> tuple[dict[int, dict[str, Any]], str | None]:
+        """The owned stages' compensator states (:mod:`.stage_state`), or the reason they cannot be read."""
+        try:
+            return {j: read_state(self._view(j, spec), self.stages[j].update_lock, j, timeout)
+                    for j, spec in specs.items()}, None  # fmt: skip
+        except (ScheduleError, ConfigError, KeyError, ValueError, RuntimeError) as exc:
+            return {}, f"{type(exc).__name__}: {exc}"
+
+    def load_compensator_states(
+        self, loads: Mapping[int, tuple[CompensatorSpec, Mapping[str, Any]]], timeout: float
+    ) -> str | None:
+        """Write the owned stages' compensator states; None, or the reason it failed."""
+        try:
+            for j, (spec, state) in loads.items():
+                load_state(self._view(j, spec, ring=False), self.stages[j].update_lock, j, state, timeout)
+        except (ScheduleError, ConfigError, KeyError, ValueError, RuntimeError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def _view(self, stage: int, spec: CompensatorSpec, *, ring: bool = True) -> StageCompensator:
+        if stage not in self.stages:
+            raise ConfigError(f"stage {stage} is not owned by this host (it owns {sorted(self.stages)})")
+        params = self._initial[stage].params
+        tuning = self.tunings.get(stage, params, spec.compensator, spec.settings, spec.ring_capacity)
+        return stage_view(spec, params, deltas=self.deltas[stage], average=self.averages[stage], tuning=tuning,
+                          ring=ring)  # fmt: skip
 
     def close(self) -> None:
         for conn in self.conns.values():
@@ -240,6 +272,16 @@ def serve_host(*, coordinator: int = 0, group: Any = None, start_method: str = S
                         session.sync()
                     else:
                         link.send(("synced", {}))
+                elif kind == "compensator-states":
+                    states, error = ({}, "no clock on this host") if session is None else session.compensator_states(
+                        *message[1:3]
+                    )
+                    link.send(("compensator-states", states, error))
+                elif kind == "load-compensator-states":
+                    error = "no clock on this host" if session is None else session.load_compensator_states(
+                        *message[1:3]
+                    )
+                    link.send(("compensator-states-loaded", error))
                 elif kind == "teardown":
                     if session is not None:
                         session.close()

@@ -39,8 +39,8 @@ import math
 import multiprocessing.connection as mpc
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import torch.distributed as dist
@@ -57,6 +57,7 @@ from ferret_core.engine.processes.follow import (
 )
 from ferret_core.engine.processes.link import TAG_DOWN, TAG_UP, Link
 from ferret_core.engine.processes.slots import SharedStageVersions
+from ferret_core.engine.processes.stage_state import CompensatorSpec
 from ferret_core.engine.versions import StageVersion
 from ferret_core.errors import ConfigError, ExecutorLost, ScheduleError
 from ferret_core.planning.host_memory import FOLLOWER_SLOTS  # the planner counts what the followers hold
@@ -66,6 +67,8 @@ HEARTBEAT_S = 1.0  # each side of a link says it is alive this often
 LOST_AFTER_S = 10.0  # a peer silent this long is lost (a blocked gloo receive does not notice a dead peer)
 CLOCK_PROBES = 7
 FRESHNESS_WINDOW = 100_000  # predictions whose freshness is kept (the newest)
+HOST_LOCK_WAIT_S = LOST_AFTER_S / 2  # the longest a host's agent waits for a stage's update lock in its loop
+_V = TypeVar("_V")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,6 +299,46 @@ class Hosts:
                     if left <= 0:
                         raise ScheduleError(f"the follower copies did not reach rank {rank}'s masters {versions}")
                     self._lock.wait(left)
+
+    def compensator_states(
+        self, stages: Mapping[int, CompensatorSpec], timeout: float = REPLY_TIMEOUT_S
+    ) -> dict[int, dict[str, Any]]:
+        """The compensator state of each remote stage of ``stages`` (its executors' spec), read by its owner
+        under the stage's update lock (:mod:`.stage_state`; drained), waiting for a lock at most ``timeout``
+        seconds (capped below the heartbeat's silence rule: the host's agent waits in its loop)."""
+        wait = min(timeout, HOST_LOCK_WAIT_S)
+        asked = self._by_owner(stages)
+        for rank, specs in asked.items():
+            self._send_down(rank, ("compensator-states", specs, wait))
+        out: dict[int, dict[str, Any]] = {}
+        for rank in asked:
+            states, error = self._await(rank, "compensator-states", wait + REPLY_TIMEOUT_S)
+            if error is not None:
+                raise ScheduleError(f"host rank {rank}: {error}")
+            out.update(states)
+        return out
+
+    def load_compensator_states(
+        self, stages: Mapping[int, tuple[CompensatorSpec, dict[str, Any]]], timeout: float = REPLY_TIMEOUT_S
+    ) -> None:
+        """Write each remote stage's compensator state (its executors' spec, the state) on its owner, waiting
+        for a stage's update lock as :meth:`compensator_states` does."""
+        wait = min(timeout, HOST_LOCK_WAIT_S)
+        asked = self._by_owner(stages)
+        for rank, loads in asked.items():
+            self._send_down(rank, ("load-compensator-states", loads, wait))
+        for rank in asked:
+            error = self._await(rank, "compensator-states-loaded", wait + REPLY_TIMEOUT_S)
+            if error is not None:
+                raise ScheduleError(f"host rank {rank}: {error}")
+
+    def _by_owner(self, stages: Mapping[int, _V]) -> dict[int, dict[int, _V]]:
+        out: dict[int, dict[int, _V]] = {}
+        for j, value in stages.items():
+            if not self.remote(j):
+                raise ConfigError(f"stage {j} is owned by this rank, not by another host")
+            out.setdefault(self.owner(j), {})[j] = value
+        return out
 
     def teardown(self, timeout: float = REPLY_TIMEOUT_S) -> None:
         """End the clock on every host (its executors stopped, its slots freed); the hosts wait for the next."""
