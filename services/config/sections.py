@@ -382,10 +382,14 @@ class TrainerSettings(Section):
     # "16-core host"); with it counted it has not been measured live.
     calibrate_time: bool = False
     # What the planner maximises: "rate" (R_F, the paper's) or "accuracy" (R_F discounted by the measured cost
-    # of staleness, docs/planner.md reading 13), which needs staleness_cost: the JSON `ferret simulate
-    # --objective accuracy` calibrates and caches (under --cache-dir/staleness/) for this model, lr and stream.
+    # of staleness, docs/planner.md reading 13). The cost: staleness_cost, the JSON `ferret simulate
+    # --objective accuracy` calibrates and caches (under --cache-dir/staleness/) for this model, lr and stream;
+    # unset, the trainer calibrates it on the first calibration_items labelled items it receives (in a child
+    # process, calibration_seeds initialisations; planning by R_F until then: services/trainer/staleness_live.py).
     objective: PlannerObjective = "rate"
     staleness_cost: Path | None = field(default=None, metadata=meta(check=check_file))
+    calibration_items: int = field(default=250, metadata=meta(check=between(18, 100_000, "a number of items")))
+    calibration_seeds: int = field(default=3, metadata=meta(check=between(1, 10, "a number of seeds")))
     decay: float | None = field(default=None, metadata=meta(check=between(0, None, "a decay constant")))
     lr: float = field(default=1e-3, metadata=meta(check=between(1e-12, None, "a learning rate")))
     device: str = field(default="cpu", metadata=meta(check=check_device))
@@ -441,13 +445,6 @@ class TrainerSettings(Section):
                 f"'off' with trainer.executors {self.executors!r} and trainer.device {self.device!r} (the stages of "
                 "other hosts run on CPU executor processes)",
                 "set trainer.executors: auto (or processes) and trainer.device: cpu, or trainer.hosts: off",
-            )
-        if self.objective == "accuracy" and self.staleness_cost is None:
-            raise self._fail(
-                "objective",
-                "'rate' without trainer.staleness_cost (the accuracy objective weighs plans by a measured cost)",
-                "calibrate one with `ferret simulate --objective accuracy --dataset D --model M --lr LR "
-                "--cache-dir C` and set trainer.staleness_cost to the JSON under C/staleness/",
             )
         if self.host_budget_bytes is not None and self.hosts == "off":
             raise self._fail(

@@ -36,7 +36,7 @@ from dataclasses import replace
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
 from ferret_core.planning.cost_model import StageGeometry
-from ferret_core.planning.planner import Planner
+from ferret_core.planning.planner import Planner, PlannerSettings
 from ferret_core.profile import ModelProfile
 from services.kafka.rate_headers import Headers, declared_interval
 
@@ -102,11 +102,24 @@ def measured_time_scale(
 
 
 class SwitchablePlanner:
-    """What the control plane's re-planner calls: the planner for the arrival interval in force.
-    Swapping is one assignment; only the re-planner's worker thread calls :meth:`plan`."""
+    """What the control plane's re-planner calls: the planner for the arrival interval (and the staleness
+    cost) in force. Swapping is one assignment; only the re-planner's worker thread calls :meth:`plan`.
+    Two threads rebuild it (the arrival drift's, the live staleness calibration's), each changing its own
+    settings: :meth:`rebuild` makes each rebuild keep the other's change."""
 
     def __init__(self, planner: Planner) -> None:
         self.current = planner
+        self._rebuilding = threading.Lock()
+
+    def rebuild(self, change: Callable[[PlannerSettings], PlannerSettings]) -> tuple[Planner, Planner]:
+        """Replace the planner with one over ``change(settings in force)`` (its paths computed here, not on
+        the re-planner's thread); returns (old, new)."""
+        with self._rebuilding:
+            old = self.current
+            planner = Planner(old.base_profile, change(old.settings))
+            planner.warm()
+            self.current = planner
+            return old, planner
 
     def plan(self, budget_bytes: int | None = None) -> Plan:
         return self.current.plan(budget_bytes)
@@ -211,20 +224,20 @@ class DriftReplanner:
     def replan(self, estimate: float, *, time_scale: float | None = None) -> None:
         """Rebuild the planner for ``estimate`` seconds between arrivals (and, when given, the measured
         ``time_scale``; else the planner's) and re-plan (same budget; None stays unconstrained)."""
-        old = self.planners.current
-        settings = replace(old.settings, arrival_interval=estimate)
+
+        def change(settings: PlannerSettings) -> PlannerSettings:
+            settings = replace(settings, arrival_interval=estimate)
+            return settings if time_scale is None else replace(settings, time_scale=time_scale)
+
+        old, _ = self.planners.rebuild(change)
         if time_scale is not None:
-            settings = replace(settings, time_scale=time_scale)
             self.scale_replans += 1
             log.info(
                 "measured service time %.3g × the profile's (plan made for %.3g ×): re-planning",
                 time_scale,
                 old.settings.time_scale,
             )
-        planner = Planner(old.base_profile, settings)
-        planner.warm()  # every path computed here, not on the re-planner's thread
-        self.planners.current = planner
-        if time_scale is not None and settings.arrival_interval == old.arrival_interval and self._same_shape():
+        if time_scale is not None and estimate == old.arrival_interval and self._same_shape():
             log.info("the measured time scale keeps the plan's shape: the plan in force runs on (no drain)")
             return
         log.info("measured arrival interval %.4g s (plan made for %.4g s): re-planning", estimate, old.arrival_interval)

@@ -19,6 +19,7 @@ import torch
 
 from ferret_core.data import dataset_spec
 from ferret_core.engine.processes.hosts import Hosts
+from ferret_core.engine.staleness_calibration import CalibrationSettings
 from ferret_core.errors import ConfigError
 from ferret_core.plan import Plan
 from ferret_core.planning.admission_queue import AdmissionQueue
@@ -65,6 +66,7 @@ from services.trainer.metrics import TrainerMetrics
 from services.trainer.metrics_http import serve_metrics
 from services.trainer.model_updates import ModelPublisher, ModelStreamCollector
 from services.trainer.service import Trainer
+from services.trainer.staleness_live import SEED_BASE, LiveCalibration, ModelSpec
 from services.trainer.state import Lifecycle, PlanInForce
 from services.trainer.status import StatusView
 from services.trainer.stream import RecordStream, StreamHooks
@@ -105,6 +107,7 @@ class TrainerProcess:
     drift: DriftReplanner | None = None
     models: ModelPublisher | None = None  # the model stream's publisher (None: trainer.models_interval_s 0)
     hosts: Hosts | None = None  # the job's other hosts (trainer.hosts: torchrun), ended with the trainer
+    calibration: LiveCalibration | None = None  # the staleness cost calibrated on the stream's head
 
 
 def model_card(settings: Settings) -> ModelCard:
@@ -280,10 +283,28 @@ def make_planner(
         time_scale=time_scale,
         compensation_time=compensation_time,
         hosts=hosts,
-        objective=t.objective,
+        # no cost yet: R_F until the trainer has calibrated one on the stream (services/trainer/staleness_live.py)
+        objective=t.objective if cost is not None else "rate",
         staleness_cost=cost,
     )
     return Planner(profile, planner_settings)
+
+
+def live_calibration(
+    settings: Settings, planner: SwitchablePlanner, budget: Callable[[], int | None]
+) -> LiveCalibration | None:
+    """``trainer.objective: accuracy`` without ``trainer.staleness_cost``: the cost calibrated on the
+    stream's first labelled items (:mod:`services.trainer.staleness_live`); else None."""
+    t = settings.trainer
+    if t.objective != "accuracy" or t.staleness_cost is not None:
+        return None
+    shape, classes = sample_spec(settings)
+    spec = ModelSpec(t.model, shape, classes, None if t.weights is None else str(t.weights))
+    seeds = tuple(range(SEED_BASE, SEED_BASE + t.calibration_seeds))
+    calibration = CalibrationSettings(seeds=seeds, lr=t.lr)
+    head = f"the live stream's first {t.calibration_items} labelled items"
+    source = f"{head}, {t.model}, lr {t.lr:g}, seeds {list(seeds)}"
+    return LiveCalibration(planner, budget, spec, items=t.calibration_items, settings=calibration, source=source)
 
 
 def start_timing(settings: Settings, model: ZooModel, profile: ModelProfile) -> StartTiming:
@@ -362,6 +383,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
             ),
             plan_in_force=lambda: learner.plan,
         )
+    calibration = live_calibration(settings, planner, lambda: learner.plan.budget_bytes) if budgeted else None
     metrics = TrainerMetrics()  # served below when metrics.port is set
     models = None  # the model stream `ferret serve` follows: a copy of the master every models_interval_s
     if t.models_interval_s > 0:
@@ -370,6 +392,7 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     hooks = StreamHooks(
         on_assigned=OnAssigned(health, drift, kafka.unassigned_readiness_s),
         on_arrival=drift.observe if drift is not None else StreamHooks.on_arrival,
+        on_sample=calibration.observe if calibration is not None else StreamHooks.on_sample,
         on_latency=metrics.observe_latency_ms,
         on_batch=models.tick if models is not None else StreamHooks.on_batch,
     )
@@ -382,6 +405,8 @@ def start_trainer(settings: Settings) -> TrainerProcess:
         failures=RedisFailureLog(client, r.namespace, kafka.group_id), max_failures=t.max_record_failures
     )
     parts = assemble(settings, learner, decoder, store, hooks=hooks, health=health, policy=policy, link=link)
+    if calibration is not None:
+        parts.status.extra_counters.append(calibration.counters)
     metrics.register(parts.status.status, parts.status.mean_staleness)
     if models is not None:
         metrics.registry.register(ModelStreamCollector(models.stats))
@@ -404,11 +429,13 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     if drift is not None:
         # rate re-plans keep the budget in force, None (unconstrained) included
         drift.start(control.replanner.request)
+    if calibration is not None:  # so does the re-plan with the calibrated cost
+        calibration.start(control.replanner.request)
     metrics_port = None if settings.metrics.port is None else serve_metrics(metrics.registry, settings.metrics).port
     log.info(
         "trainer %s: control plane on %s, metrics on %s", kafka.resolved_instance_id(), control.target, metrics_port
     )
-    return TrainerProcess(parts, control, planner, metrics_port, drift, models, hosts)
+    return TrainerProcess(parts, control, planner, metrics_port, drift, models, hosts, calibration)
 
 
 def run_trainer(settings: Settings, *, on_ready: Callable[[TrainerProcess], None] | None = None) -> int:
@@ -424,6 +451,8 @@ def run_trainer(settings: Settings, *, on_ready: Callable[[TrainerProcess], None
     finally:
         if process.drift is not None:
             process.drift.close()
+        if process.calibration is not None:
+            process.calibration.close()
         if process.models is not None:
             process.models.close(timeout_s=0.5)  # a frozen Redis must not hold the exit
         process.control.stop(grace_s=5)

@@ -6,6 +6,7 @@ keeps one name from the counters to the snapshot: ``skipped``, ``dead_lettered``
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from ferret_core.engine import SkipReason
 from services.control.trainer_port import TrainerStatus
@@ -40,6 +41,7 @@ class StatusView:
         self.lifecycle = lifecycle
         self.checkpoints = checkpoints
         self.lag = lag or PartitionLag()
+        self.extra_counters: list[Callable[[], dict[str, int]]] = []  # others' status counters (the calibration's)
         self._started = time.monotonic()
 
     def learner_stats(self) -> LearnerStats:
@@ -96,7 +98,11 @@ class StatusView:
                 drifts=guard.drifts,
                 last_good_version=guard.last_good_version,
                 model_lineage=stats.model_lineage,
-                counters={**staleness_counters(stats), **host_counters(plan.host_bytes)},
+                counters={
+                    **staleness_counters(stats),
+                    **host_counters(plan.host_bytes),
+                    **{k: v for extra in self.extra_counters for k, v in extra().items()},
+                },
                 freshness=stats.freshness,
                 planned_host_bytes=plan.host_bytes,
             )

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import cast
 
+import torch
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 
 from services.config import KafkaSettings
@@ -85,11 +86,13 @@ def _ignore(*_: object) -> None:
 class StreamHooks:
     """What others learn from the record path, passed in at construction: the sample partitions once
     assigned (readiness, the measured arrival rate), each valid arrival's (event time ms, partition, the
-    record's headers: a declared rate), and each delivered prediction's latency in ms (the metrics
-    histogram), and a call after each consumer batch (the model stream's publisher)."""
+    record's headers: a declared rate) and its sample and label (the live staleness calibration's head),
+    and each delivered prediction's latency in ms (the metrics histogram), and a call after each consumer
+    batch (the model stream's publisher)."""
 
     on_assigned: Callable[[frozenset[int]], None] = _ignore
     on_arrival: Callable[[int, int, Headers | None], None] = _ignore
+    on_sample: Callable[[torch.Tensor, int | None], None] = _ignore
     on_latency: Callable[[float], None] = _ignore
     on_batch: Callable[[], None] = lambda: None  # after each consumer batch, on the loop (the model stream's tick)
 
@@ -310,6 +313,7 @@ class RecordStream:
     def _arrive(self, record: Record, sample: ValidSample, position: int = 0) -> _Pending | None:
         item = self.counters.next_item(sample.event_time_ms)
         self.hooks.on_arrival(sample.event_time_ms, record.partition, record.message.headers())
+        self.hooks.on_sample(sample.x, sample.label)
         self.partitions.lag.consumed(record.partition, record.offset, sample.event_time_ms)
         self._blame[item] = (record.partition, record.offset)
         if len(self._blame) > BLAMED_ITEMS:

@@ -237,6 +237,44 @@ def test_measured_arrival_interval_replans_when_the_stream_rate_drifts(
     assert not status.HasField("budget_bytes")
 
 
+def test_the_accuracy_objective_calibrates_its_cost_on_the_streams_head_and_replans(
+    trainer_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`trainer.objective: accuracy` without `trainer.staleness_cost`: the trainer plans by R_F, collects
+    its first labelled items, calibrates d(τ) on them in a child process and re-plans by the accuracy
+    objective through the control plane (a new plan version, the cost named in the plan)."""
+    bootstrap, prefix = trainer_env["FERRET_KAFKA_BOOTSTRAP_SERVERS"], trainer_env["FERRET_KAFKA_TOPIC_PREFIX"]
+    env = {
+        **trainer_env,
+        "FERRET_TRAINER_ARRIVAL_INTERVAL": "0.002",  # fixed: no rate re-plan besides the calibration's
+        "FERRET_TRAINER_OBJECTIVE": "accuracy",
+        "FERRET_TRAINER_CALIBRATION_ITEMS": "20",
+        "FERRET_TRAINER_CALIBRATION_SEEDS": "1",
+    }
+    trainer = TrainerProcess(env, tmp_path / "trainer.log")
+    client = ControlClient(trainer.target)
+    try:
+        before = json.loads(client.get_plan().plan_json)
+        assert client.get_status().counters["staleness_calibration_state"] == 0  # collecting
+        produce_digits(bootstrap, TopicNames(prefix).samples, 10, labels=False)  # unlabelled: not calibrated on
+        produce_digits(bootstrap, TopicNames(prefix).samples, 40, start=10)
+        deadline = time.monotonic() + 120
+        while client.get_status().counters["staleness_calibration_state"] < 2:
+            assert time.monotonic() < deadline, (client.get_status().counters, trainer.log.read_text()[-3000:])
+            time.sleep(0.2)
+        wait_status(client, "plan_version", 2)
+        after = json.loads(client.get_plan().plan_json)
+        status = client.get_status()
+    finally:
+        client.close()
+        assert trainer.stop() == 0
+    assert "objectives" not in before  # R_F until the cost is known
+    assert after["objectives"]["objective"] == "accuracy"
+    assert after["objectives"]["cost_source"].startswith("the live stream's first 20 labelled items, mlp")
+    assert status.counters["staleness_calibration_items"] == 20
+    assert before["budget_bytes"] is None and after["budget_bytes"] is None  # unconstrained stays so
+
+
 def test_a_declared_slow_stream_gets_one_worker_that_trains_every_item(
     trainer_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -145,7 +145,8 @@ def test_bench_plans_ferret_by_the_objective_it_is_given() -> None:
 def test_the_trainer_plans_by_the_accuracy_objective_with_a_calibrated_cost(steep_cost: Path) -> None:
     """`trainer.objective: accuracy` with `trainer.staleness_cost` (the JSON simulate caches): the start-up
     planner ranks by R_F × d(τ), and where stale gradients cost this much it plans fewer workers than R_F;
-    without a cost the setting is refused at load with the command that calibrates one."""
+    without a cost it starts by R_F (the trainer calibrates a cost on the stream's head:
+    ``services/trainer/staleness_live.py``)."""
     from services.config import load_settings
     from services.config.values import SettingsError
     from services.trainer.executors import ExecutorChoice
@@ -161,8 +162,13 @@ def test_the_trainer_plans_by_the_accuracy_objective_with_a_calibrated_cost(stee
     assert accuracy.objectives.cost_source == "steep"
     assert (rate.num_stages, rate.live_workers) == (2, 6)  # R_F: 6 workers, each gradient ~5 updates late
     assert accuracy.live_workers < rate.live_workers  # a steep cost: fewer workers sharing the master
-    with pytest.raises(SettingsError, match=r"trainer\.objective"):
-        load_settings(None, env={"FERRET_TRAINER_OBJECTIVE": "accuracy"})
+    uncalibrated = load_settings(None, env={**env, "FERRET_TRAINER_STALENESS_COST": ""})
+    assert uncalibrated.trainer.objective == "accuracy" and uncalibrated.trainer.staleness_cost is None
+    before = make_planner(uncalibrated, profile, choice).plan(None)
+    assert before.objectives is None  # R_F alone, no cost to weigh it with
+    assert (before.num_stages, before.live_workers) == (rate.num_stages, rate.live_workers)
+    with pytest.raises(SettingsError, match=r"trainer\.calibration_items"):
+        load_settings(None, env={"FERRET_TRAINER_CALIBRATION_ITEMS": "10"})
     steep_cost.write_text("not a cost")
     with pytest.raises(ConfigError, match=r"trainer\.staleness_cost: staleness cost .* cannot read a JSON document"):
         make_planner(load_settings(None, env=env), profile, choice)
