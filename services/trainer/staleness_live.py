@@ -14,7 +14,8 @@ measures d on the first labelled items it receives:
    priority, so the record path and the executors keep the interpreter and the cores they had): the
    engine on the virtual clock, on those items, for ``trainer.calibration_seeds`` initialisations of the
    trainer's model, at the trainer's lr, without compensation (the cost of uncompensated staleness, as the
-   bench calibrates). MNISTNet with 250 items and 3 seeds is 39 runs of 250 items: about a minute of one core.
+   bench calibrates). MNISTNet with 250 items and 3 seeds is 39 runs of 250 items: 36 s on this 2-core
+   machine, the child's start included (12 s with 1 seed; measured at stop 38).
 3. **Re-plan**: the planner is rebuilt with the accuracy objective and d
    (:meth:`~services.trainer.arrivals.SwitchablePlanner.rebuild`, which keeps the arrival drift's own
    changes), and the control plane's re-planner re-plans with the budget in force (None stays
