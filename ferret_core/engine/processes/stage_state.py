@@ -9,8 +9,8 @@ engine's format. The coordinator builds views of its own stages (:class:`~.clock
 agent of the stages it owns (:mod:`.host_agent`), both through this module, so a snapshot or a re-plan's
 new clock keeps every stage's λ wherever the stage runs.
 
-Both read and write under the stage's update lock (the executors update that state inside it); a read
-waits at most ``timeout`` for it: an executor killed during its update never releases it.
+Both read and write under the stage's update lock (the executors update that state inside it), waiting at
+most ``timeout`` for it: an executor killed during its update never releases it (:class:`ScheduleError`).
 """
 
 from __future__ import annotations
