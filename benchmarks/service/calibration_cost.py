@@ -147,7 +147,7 @@ def render(rows: list[dict[str, Any]], head: str) -> str:
         lines.append(
             f"| {row['rate']:g} | {row['arm']} | {row['trained_per_s']:.1f} | {ratio:.2f}× "
             f"| {fmt(row['trained_per_s_while_calibrating'])} ({row['seconds_calibrating']}) "
-            f"| {fmt(row['trained_per_s_after'])} | {100 * row['online_accuracy']:.1f} "
+            f"| {fmt(row['trained_per_s_after'])} | {row['online_accuracy']:.1f} "
             f"| {cpu.get('trainer', 0):.2f} / {cpu.get('executors', 0):.2f} / {cpu.get('calibration', 0):.2f} "
             f"/ {cpu.get('broker', 0):.2f} / {cpu.get('machine_busy', 0):.2f} "
             f"| {row['plan_before']} → {row['plan_after']} ({row['objective_after']}) |"
