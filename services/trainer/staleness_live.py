@@ -10,12 +10,14 @@ measures d on the first labelled items it receives:
 1. **Collect** (the record path's thread, :meth:`LiveCalibration.observe`): copies of the first
    ``trainer.calibration_items`` labelled samples. Until d is known the trainer plans by R_F (the rate
    objective), as the paper does.
-2. **Calibrate** (a thread of its own, which runs the calibration in a child process at a lower CPU
-   priority, so the record path and the executors keep the interpreter and the cores they had): the
+2. **Calibrate** (a thread of its own, which runs the calibration in a child process under Linux's
+   SCHED_IDLE, so the record path and the executors keep the interpreter and the cores they had): the
    engine on the virtual clock, on those items, for ``trainer.calibration_seeds`` initialisations of the
    trainer's model, at the trainer's lr, without compensation (the cost of uncompensated staleness, as the
-   bench calibrates). MNISTNet with 250 items and 3 seeds is 39 runs of 250 items: 36 s on this 2-core
-   machine, the child's start included (12 s with 1 seed; measured at stop 38).
+   bench calibrates). MNISTNet with 250 items and 3 seeds is 39 runs of 250 items: 36 s alone on this
+   2-core machine, the child's start included (12 s with 1 seed). Beside a saturated 2-core trainer it
+   took ~2 minutes, and the trainer trained 14–23 % fewer items meanwhile; at nice +10 it was 35–41 %
+   (``benchmarks/service/README.md`` "The staleness cost calibrated live").
 3. **Re-plan**: the planner is rebuilt with the accuracy objective and d
    (:meth:`~services.trainer.arrivals.SwitchablePlanner.rebuild`, which keeps the arrival drift's own
    changes), and the control plane's re-planner re-plans with the budget in force (None stays
@@ -122,7 +124,8 @@ def _child(spec: ModelSpec, items: Any, settings: CalibrationSettings, source: s
 def calibrate_in_child(
     spec: ModelSpec, items: Sequence[tuple[torch.Tensor, int]], settings: CalibrationSettings, source: str
 ) -> StalenessCost:
-    """The calibration in a spawned child process at nice +10 on one torch thread (the default runner)."""
+    """The calibration in a spawned child process at the lowest priority (:func:`lowest_priority`) on one
+    torch thread (the default runner)."""
     ctx = tmp.get_context("spawn")
     ours, theirs = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child, args=(spec, list(items), settings, source, theirs), daemon=True,
