@@ -73,10 +73,11 @@ class CalibrationSampler(h.Sampler):
         self.children: dict[int, tuple[str, float]] = {}
         super().__init__(client, pids, interval)
 
+    def more_status(self, status: Any) -> dict[str, float]:
+        return {"calibration": status.counters.get("staleness_calibration_state", -1)}
+
     def take(self) -> h.Sample:
         sample = super().take()
-        counters = self.client.get_status().counters
-        sample.status["calibration"] = counters.get("staleness_calibration_state", -1)
         trainer = self.pids.get("trainer")
         for pid in descendants(trainer) if trainer else []:
             cpu = h.cpu_seconds(pid)

@@ -264,11 +264,16 @@ class Sampler:
             "replans": s.replans,
             "measured_bytes": s.measured_bytes,
             "online_accuracy": s.online_accuracy,
+            **self.more_status(s),
         }
         cpu = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         cpu["benchmark"] = time.process_time()
         cpu.update(machine_cpu())
         return Sample(time.monotonic(), status, cpu)
+
+    def more_status(self, status: Any) -> dict[str, float]:
+        """What a benchmark samples besides (from the same GetStatus reply); nothing here."""
+        return {}
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

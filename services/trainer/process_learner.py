@@ -420,9 +420,7 @@ class ProcessLearner:
         if not states:
             return
         self.drain()
-        fresh = self.clock.compensator_states()
-        carried = carry_compensator_states(states, fresh, same_partition=same_stages(states, fresh))
-        self.clock.load_compensator_states(carried)
+        self._load_carried(states)
 
     def _carry_compensators(self, states: Sequence[Mapping[str, Any]] | None, same_partition: bool) -> None:
         """Into the clock just started: what it can use of the closed clock's ``states`` (None: none were
@@ -431,11 +429,16 @@ class ProcessLearner:
         if not states:
             return
         try:
-            fresh = self.clock.compensator_states()
-            carried = carry_compensator_states(states, fresh, same_partition=same_partition)
-            self.clock.load_compensator_states(carried)
+            self._load_carried(states, same_partition)
         except (ConfigError, ScheduleError) as exc:
             log.warning("compensator state not carried to the new executors (they start fresh): %s", exc)
+
+    def _load_carried(self, states: Sequence[Mapping[str, Any]], same_partition: bool | None = None) -> None:
+        """Load into the clock what its stages can use of ``states`` (:func:`carry_compensator_states`);
+        ``same_partition`` None: judged from the states themselves (:func:`same_stages`)."""
+        fresh = self.clock.compensator_states()
+        same = same_stages(states, fresh) if same_partition is None else same_partition
+        self.clock.load_compensator_states(carry_compensator_states(states, fresh, same_partition=same))
 
     def stats(self) -> LearnerStats:
         stats = self.clock.stats()

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as tmp
 
+from ferret_core.data import StreamItem
 from ferret_core.engine.staleness_calibration import CalibrationSettings, calibrate_staleness
 from ferret_core.errors import ConfigError
 from ferret_core.planning.planner import PlannerSettings
@@ -80,12 +81,6 @@ class ModelSpec:
         return list(model.units)
 
 
-@dataclass(frozen=True, slots=True)
-class _Item:
-    x: torch.Tensor
-    y: int
-
-
 Calibrate = Callable[[ModelSpec, Sequence[tuple[torch.Tensor, int]], CalibrationSettings, str], StalenessCost]
 
 
@@ -93,7 +88,7 @@ def calibrate_here(
     spec: ModelSpec, items: Sequence[tuple[torch.Tensor, int]], settings: CalibrationSettings, source: str
 ) -> StalenessCost:
     """The calibration in this process (what the child runs; tests call it directly)."""
-    head = [_Item(x, y) for x, y in items]
+    head = [StreamItem(i, x, y, 0) for i, (x, y) in enumerate(items)]
     return calibrate_staleness(spec.model, lambda seed: (spec.units(seed), head), settings, source=source)
 
 
@@ -190,7 +185,7 @@ class LiveCalibration:
     def observe(self, x: torch.Tensor, y: int | None) -> None:
         """From the loop thread, per valid arrival: keep a copy of a labelled one while collecting; the
         last one starts the calibration. Never blocks."""
-        if y is None or self.state is not CalibrationState.COLLECTING or self._thread is not None:
+        if y is None or self.state is not CalibrationState.COLLECTING:
             return
         self._items.append((x.detach().clone(), int(y)))
         self.collected = len(self._items)

@@ -281,7 +281,7 @@ def serve_host(*, coordinator: int = 0, group: Any = None, start_method: str = S
                     error = "no clock on this host" if session is None else session.load_compensator_states(
                         *message[1:3]
                     )
-                    link.send(("compensator-states-loaded", error))
+                    link.send(("compensator-states-loaded", None, error))
                 elif kind == "teardown":
                     if session is not None:
                         session.close()

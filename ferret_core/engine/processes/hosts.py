@@ -306,15 +306,8 @@ class Hosts:
         """The compensator state of each remote stage of ``stages`` (its executors' spec), read by its owner
         under the stage's update lock (:mod:`.stage_state`; drained), waiting for a lock at most ``timeout``
         seconds (capped below the heartbeat's silence rule: the host's agent waits in its loop)."""
-        wait = min(timeout, HOST_LOCK_WAIT_S)
-        asked = self._by_owner(stages)
-        for rank, specs in asked.items():
-            self._send_down(rank, ("compensator-states", specs, wait))
         out: dict[int, dict[str, Any]] = {}
-        for rank in asked:
-            states, error = self._await(rank, "compensator-states", wait + REPLY_TIMEOUT_S)
-            if error is not None:
-                raise ScheduleError(f"host rank {rank}: {error}")
+        for states in self._ask_owners("compensator-states", "compensator-states", stages, timeout):
             out.update(states)
         return out
 
@@ -323,14 +316,22 @@ class Hosts:
     ) -> None:
         """Write each remote stage's compensator state (its executors' spec, the state) on its owner, waiting
         for a stage's update lock as :meth:`compensator_states` does."""
+        self._ask_owners("load-compensator-states", "compensator-states-loaded", stages, timeout)
+
+    def _ask_owners(self, kind: str, reply: str, stages: Mapping[int, Any], timeout: float) -> list[Any]:
+        """Send each owner its stages' part of ``stages`` as ``(kind, part, wait)`` and return the values of
+        their answers ``(reply, value, error)``; an error string is raised as :class:`ScheduleError`."""
         wait = min(timeout, HOST_LOCK_WAIT_S)
         asked = self._by_owner(stages)
-        for rank, loads in asked.items():
-            self._send_down(rank, ("load-compensator-states", loads, wait))
+        for rank, part in asked.items():
+            self._send_down(rank, (kind, part, wait))
+        values = []
         for rank in asked:
-            error = self._await(rank, "compensator-states-loaded", wait + REPLY_TIMEOUT_S)
+            value, error = self._await(rank, reply, wait + REPLY_TIMEOUT_S)
             if error is not None:
                 raise ScheduleError(f"host rank {rank}: {error}")
+            values.append(value)
+        return values
 
     def _by_owner(self, stages: Mapping[int, _V]) -> dict[int, dict[int, _V]]:
         out: dict[int, dict[int, _V]] = {}
