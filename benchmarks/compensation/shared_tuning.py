@@ -1,0 +1,256 @@
+"""One λ per stage against one λ per worker: what sharing a compensator's tuning state buys in accuracy.
+
+Since stop 37 every executor process of a stage works on one shared tuning state (Iter-Fisher's λ, v_r,
+v_a; DC-ASGD-a's mean square: ``ferret_core/engine/processes/tuning.py``), as the thread engine and the
+virtual clock keep one compensator per stage and the paper tunes λ per stage (DESIGN §3.3). Before, each
+executor kept its own: with N workers each λ learnt from 1/N of the stage's gradients and a stage applied
+N different λ. This measures what that difference costs in online accuracy, on the virtual clock
+(deterministic, so the two arms of a seed differ only by the sharing):
+
+* ``stage`` (as shipped): ``ferret simulate`` of Ferret on a fixed multi-worker plan, one compensator per
+  stage;
+* ``worker`` (the old process executors): the same run, but each stage's compensator switches to worker
+  n's own tuning state before it compensates worker n's gradient (each worker's state starts at the
+  compensator's initial values: λ⁰, zero EMAs). The deltas of the master's updates stay per stage, as
+  they were shared on processes before the tuning state was.
+
+Per setting and compensator: online accuracy of both arms (mean ± s.e. over seeds), the paired difference
+stage − worker, the mean relative correction per stage, and the final λ (shared; per worker: min–max).
+
+    PYTHONPATH=$PWD flock /tmp/ferret-bench.lock .venv/bin/python -m benchmarks.compensation.shared_tuning \\
+        --settings mnist split-mnist --compensators iter-fisher iter-fisher-lean dc-asgd-a --seeds 5 --jobs 2
+
+``--child worker -- simulate ...`` is one run of the ``worker`` arm (what the driver starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from benchmarks.compensation.compare import PLAN, PROFILE, RESULTS, mean_se
+from ferret_core.compensation import compensator_registry
+from ferret_core.compensation.base import CompensatorSettings, StageCompensator
+from ferret_core.engine.stage_update import StageUpdater
+from services.bench.runner import DECODED_CACHE, REPO, run_simulate
+
+COMPENSATORS = ("iter-fisher", "iter-fisher-lean", "dc-asgd-a")  # the ones that learn from gradients
+ARMS = ("stage", "worker")
+
+
+class _Compensating:
+    """The worker whose gradient the virtual clock is keeping (it keeps one at a time, on one thread)."""
+
+    worker = 0
+
+
+@contextlib.contextmanager
+def _worker_known() -> Iterator[None]:
+    """Record in :class:`_Compensating` which worker each kept gradient comes from."""
+    keep = StageUpdater.keep
+
+    def keep_of_worker(self: StageUpdater, worker: int, *args: Any, **kwargs: Any) -> bool:
+        _Compensating.worker = worker
+        return keep(self, worker, *args, **kwargs)
+
+    StageUpdater.keep = keep_of_worker  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        StageUpdater.keep = keep  # type: ignore[method-assign]
+
+
+def per_worker(cls: type[StageCompensator]) -> Callable[..., StageCompensator]:
+    """A factory of ``cls`` compensators that keep one tuning state per worker (the ``worker`` arm); the
+    built compensators are listed in ``factory.built`` (with their per-worker states)."""
+
+    class PerWorker(cls):  # type: ignore[valid-type, misc]
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            self.initial = [t.clone() for t in self.tuning_state()]
+            self.states: dict[int, list[Tensor]] = {}
+
+        def _compensate(
+            self, grads: list[Tensor], staleness: int, theta_then: Sequence[Tensor], theta_now: Sequence[Tensor]
+        ) -> list[Tensor]:
+            if self.initial:  # the stage can be stale: switch to this worker's λ and EMAs
+                n = _Compensating.worker
+                state = self.states.setdefault(n, [t.clone() for t in self.initial])
+                self._adopt_tuning_state(state)
+            out: list[Tensor] = super()._compensate(grads, staleness, theta_then, theta_now)
+            return out
+
+        def per_worker(self) -> dict[str, Any]:
+            """How many workers kept a state here, and each one's λ (Iter-Fisher; DC-ASGD-a's λ is fixed)."""
+            lambdas = {n: float(s[0]) for n, s in sorted(self.states.items()) if s[0].dtype.is_floating_point}
+            return {"workers": len(self.states), "lambda": lambdas}
+
+    built: list[Any] = []
+
+    def factory(*args: Any) -> StageCompensator:
+        comp = PerWorker(*args)
+        built.append(comp)
+        return comp
+
+    factory.built = built  # type: ignore[attr-defined]
+    return factory
+
+
+def child(argv: list[str]) -> None:
+    """Run ``ferret simulate`` (``argv``) in the ``worker`` arm; print its JSON report with each stage's
+    per-worker states added (``per_worker``, per stage: how many workers kept one, and their λ)."""
+    from services.cli.main import main as cli_main
+
+    name = argv[argv.index("--compensator") + 1]
+    cls = compensator_registry._FACTORIES[name]
+    assert isinstance(cls, type), f"{name} has no class to wrap"
+    factory = per_worker(cls)
+    saved = compensator_registry._FACTORIES[name]
+    compensator_registry._FACTORIES[name] = factory
+    out = io.StringIO()
+    try:
+        with _worker_known(), contextlib.redirect_stdout(out):
+            code = cli_main(argv)
+    finally:
+        compensator_registry._FACTORIES[name] = saved
+    if code:
+        raise SystemExit(code)
+    report = json.loads(out.getvalue())
+    report["per_worker"] = [comp.per_worker() for comp in factory.built]
+    print(json.dumps(report))
+
+
+def argv(setting: str, compensator: str, arm: str, seed: int, args: argparse.Namespace) -> list[str]:
+    prefix = [sys.executable, "-m", "services.cli.main"]
+    if arm == "worker":
+        prefix = [sys.executable, "-m", "benchmarks.compensation.shared_tuning", "--child", "--"]
+    return [
+        *prefix, "simulate", "--dataset", setting, "--profile", str(PROFILE), "--method", "ferret",
+        "--plan", str(args.plan), "--compensator", compensator, "--items", str(args.items), "--seed", str(seed),
+        "--lr", f"{args.lr:g}", "--test-items", str(args.test_items), "--cache-dir", str(DECODED_CACHE), "--json",
+    ]  # fmt: skip
+
+
+def run_one(setting: str, compensator: str, arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    report = run_simulate(argv(setting, compensator, arm, seed, args))
+    return {
+        "setting": setting,
+        "compensator": compensator,
+        "arm": arm,
+        "seed": seed,
+        "oacc": report["oacc"],
+        "tacc": report["tacc"],
+        "relative_correction": report["relative_correction"],
+        "lambda": report["lambda"],
+        "per_worker": report.get("per_worker"),
+        "max_staleness": report["max_staleness"],
+        "num_stages": report["num_stages"],
+        "num_workers": report["num_workers"],
+    }
+
+
+def _lambda_cell(run: dict[str, Any]) -> str:
+    if run["arm"] == "stage":
+        return "[" + ", ".join("—" if v is None else f"{v:.9g}" for v in run["lambda"]) + "]"
+    cells = []
+    for stage in run["per_worker"]:
+        values = list(stage["lambda"].values())
+        span = "fixed" if not values else f"{min(values):.9g}–{max(values):.9g}"
+        cells.append("— (never stale)" if not stage["workers"] else f"{span} ({stage['workers']} states)")
+    return "[" + ", ".join(cells) + "]"
+
+
+def table(rows: list[dict[str, Any]], settings: list[str], compensators: list[str]) -> list[str]:
+    lines: list[str] = []
+    for setting in settings:
+        mine = [r for r in rows if r["setting"] == setting]
+        first = mine[0]
+        lines += [
+            "",
+            f"### {setting}: {first['num_stages']} stage(s) × {first['num_workers']} workers, max staleness "
+            f"{first['max_staleness']}",
+            "",
+            "| compensator | tuning state | oacc | stage − worker (paired) | tacc | ‖c‖/‖g‖ per stage | final λ per stage "
+            "(seed 0) |",
+            "|---|---|---:|---:|---:|---|---|",
+        ]
+        for c in compensators:
+            by_arm = {a: sorted((r for r in mine if r["compensator"] == c and r["arm"] == a), key=lambda r: r["seed"])
+                      for a in ARMS}  # fmt: skip
+            worker = {r["seed"]: r for r in by_arm["worker"]}
+            for arm in ARMS:
+                runs = by_arm[arm]
+                if not runs:
+                    continue
+                o, o_se = mean_se([r["oacc"] for r in runs])
+                t, t_se = mean_se([r["tacc"] for r in runs])
+                stages = len(runs[0]["relative_correction"])
+                corr = [
+                    sum(float("nan") if r["relative_correction"][j] is None else r["relative_correction"][j]
+                        for r in runs) / len(runs)
+                    for j in range(stages)
+                ]  # fmt: skip
+                diff = "—"
+                if arm == "stage":
+                    diffs = [r["oacc"] - worker[r["seed"]]["oacc"] for r in runs if r["seed"] in worker]
+                    if diffs:
+                        d, d_se = mean_se(diffs)
+                        diff = f"{d:+.2f} ± {d_se:.2f} (n={len(diffs)})"
+                name = "one per stage (shipped)" if arm == "stage" else "one per worker (before stop 37)"
+                lines.append(
+                    f"| {c} | {name} | {o:.2f} ± {o_se:.2f} | {diff} | {t:.2f} ± {t_se:.2f} | "
+                    f"[{', '.join(f'{v:.3g}' for v in corr)}] | {_lambda_cell(runs[0])} |"
+                )
+    return lines
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        rest = sys.argv[2:]
+        child(rest[1:] if rest[:1] == ["--"] else rest)
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--settings", nargs="+", default=["mnist", "split-mnist"])
+    parser.add_argument("--compensators", nargs="+", default=list(COMPENSATORS), choices=COMPENSATORS)
+    parser.add_argument("--plan", type=Path, default=PLAN)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--items", type=int, default=250)
+    parser.add_argument("--test-items", type=int, default=300)
+    parser.add_argument("--lr", type=float, default=0.02)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--name", default="shared_tuning", help="results/<name>.md and .json")
+    args = parser.parse_args()
+    jobs = [(s, c, a, seed) for s in args.settings for c in args.compensators for a in ARMS for seed in range(args.seeds)]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(lambda job: run_one(*job, args), jobs))
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    header = [
+        f"# One tuning state per stage against one per worker ({args.plan.name}), {args.seeds} seeds paired, "
+        f"{args.items} items, lr {args.lr:g}, tacc on {args.test_items} test items",
+        "",
+        f"Command: `{' '.join(['python -m benchmarks.compensation.shared_tuning', *sys.argv[1:]])}` "
+        f"(commit {commit}); the virtual clock, one torch thread per run, {args.jobs} runs at a time.",
+    ]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    lines = header + table(rows, args.settings, args.compensators)
+    print("\n".join(lines))
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main()
