@@ -41,7 +41,7 @@ from torch import Tensor
 
 from benchmarks.compensation.compare import PLAN, PROFILE, RESULTS, mean_se
 from ferret_core.compensation import compensator_registry
-from ferret_core.compensation.base import CompensatorSettings, StageCompensator
+from ferret_core.compensation.base import StageCompensator
 from ferret_core.engine.stage_update import StageUpdater
 from services.bench.runner import DECODED_CACHE, REPO, run_simulate
 
@@ -181,8 +181,8 @@ def table(rows: list[dict[str, Any]], settings: list[str], compensators: list[st
             f"### {setting}: {first['num_stages']} stage(s) × {first['num_workers']} workers, max staleness "
             f"{first['max_staleness']}",
             "",
-            "| compensator | tuning state | oacc | stage − worker (paired) | tacc | ‖c‖/‖g‖ per stage | final λ per stage "
-            "(seed 0) |",
+            "| compensator | tuning state | oacc | stage − worker (paired) | tacc | ‖c‖/‖g‖ per stage "
+            "| final λ per stage (seed 0) |",
             "|---|---|---:|---:|---:|---|---|",
         ]
         for c in compensators:
@@ -231,7 +231,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--name", default="shared_tuning", help="results/<name>.md and .json")
     args = parser.parse_args()
-    jobs = [(s, c, a, seed) for s in args.settings for c in args.compensators for a in ARMS for seed in range(args.seeds)]
+    seeds = range(args.seeds)
+    jobs = [(s, c, a, seed) for s in args.settings for c in args.compensators for a in ARMS for seed in seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda job: run_one(*job, args), jobs))
     commit = subprocess.run(
