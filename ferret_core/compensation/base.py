@@ -41,7 +41,8 @@ class CompensatorSettings:
     Gap-Aware's average step C). ``nu``: ℓ2 weight on λ in eq. lambda-objective-v1. ``fisher_lambda``:
     the manual λ of the one-shot Fisher compensator. ``gap_eps``: floor added to Gap-Aware's C.
     ``dc_lambda0``, ``dc_momentum``, ``dc_eps``: λ₀, the mean square's momentum m and the ε under its
-    square root of DC-ASGD-a (``dc-asgd-a``, :mod:`ferret_core.compensation.dc_asgd`).
+    square root of DC-ASGD-a (``dc-asgd-a``, :mod:`ferret_core.compensation.dc_asgd`); ``dc_bound``: κ of
+    its per-element bound |g_out − g| ≤ κ·|g| (ours, not the paper's; ``math.inf``: unbounded).
     """
 
     lambda0: float = 0.2
@@ -53,6 +54,7 @@ class CompensatorSettings:
     dc_lambda0: float = 10.0  # ours, not the paper's 2 (its lr was ~25 × ours): docs/compensation.md §4
     dc_momentum: float = 0.95
     dc_eps: float = 1e-12
+    dc_bound: float = 1.0  # ours: |correction| ≤ dc_bound·|g| per element; inf: unbounded, as the paper
 
     def __post_init__(self) -> None:
         for key in (
@@ -61,6 +63,12 @@ class CompensatorSettings:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"compensator setting {key} must be a finite number, got {value!r}")
+        bound = self.dc_bound
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or math.isnan(bound) or bound <= 0:
+            raise ConfigError(
+                f"dc_bound must be a number > 0 (the most DC-ASGD-a's correction may be, per element, as a multiple "
+                f"of the gradient's magnitude; inf leaves it unbounded, as the paper), got {bound!r}"
+            )
         if self.eta_lambda < 0:
             raise ConfigError(f"eta_lambda must be >= 0 (0 fixes λ = lambda0), got {self.eta_lambda}")
         if not 0 <= self.alpha < 1:

@@ -75,7 +75,57 @@ def test_snapshot_round_trip() -> None:
     torch.testing.assert_close(again.compensate([g], **args)[0], comp.compensate([g], **args)[0])
 
 
-@pytest.mark.parametrize("bad", [{"dc_lambda0": -1.0}, {"dc_momentum": 1.0}, {"dc_eps": 0.0}])
+def test_the_bound_clips_each_element_to_kappa_times_its_gradient() -> None:
+    """g = (2, 1), τ = 1, Δθ = (1, −1), λ₀ = 10, m = 0.5 (one gradient seen: bias-corrected MeanSquare = g²):
+    unbounded corrections 10·g²·Δθ/|g| = (20, −10) become (2, −1) under κ = 1, (1, −0.5) under κ = 0.5."""
+    g = _t(2.0, 1.0)
+    args = {"staleness": 1, "theta_then": [_t(0.0, 0.0)], "theta_now": [_t(1.0, -1.0)]}
+    outs = {}
+    for bound in (math.inf, 1.0, 0.5):
+        s = CompensatorSettings(dc_lambda0=10.0, dc_momentum=0.5, dc_bound=bound)
+        outs[bound] = make_compensator("dc-asgd-a", [_t(0.0, 0.0)], s, 1).compensate([g], **args)[0]
+    torch.testing.assert_close(outs[math.inf], _t(22.0, -9.0), rtol=1e-9, atol=1e-9)  # the paper's form
+    torch.testing.assert_close(outs[1.0], _t(4.0, 0.0), rtol=1e-9, atol=1e-9)  # doubled, cancelled
+    torch.testing.assert_close(outs[0.5], _t(3.0, 0.5), rtol=1e-9, atol=1e-9)
+
+
+@given(
+    pairs=st.lists(st.tuples(st.floats(-10, 10), st.floats(-1, 1)), min_size=1, max_size=8),
+    bound=st.sampled_from([0.25, 1.0, 3.0]),
+    lambda0=st.sampled_from([0.5, 10.0, 1e4]),
+)
+@settings(max_examples=60, deadline=None)
+def test_bounded_corrections_stay_within_kappa_and_equal_the_papers_where_it_does_not_bind(
+    pairs: list[tuple[float, float]], bound: float, lambda0: float
+) -> None:
+    g = torch.tensor([p[0] for p in pairs], dtype=F64)
+    gap = torch.tensor([p[1] for p in pairs], dtype=F64)
+    zeros = torch.zeros(len(pairs), dtype=F64)
+    out = {}
+    for kappa in (bound, math.inf):
+        comp = make_compensator("dc-asgd-a", [zeros], CompensatorSettings(dc_lambda0=lambda0, dc_bound=kappa), 1)
+        comp.compensate([g * 0.5], staleness=1, theta_then=[zeros], theta_now=[gap])  # a MeanSquare to start from
+        out[kappa] = comp.compensate([g], staleness=1, theta_then=[zeros], theta_now=[gap])[0]
+    correction, unbounded = out[bound] - g, out[math.inf] - g
+    assert bool(torch.all(correction.abs() <= bound * g.abs() * (1 + 1e-12) + 1e-12))
+    inside = unbounded.abs() <= bound * g.abs()
+    torch.testing.assert_close(correction[inside], unbounded[inside], rtol=1e-12, atol=1e-12)
+    # where it binds, the correction keeps the unbounded one's sign
+    assert bool(torch.all(correction[~inside] * unbounded[~inside] >= 0))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"dc_lambda0": -1.0},
+        {"dc_momentum": 1.0},
+        {"dc_eps": 0.0},
+        {"dc_bound": 0.0},
+        {"dc_bound": -1.0},
+        {"dc_bound": math.nan},
+        {"dc_bound": True},
+    ],
+)
 def test_settings_reject_bad_values(bad: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
         CompensatorSettings(**bad)
