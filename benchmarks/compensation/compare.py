@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from benchmarks.support import short_head
 from services.bench.runner import DECODED_CACHE, REPO, run_simulate
 
 PLAN = REPO / "benchmarks/paper/results/standard/compensation/plans/mnist_mnistnet_M+.json"
@@ -135,26 +136,29 @@ def table(rows: list[dict[str, Any]], settings: list[str], compensators: list[st
     return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", nargs="+", default=["mnist", "split-mnist"])
-    parser.add_argument("--compensators", nargs="+", default=list(COMPENSATORS))
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a paired run on one fixed plan: plan, seeds, items, test items, lr, parallel runs."""
     parser.add_argument("--plan", type=Path, default=PLAN)
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds − 1")
     parser.add_argument("--items", type=int, default=250)
     parser.add_argument("--test-items", type=int, default=300)
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--jobs", type=int, default=2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--settings", nargs="+", default=["mnist", "split-mnist"])
+    parser.add_argument("--compensators", nargs="+", default=list(COMPENSATORS))
+    add_run_arguments(parser)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. first-seed + seeds − 1")
     parser.add_argument("--name", default="compare", help="results/<name>.md and .csv")
     args = parser.parse_args()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     jobs = [(s, c, seed) for s in args.settings for c in args.compensators for seed in seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda job: run_one(*job, args), jobs))
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
-    ).stdout.strip()
+    commit = short_head()
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True, check=False
     ).stdout.strip()

@@ -29,21 +29,21 @@ import argparse
 import contextlib
 import io
 import json
-import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from benchmarks.compensation.compare import PLAN, PROFILE, RESULTS, mean_se
+from benchmarks.compensation.compare import PROFILE, RESULTS, add_run_arguments, mean_se
+from benchmarks.support import short_head
 from ferret_core.compensation import compensator_registry
 from ferret_core.compensation.base import StageCompensator
+from ferret_core.data import DATASET_NAMES
 from ferret_core.engine.stage_update import StageUpdater
-from services.bench.runner import DECODED_CACHE, REPO, run_simulate
+from services.bench.runner import DECODED_CACHE, run_simulate
 
 COMPENSATORS = ("iter-fisher", "iter-fisher-lean", "dc-asgd-a")  # the ones that learn from gradients
 ARMS = ("stage", "worker")
@@ -221,23 +221,16 @@ def main() -> None:
         child(rest[1:] if rest[:1] == ["--"] else rest)
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", nargs="+", default=["mnist", "split-mnist"])
+    parser.add_argument("--settings", nargs="+", default=["mnist", "split-mnist"], choices=DATASET_NAMES)
     parser.add_argument("--compensators", nargs="+", default=list(COMPENSATORS), choices=COMPENSATORS)
-    parser.add_argument("--plan", type=Path, default=PLAN)
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--items", type=int, default=250)
-    parser.add_argument("--test-items", type=int, default=300)
-    parser.add_argument("--lr", type=float, default=0.02)
-    parser.add_argument("--jobs", type=int, default=2)
+    add_run_arguments(parser)
     parser.add_argument("--name", default="shared_tuning", help="results/<name>.md and .json")
     args = parser.parse_args()
     seeds = range(args.seeds)
     jobs = [(s, c, a, seed) for s in args.settings for c in args.compensators for a in ARMS for seed in seeds]
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda job: run_one(*job, args), jobs))
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
-    ).stdout.strip()
+    commit = short_head()
     header = [
         f"# One tuning state per stage against one per worker ({args.plan.name}), {args.seeds} seeds paired, "
         f"{args.items} items, lr {args.lr:g}, tacc on {args.test_items} test items",
