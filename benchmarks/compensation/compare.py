@@ -115,7 +115,7 @@ def table(rows: list[dict[str, Any]], settings: list[str], compensators: list[st
             ]
             lam = runs[0]["lambda"]
             diff_cell, verdict = "—", ""
-            if c != "none":
+            if c != "none" and base:  # paired against none where none ran
                 diffs = [r["oacc"] - base[r["seed"]]["oacc"] for r in runs if r["seed"] in base]
                 d, d_se = mean_se(diffs)
                 diff_cell = f"{d:+.2f} ± {d_se:.2f} (n={len(diffs)})"
