@@ -35,17 +35,14 @@ COMPENSATORS = ("none", "fisher", "iter-fisher", "dc-asgd-a")
 
 
 def argv(dataset: str, compensator: str, seed: int, args: argparse.Namespace) -> list[str]:
-    """``compensator`` may carry settings, ``NAME@FIELD=VALUE[,FIELD=VALUE]`` (run through simulate_with.py)."""
+    """``compensator`` may carry settings, ``NAME@FIELD=VALUE[,FIELD=VALUE]`` (``--compensator-setting``)."""
     name, _, fields = compensator.partition("@")
-    prefix = [sys.executable, "-m", "services.cli.main"]
-    if fields:
-        sets = [x for field in fields.split(",") for x in ("--set", field)]
-        prefix = [sys.executable, "-m", "benchmarks.compensation.simulate_with", *sets, "--"]
+    sets = [x for field in fields.split(",") if field for x in ("--compensator-setting", field)]
     return [
-        *prefix, "simulate", "--dataset", dataset, "--profile", str(PROFILE),
+        sys.executable, "-m", "services.cli.main", "simulate", "--dataset", dataset, "--profile", str(PROFILE),
         "--method", "ferret", "--plan", str(args.plan), "--compensator", name, "--items", str(args.items),
         "--seed", str(seed), "--lr", f"{args.lr:g}", "--test-items", str(args.test_items),
-        "--cache-dir", str(DECODED_CACHE), "--json",
+        "--cache-dir", str(DECODED_CACHE), *sets, "--json",
     ]  # fmt: skip
 
 

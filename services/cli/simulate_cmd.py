@@ -97,6 +97,8 @@ from services.cli.plan_cmd import (
     plan_for_algorithm,
 )
 from services.config.data_root import default_data_root
+from services.config.sections import compensator_settings_from
+from services.config.values import Invalid
 from services.models import build_model_for, is_factory
 
 MOMENTUM = 0.9  # --optimizer momentum
@@ -181,8 +183,36 @@ def register(subparsers: Any) -> None:
         help="--objective accuracy: the compensator the staleness calibration runs apply (default none: the cost "
         "of uncompensated staleness; the run's own compensator measures what staleness costs once compensated)",
     )
+    parser.add_argument(
+        "--compensator-setting",
+        action="append",
+        type=name_equals_value,
+        default=[],
+        metavar="NAME=VALUE",
+        help="a compensator hyper-parameter other than its default, for the run's compensator (repeatable; the "
+        "fields of CompensatorSettings, as trainer.compensator_settings: e.g. dc_lambda0=20, dc_bound=inf)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(handler=run)
+
+
+def name_equals_value(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` as (NAME, VALUE)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (e.g. dc_lambda0=20), got {text!r}")
+    return name.strip(), value.strip()
+
+
+def compensator_settings_of(args: argparse.Namespace) -> CompensatorSettings:
+    """The run's compensator settings: the defaults, changed by ``--compensator-setting``."""
+    try:
+        return compensator_settings_from(dict(args.compensator_setting))
+    except Invalid as exc:
+        fix = f"; {exc.fix}" if exc.fix else ""
+        raise ConfigError(
+            f"--compensator-setting {exc.subkey or ''}: expected {exc.expected}, got {exc.got!r}{fix}"
+        ) from None
 
 
 def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -281,6 +311,7 @@ def run(args: argparse.Namespace) -> int:
     report["staleness_cost"] = None if cost is None else cost.to_dict()
     report["staleness_cost_file"] = None if cost_file is None else str(cost_file)
     report["task_accuracy"] = None if tasks is None else tasks.to_dict()
+    report["compensator_settings"] = dict(args.compensator_setting)  # the non-defaults, as given ("inf")
     if args.json:
         print(strict_json.dumps(report, indent=2))
     else:
@@ -388,7 +419,7 @@ def simulate_dataset(
         lr=args.lr,
         momentum=MOMENTUM if args.optimizer == "momentum" else 0.0,
         compensator=compensator,
-        compensator_settings=CompensatorSettings(),
+        compensator_settings=compensator_settings_of(args),
         keep_trace=True,
     )
     engine = StreamEngine(model.units, setup, settings, algorithm=algorithm)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_type_hints
 
-from ferret_core.compensation import COMPENSATOR_NAMES
+from ferret_core.compensation import COMPENSATOR_NAMES, CompensatorSettings
 from ferret_core.data import DATASET_NAMES
 from ferret_core.engine import METHOD_NAMES
 from ferret_core.errors import ConfigError
@@ -113,6 +113,40 @@ def parse_shape(raw: Any) -> tuple[int, ...]:
     if isinstance(raw, bool) or not isinstance(raw, (str, int)):
         raise ValueError(raw)
     return parse_shape_text(str(raw))
+
+
+COMPENSATOR_SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(CompensatorSettings))
+
+
+def compensator_settings_from(values: dict[str, str]) -> CompensatorSettings:
+    """``trainer.compensator_settings`` (names of :class:`CompensatorSettings` fields to numbers, as the
+    config's mappings hold them: strings) as the settings every stage's compensator is built with; raises
+    :class:`Invalid` naming the entry."""
+    numbers: dict[str, float] = {}
+    fix = "docs/compensation.md says what each setting does"
+    for name, text in values.items():
+        if name not in COMPENSATOR_SETTING_NAMES:
+            raise Invalid(
+                f"names of compensator settings ({', '.join(COMPENSATOR_SETTING_NAMES)})",
+                fix,
+                subkey=name,
+                got=name,
+            )
+        try:
+            numbers[name] = float(text)
+        except ValueError:
+            raise Invalid("a number (inf where a setting allows it)", fix, subkey=name, got=text) from None
+    for name, number in numbers.items():  # one at a time, so the error names the entry
+        try:
+            CompensatorSettings(**{name: number})
+        except ConfigError as exc:
+            rule = str(exc).rsplit(", got ", 1)[0]
+            raise Invalid(f"a value within its range ({rule})", fix, subkey=name, got=values[name]) from None
+    return CompensatorSettings(**numbers)
+
+
+def _check_compensator_settings(value: dict[str, str]) -> None:
+    compensator_settings_from(value)
 
 
 def _check_properties(value: dict[str, str]) -> None:
@@ -364,6 +398,11 @@ class TrainerSettings(Section):
     weights: Path | None = field(default=None, metadata=meta(check=check_file))
     method: str = field(default="ferret", metadata=meta(check=one_of(METHOD_NAMES)))
     compensator: str = field(default="iter-fisher-lean", metadata=meta(check=one_of(COMPENSATOR_NAMES)))
+    # The compensator's hyper-parameters that differ from the defaults (CompensatorSettings' fields, e.g.
+    # dc_lambda0: DC-ASGD-a's correction is ≈ dc_lambda0·lr·|g| per element, so dc_lambda0 goes with lr).
+    compensator_settings: dict[str, str] = field(
+        default_factory=dict, metadata=meta(check=_check_compensator_settings)
+    )
     budget_bytes: int | None = field(
         default=None, metadata=meta(parse=parse_budget, expected=_BUDGET, check=between(1, None, "bytes"))
     )
@@ -458,6 +497,11 @@ class TrainerSettings(Section):
                 f"'auto' or 'executors' with trainer.device {self.device!r} (the loop trains CPU stages only)",
                 "set trainer.training_thread: auto (or executors), or trainer.device: cpu",
             )
+
+    def compensator_config(self) -> CompensatorSettings:
+        """The settings every stage's compensator is built with (the defaults, changed by
+        :attr:`compensator_settings`)."""
+        return compensator_settings_from(self.compensator_settings)
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ class EngineLearner:
         self.engine_settings = EngineSettings(
             lr=settings.trainer.lr,
             compensator=settings.trainer.compensator,
+            compensator_settings=settings.trainer.compensator_config(),
             measure_memory=True,
             keep_trace=False,
             validate=False,

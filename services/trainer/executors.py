@@ -134,7 +134,8 @@ def process_refusal(settings: Settings, model: ZooModel, profile: ModelProfile |
     t = settings.trainer
     setup, _ = live_setup(t.method, plan, model.name, model.num_units, profile=profile, compensator=t.compensator)
     try:
-        check_supported(setup, ProcessSettings(lr=t.lr, compensator=t.compensator))
+        settings_ = ProcessSettings(lr=t.lr, compensator=t.compensator, compensator_settings=t.compensator_config())
+        check_supported(setup, settings_)
     except NotImplementedFeatureError as exc:
         return str(exc)
     return None

@@ -127,6 +127,7 @@ class ProcessLearner:
         self.process_settings = ProcessSettings(
             lr=t.lr,
             compensator=t.compensator,
+            compensator_settings=t.compensator_config(),
             threads=1,
             flush_denormal=True,  # as the trainer's own process (torch.set_flush_denormal)
             keep_trace=False,

@@ -316,7 +316,7 @@ def start_timing(settings: Settings, model: ZooModel, profile: ModelProfile) -> 
         return None
     device = resolve_device(t.device)
     scale = startup_time_scale(profile, model, device)
-    compensation = compensation_seconds(model, t.compensator, device)
+    compensation = compensation_seconds(model, t.compensator, device, t.compensator_config())
     log.info("start-up compensation time: %.3g ms per stale gradient (%s)", compensation * 1e3, t.compensator)
     return scale, compensation
 

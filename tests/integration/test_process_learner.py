@@ -199,3 +199,17 @@ def test_executors_that_keep_dying_stop_the_learner() -> None:
         assert learner.executor_restarts == 3
     finally:
         learner.clock.close(reraise=False)
+
+
+def test_the_compensator_settings_reach_every_executor_process() -> None:
+    """``trainer.compensator_settings`` builds the executors' compensators (DC-ASGD-a reports its λ₀)."""
+    learner, plan, _ = _learner(compensator="dc-asgd-a", compensator_settings="{dc_lambda0: 3, dc_bound: 0.5}")
+    try:
+        assert plan.live_workers == 2
+        waits = [learner.submit(i, x, y) for i, (x, y) in enumerate(_items(40))]
+        assert all(wait() is not None for wait in waits)
+        learner.drain(30)
+        reports = learner.clock.compensations()
+        assert len(reports) == 2 and all(r.stats["lambda"] == 3.0 for r in reports)  # the default λ₀ is 10
+    finally:
+        learner.close()
