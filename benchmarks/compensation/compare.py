@@ -76,6 +76,18 @@ def mean_se(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / n)
 
 
+def summary(runs: list[dict[str, Any]]) -> tuple[tuple[float, float], tuple[float, float], list[float]]:
+    """Online and test accuracy (mean, s.e.) of ``runs`` and their mean relative correction per stage (NaN
+    where a run's correction sum was not finite: JSON null, a diverged compensator)."""
+    stages = len(runs[0]["relative_correction"])
+    corr = [
+        sum(math.nan if r["relative_correction"][j] is None else r["relative_correction"][j] for r in runs)
+        / len(runs)
+        for j in range(stages)
+    ]
+    return mean_se([r["oacc"] for r in runs]), mean_se([r["tacc"] for r in runs]), corr
+
+
 def _fmt(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:.3g}" for v in values) + "]"
 
@@ -101,15 +113,7 @@ def table(rows: list[dict[str, Any]], settings: list[str], compensators: list[st
             runs = sorted((r for r in mine if r["compensator"] == c), key=lambda r: r["seed"])
             if not runs:
                 continue
-            o, o_se = mean_se([r["oacc"] for r in runs])
-            t, t_se = mean_se([r["tacc"] for r in runs])
-            stages = len(runs[0]["relative_correction"])
-            # None (JSON null): a run whose correction sum was not finite (a diverged compensator)
-            corr = [
-                sum(math.nan if r["relative_correction"][j] is None else r["relative_correction"][j] for r in runs)
-                / len(runs)
-                for j in range(stages)
-            ]
+            (o, o_se), (t, t_se), corr = summary(runs)
             lam = runs[0]["lambda"]
             diff_cell, verdict = "—", ""
             if c != "none" and base:  # paired against none where none ran

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from benchmarks.compensation.compare import PROFILE, RESULTS, add_run_arguments, mean_se
+from benchmarks.compensation.compare import PROFILE, RESULTS, add_run_arguments, mean_se, summary
 from benchmarks.support import short_head
 from ferret_core.compensation import compensator_registry
 from ferret_core.compensation.base import StageCompensator
@@ -193,14 +193,7 @@ def table(rows: list[dict[str, Any]], settings: list[str], compensators: list[st
                 runs = by_arm[arm]
                 if not runs:
                     continue
-                o, o_se = mean_se([r["oacc"] for r in runs])
-                t, t_se = mean_se([r["tacc"] for r in runs])
-                stages = len(runs[0]["relative_correction"])
-                corr = [
-                    sum(float("nan") if r["relative_correction"][j] is None else r["relative_correction"][j]
-                        for r in runs) / len(runs)
-                    for j in range(stages)
-                ]  # fmt: skip
+                (o, o_se), (t, t_se), corr = summary(runs)
                 diff = "—"
                 if arm == "stage":
                     diffs = [r["oacc"] - worker[r["seed"]]["oacc"] for r in runs if r["seed"] in worker]
