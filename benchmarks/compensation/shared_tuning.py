@@ -20,7 +20,7 @@ stage − worker, the mean relative correction per stage, and the final λ (shar
     PYTHONPATH=$PWD flock /tmp/ferret-bench.lock .venv/bin/python -m benchmarks.compensation.shared_tuning \\
         --settings mnist split-mnist --compensators iter-fisher iter-fisher-lean dc-asgd-a --seeds 5 --jobs 2
 
-``--child worker -- simulate ...`` is one run of the ``worker`` arm (what the driver starts).
+``--child -- simulate ...`` is one run of the ``worker`` arm (what the driver starts).
 """
 
 from __future__ import annotations
@@ -37,13 +37,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from benchmarks.compensation.compare import PROFILE, RESULTS, add_run_arguments, mean_se, summary
+from benchmarks.compensation.compare import RESULTS, add_run_arguments, mean_se, summary
+from benchmarks.compensation.compare import argv as compare_argv
 from benchmarks.support import short_head
 from ferret_core.compensation import compensator_registry
 from ferret_core.compensation.base import StageCompensator
 from ferret_core.data import DATASET_NAMES
 from ferret_core.engine.stage_update import StageUpdater
-from services.bench.runner import DECODED_CACHE, run_simulate
+from services.bench.runner import run_simulate
 
 COMPENSATORS = ("iter-fisher", "iter-fisher-lean", "dc-asgd-a")  # the ones that learn from gradients
 ARMS = ("stage", "worker")
@@ -132,14 +133,12 @@ def child(argv: list[str]) -> None:
 
 
 def argv(setting: str, compensator: str, arm: str, seed: int, args: argparse.Namespace) -> list[str]:
-    prefix = [sys.executable, "-m", "services.cli.main"]
+    """compare.py's simulate command; the ``worker`` arm runs it through this module's ``--child``."""
+    command = compare_argv(setting, compensator, seed, args)
     if arm == "worker":
-        prefix = [sys.executable, "-m", "benchmarks.compensation.shared_tuning", "--child", "--"]
-    return [
-        *prefix, "simulate", "--dataset", setting, "--profile", str(PROFILE), "--method", "ferret",
-        "--plan", str(args.plan), "--compensator", compensator, "--items", str(args.items), "--seed", str(seed),
-        "--lr", f"{args.lr:g}", "--test-items", str(args.test_items), "--cache-dir", str(DECODED_CACHE), "--json",
-    ]  # fmt: skip
+        assert command[1:3] == ["-m", "services.cli.main"], command[:3]
+        command[1:3] = ["-m", "benchmarks.compensation.shared_tuning", "--child", "--"]
+    return command
 
 
 def run_one(setting: str, compensator: str, arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:

@@ -134,8 +134,7 @@ def process_refusal(settings: Settings, model: ZooModel, profile: ModelProfile |
     t = settings.trainer
     setup, _ = live_setup(t.method, plan, model.name, model.num_units, profile=profile, compensator=t.compensator)
     try:
-        settings_ = ProcessSettings(lr=t.lr, compensator=t.compensator, compensator_settings=t.compensator_config())
-        check_supported(setup, settings_)
+        check_supported(setup, ProcessSettings(lr=t.lr, compensator=t.compensator))
     except NotImplementedFeatureError as exc:
         return str(exc)
     return None
