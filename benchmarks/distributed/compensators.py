@@ -1,6 +1,7 @@
-"""What each compensator costs on process executors at saturation: ``none``, ``iter-fisher-lean`` (Alg. 1
-in one step from the stash, no deltas) and ``iter-fisher`` (Alg. 1 over the stage's delta ring in shared
-memory, :mod:`ferret_core.engine.processes.deltas`), on the same plan, stream and initial weights.
+"""What each compensator costs on process executors at saturation: ``none``, ``fisher`` (one-shot DC-ASGD),
+``iter-fisher-lean`` (Alg. 1 in one step from the stash, no deltas), ``iter-fisher`` (Alg. 1 over the
+stage's delta ring in shared memory, :mod:`ferret_core.engine.processes.deltas`) and ``dc-asgd-a``, on the
+same plan, stream and initial weights (``--compensators`` picks arms).
 
 The plan is N workers × 1 stage as processes (:class:`ferret_core.engine.processes.ProcessClock`), the
 stream paced at ``--rate-factor`` × the plain loop's capacity (measured first in the same run), so every
@@ -39,11 +40,13 @@ from torch import nn
 from benchmarks.distributed.throughput import CASES, Warm, load_items, paced, plain_capacity, setup_for, units_of
 from benchmarks.support import run_record, write_result
 from ferret_core.compensation import CompensatorSettings, make_compensator
+from ferret_core.engine.heap import retain_freed_memory
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
 from services.config.data_root import default_data_root
 
 RESULTS = Path(__file__).resolve().parent / "results"
-COMPENSATORS = ("none", "iter-fisher-lean", "iter-fisher")
+COMPENSATORS = ("none", "fisher", "iter-fisher-lean", "iter-fisher", "dc-asgd-a")
+GLIBC_HEAP = "glibc heap"  # the label of arms whose executors freed memory back to the system (--heap)
 
 
 def _totals(clock: ProcessClock) -> dict[str, float]:
@@ -55,10 +58,12 @@ def _totals(clock: ProcessClock) -> dict[str, float]:
 
 def arm(
     units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: list[int], lr: float, rate: float,
-    workers: int, compensator: str, warm: Warm,
+    workers: int, compensator: str, warm: Warm, retain_heap: bool = True,
 ) -> dict[str, Any]:
     setup = setup_for(model, len(units), workers, 1.0 / rate)
-    settings = ProcessSettings(lr=lr, compensator=compensator, keep_trace=False, flush_denormal=True)
+    settings = ProcessSettings(
+        lr=lr, compensator=compensator, keep_trace=False, flush_denormal=True, retain_heap=retain_heap
+    )
     with ProcessClock(units, setup, settings) as clock:
         for x, y in zip(*warm, strict=True):  # every executor's first actions (kernels, allocator), untimed
             clock.submit(x, y)
@@ -118,28 +123,40 @@ def alone(
     return (time.perf_counter() - t0) / calls
 
 
-def measure(model: str, items: int, warm: int, repeats: int, factor: float, workers: int, root: Path) -> dict[str, Any]:
+def measure(
+    model: str, items: int, warm: int, repeats: int, factor: float, workers: int, root: Path,
+    compensators: tuple[str, ...] = COMPENSATORS, heaps: tuple[bool, ...] = (True,),
+) -> dict[str, Any]:
+    """``heaps``: whether the executors keep freed memory, per arm (both: every compensator twice, interleaved;
+    the arm with glibc's defaults is labelled ``<name>, glibc heap``)."""
     dataset, kwargs, lr = CASES[model]
     xs, ys = load_items(dataset, items + warm, root)
     units = units_of(model, kwargs)
     plain_capacity(units, xs[:warm], ys[:warm], lr, 1)  # warm-up: kernels, allocator
     warm_items = (xs[: 2 * workers], ys[: 2 * workers])
     xs, ys = xs[warm:], ys[warm:]
-    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in COMPENSATORS}
+    arms = [(name, retain) for name in compensators for retain in heaps]
+    rows: dict[str, list[dict[str, Any]]] = {label(name, retain): [] for name, retain in arms}
     capacities = []
     for _ in range(repeats):
         cap = plain_capacity(units, xs, ys, lr, 1)
         capacities.append(cap["trained"] / cap["elapsed_s"])
         rate = factor * capacities[-1]
-        for name in COMPENSATORS:
-            rows[name].append({**arm(units, model, xs, ys, lr, rate, workers, name, warm_items), "stream_rate": rate})
+        for name, retain in arms:
+            row = arm(units, model, xs, ys, lr, rate, workers, name, warm_items, retain)
+            rows[label(name, retain)].append({**row, "stream_rate": rate})
         print(json.dumps({n: round(r[-1]["per_s"], 1) for n, r in rows.items()}), flush=True)
     costs = {
         name: {tau: [alone(units, xs, ys, lr, name, tau) for _ in range(repeats)] for tau in (1, 2)}
-        for name in COMPENSATORS
+        for name in compensators
     }
     return {"model": model, "dataset": dataset, "items": items, "lr": lr, "workers": workers,
             "plain_capacity_per_s": capacities, "arms": rows, "alone_s": costs}
+
+
+def label(name: str, retain_heap: bool) -> str:
+    """An arm's row name: the compensator, marked where the executors ran with glibc's heap defaults."""
+    return name if retain_heap else f"{name}, {GLIBC_HEAP}"
 
 
 def _median(values: list[float]) -> float:
@@ -155,7 +172,8 @@ def table(res: dict[str, Any]) -> str:
     ]
     arms = res["arms"]
     for name, rows in arms.items():
-        ratio = _median([r["per_s"] / n["per_s"] for r, n in zip(rows, arms["none"], strict=True)])
+        none = arms[label("none", not name.endswith(GLIBC_HEAP))]  # the same heap's none
+        ratio = _median([r["per_s"] / n["per_s"] for r, n in zip(rows, none, strict=True)])
         lines.append(
             f"| {name} | {_median([r['per_s'] for r in rows]):.1f} | {ratio:.2f}× | "
             f"{100 * _median([r['trained'] / res['items'] for r in rows]):.0f} % | "
@@ -166,6 +184,29 @@ def table(res: dict[str, Any]) -> str:
             f"{1e3 * _median([r['executor_cpu_s'] / max(1, r['trained']) for r in rows]):.2f} | "
             f"{rows[-1]['shared_mib']:.1f} ({rows[-1]['ring_mib']:.1f}) |"
         )
+    pairs = [n for n in arms if label(n, False) in arms and not n.endswith(GLIBC_HEAP)]
+    if pairs:
+        lines += [
+            "",
+            "Executors keeping freed memory ÷ the same compensator with glibc's heap defaults (medians of the "
+            "per-repeat ratios):",
+            "",
+            "| compensator | trained items/s | compensate ms / trained item | executor CPU ms / trained item |",
+            "|---|---:|---:|---:|",
+        ]
+        for name in pairs:
+            kept, freed = arms[name], arms[label(name, False)]
+
+            def ratio(key: str, rows: tuple[list[dict[str, Any]], list[dict[str, Any]]] = (kept, freed)) -> float:
+                per = [
+                    (a[key] / max(1, a["trained"])) / max(1e-12, b[key] / max(1, b["trained"]))
+                    for a, b in zip(*rows, strict=True)
+                ]
+                return _median(per)
+
+            items = _median([a["per_s"] / b["per_s"] for a, b in zip(kept, freed, strict=True)])
+            comp = "–" if name == "none" else f"{ratio('compensate_seconds'):.2f}×"
+            lines.append(f"| {name} | {items:.2f}× | {comp} | {ratio('executor_cpu_s'):.2f}× |")
     lines += [
         "",
         "`compensate` alone, in the benchmark's process (one torch thread, the model's real gradients), ms per call:",
@@ -174,7 +215,8 @@ def table(res: dict[str, Any]) -> str:
         "|---|---:|---:|",
     ]
     for name, by_tau in res["alone_s"].items():
-        lines.append(f"| {name} | {1e3 * _median(by_tau[1]):.2f} | {1e3 * _median(by_tau[2]):.2f} |")
+        one, two = (by_tau[t] if t in by_tau else by_tau[str(t)] for t in (1, 2))  # str keys once read from JSON
+        lines.append(f"| {name} | {1e3 * _median(one):.2f} | {1e3 * _median(two):.2f} |")
     return "\n".join(lines)
 
 
@@ -199,14 +241,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-factor", type=float, default=2.0, help="stream rate ÷ the plain loop's capacity")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--data-root", type=Path, default=None)
+    parser.add_argument(
+        "--compensators", nargs="+", default=list(COMPENSATORS), choices=COMPENSATORS,
+        help="arms; none is required (the others' ratios are to it)",
+    )
+    parser.add_argument(
+        "--heap", choices=("retained", "default", "both"), default="retained",
+        help="the executors and this process (the 'alone' timings) keep freed memory in their heap "
+        "(ferret_core.engine.heap, as the executors ship), or glibc's defaults; both: each compensator's arm "
+        "twice, interleaved, the executors retaining and not (this process with glibc's defaults)",
+    )
     parser.add_argument("--out", default="compensators")
     args = parser.parse_args(argv)
+    if "none" not in args.compensators:
+        parser.error("--compensators must include none (every arm's ratio is to it)")
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
+    if args.heap == "retained":
+        retain_freed_memory()
     load = os.getloadavg()
     res = measure(
         args.model, args.items, args.warm, args.repeats, args.rate_factor, args.workers,
-        args.data_root or default_data_root(),
+        args.data_root or default_data_root(), tuple(args.compensators),
+        {"retained": (True,), "default": (False,), "both": (True, False)}[args.heap],
     )
     print(table(res), flush=True)
     result = run_record("benchmarks.distributed.compensators", argv, load, result=res)

@@ -46,6 +46,7 @@ from torch import nn
 from benchmarks.engine.service_time import items
 from benchmarks.support import run_record, write_result
 from ferret_core.engine import EngineSettings, StreamEngine
+from ferret_core.engine.heap import retain_freed_memory
 from ferret_core.engine.policies import PolicySetup, sequential_plan
 from ferret_core.engine.processes import ProcessClock, ProcessSettings
 from ferret_core.engine.processes.hosts import Hosts
@@ -232,11 +233,11 @@ def engine_wall(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: 
 
 def processes(units: list[nn.Module], model: str, xs: list[torch.Tensor], ys: list[int], lr: float, rate: float,
               workers: int, warm: Warm, window: float, boundaries: tuple[int, ...] | None = None,
-              hosts: Hosts | None = None) -> dict[str, Any]:
+              hosts: Hosts | None = None, retain_heap: bool = True) -> dict[str, Any]:
     """Process executors on the stream; with ``hosts`` (placed by the caller), over several hosts, with
-    the predictions' freshness."""
+    the predictions' freshness. ``retain_heap``: the executors keep freed memory (``ProcessSettings``)."""
     setup = setup_for(model, len(units), workers, 1.0 / rate, boundaries)
-    settings = ProcessSettings(lr=lr, keep_trace=False, flush_denormal=True)
+    settings = ProcessSettings(lr=lr, keep_trace=False, flush_denormal=True, retain_heap=retain_heap)
     clock = ProcessClock(units, setup, settings, hosts=hosts)
     with clock:
         start_s = clock.start_seconds
@@ -295,7 +296,8 @@ def prepare(model: str, items: int, warm: int, workers: int, root: Path) -> Case
 
 
 def measure(
-    model: str, items: int, warm: int, repeats: int, factor: float, workers: int, root: Path, window: float
+    model: str, items: int, warm: int, repeats: int, factor: float, workers: int, root: Path, window: float,
+    retain_heap: bool = True,
 ) -> dict[str, Any]:
     case = prepare(model, items, warm, workers, root)
     dataset, units, xs, ys, lr, warm_items, cut = (
@@ -313,9 +315,15 @@ def measure(
             f"thread executors 1 × {workers}": engine_wall(
                 units, model, xs, ys, lr, rate, workers, False, warm_items, window
             ),
-            "process executors 1 × 1": processes(units, model, xs, ys, lr, rate, 1, warm_items, window),
-            f"process executors 1 × {workers}": processes(units, model, xs, ys, lr, rate, workers, warm_items, window),
-            "process executors 2 stages × 1": processes(units, model, xs, ys, lr, rate, 1, warm_items, window, cut),
+            "process executors 1 × 1": processes(
+                units, model, xs, ys, lr, rate, 1, warm_items, window, retain_heap=retain_heap
+            ),
+            f"process executors 1 × {workers}": processes(
+                units, model, xs, ys, lr, rate, workers, warm_items, window, retain_heap=retain_heap
+            ),
+            "process executors 2 stages × 1": processes(
+                units, model, xs, ys, lr, rate, 1, warm_items, window, cut, retain_heap=retain_heap
+            ),
         }
         for name, row in arms.items():
             rows.setdefault(name, []).append({**row, "stream_rate": rate, "per_s": row["trained"] / row["elapsed_s"]})
@@ -372,11 +380,18 @@ def main(argv: list[str] | None = None) -> int:
         "--window-ms", type=float, default=0.0,
         help="stream arms take arrivals at most this often, as one batch (a consumer's poll); 0: at each arrival",
     )
+    parser.add_argument(
+        "--heap", choices=("executors", "all", "none"), default="executors",
+        help="who keeps freed memory in its heap (ferret_core.engine.heap): the executor processes only (as "
+        "they ship; the plain loop as a user writes it), every process (this one's arms too), or none",
+    )
     parser.add_argument("--data-root", type=Path, default=None)
     parser.add_argument("--out", default="throughput")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
+    if args.heap == "all":
+        retain_freed_memory()
     if args.data_root is None:  # the service's default (its config package imports Kafka and protobuf)
         from services.config.data_root import default_data_root
 
@@ -387,7 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     for model in args.models:
         items = max(50, args.items // 4) if model == "resnet18" else args.items
         results.append(
-            measure(model, items, args.warm, args.repeats, args.rate_factor, args.workers, root, args.window_ms / 1000)
+            measure(
+                model, items, args.warm, args.repeats, args.rate_factor, args.workers, root, args.window_ms / 1000,
+                retain_heap=args.heap != "none",
+            )
         )
         print(table(results[-1:]), flush=True)
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -35,8 +35,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 RESULTS = HERE / "results"
-CONFIGS = ("plain", "1-skip", "ferret", "ferret-60%", "ferret-calibrated")
+CONFIGS = ("plain", "1-skip", "ferret", "ferret-60%", "ferret-calibrated", "ferret-glibc-heap")
 CALIBRATED = {"FERRET_TRAINER_CALIBRATE_TIME": "true"}  # ferret-calibrated: the start-up plan in this machine's time
+# unconstrained Ferret with one setting changed, each paired with "ferret" in the goals: ferret-glibc-heap, the
+# trainer and its executors with glibc's heap defaults (trainer.retain_freed_memory: false, ferret_core/engine/heap.py)
+VARIANTS = {
+    "ferret-calibrated": CALIBRATED,
+    "ferret-glibc-heap": {"FERRET_TRAINER_RETAIN_FREED_MEMORY": "false"},
+}
 DISPATCHED = messages_pb2.TRAINING_DECISION_DISPATCHED
 WARMUP_ITEMS = 100  # per run, unlabelled, before the measured stream (warm_up)
 SETTLE_S = 1.0  # after the warm-up stream's predictions are back (a re-plan's pause is over by then)
@@ -168,15 +174,16 @@ def run_ferret(
     items: int,
     repeat: int = 0,
     *,
-    calibrated: bool = False,
+    variant: str | None = None,
 ) -> dict[str, Any]:
+    """One run of the trainer; ``variant``: a key of :data:`VARIANTS` (unconstrained Ferret, one setting changed)."""
     config = "ferret" if method == "ferret" and budget is None else ("ferret-60%" if method == "ferret" else method)
-    if calibrated:
-        config = "ferret-calibrated"
+    if variant is not None:
+        config = variant
     stream = f"s{uuid.uuid4().hex[:6]}"
     t0 = time.monotonic()
     phases: dict[str, float] = {}
-    with LiveService(dataset_name, model, method, budget, CALIBRATED if calibrated else None) as service:
+    with LiveService(dataset_name, model, method, budget, VARIANTS.get(variant or "")) as service:
         assert service.client is not None
         phases["start_s"] = time.monotonic() - t0
         sampler = h.Sampler(service.client, service.pids, interval=0.5)
@@ -360,11 +367,13 @@ def goals(rows: list[dict[str, Any]], multipliers: list[float]) -> list[str]:
                          f"plain = {mean:+.1f}" + ("" if math.isnan(se) else f" ± {se:.1f}"))  # fmt: skip
         if m >= 2:
             lines.append(f"- {m}×: Ferret − plain = {judged(gap, 0.0, strict=True)} (goal > 0)")
-        calibrated = paired(by, "ferret-calibrated", "ferret", m)
-        if calibrated:
-            mean, se = mean_se(calibrated)
-            lines.append(f"  - {m}×: calibrated − profile-timed Ferret = {mean:+.1f}"
-                         + ("" if math.isnan(se) else f" ± {se:.1f}") + f" (n = {len(calibrated)})")  # fmt: skip
+        for variant, what in (("ferret-calibrated", "calibrated − profile-timed Ferret"),
+                              ("ferret-glibc-heap", "glibc's heap defaults − freed memory kept")):  # fmt: skip
+            diff = paired(by, variant, "ferret", m)
+            if diff:
+                mean, se = mean_se(diff)
+                lines.append(f"  - {m}×: {what} = {mean:+.1f}"
+                             + ("" if math.isnan(se) else f" ± {se:.1f}") + f" (n = {len(diff)})")  # fmt: skip
     return lines
 
 
@@ -500,9 +509,9 @@ def run_all(
         elif config == "ferret":
             row = run_ferret(dataset, args.dataset, args.model, "ferret", None, rate, args.items, repeat)
             unconstrained[m] = row
-        elif config == "ferret-calibrated":
+        elif config in VARIANTS:
             row = run_ferret(
-                dataset, args.dataset, args.model, "ferret", None, rate, args.items, repeat, calibrated=True
+                dataset, args.dataset, args.model, "ferret", None, rate, args.items, repeat, variant=config
             )
         else:
             if m not in unconstrained:

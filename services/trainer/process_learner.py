@@ -130,6 +130,7 @@ class ProcessLearner:
             compensator_settings=t.compensator_config(),
             threads=1,
             flush_denormal=True,  # as the trainer's own process (torch.set_flush_denormal)
+            retain_heap=t.retain_freed_memory,  # as the trainer's own process (ferret_core.engine.heap)
             keep_trace=False,
             top_k=max(1, t.prediction_top_k),
             max_step_ratio=settings.guard.max_step_ratio,  # the norm guard (ferret_core.engine.step_guard)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ferret_core.data import dataset_spec
+from ferret_core.engine.heap import retain_freed_memory
 from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.engine.staleness_calibration import CalibrationSettings
 from ferret_core.errors import ConfigError
@@ -355,6 +356,10 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     snapshot_key = signing_key(settings.redis)  # no key and no allow_unsigned: refused before the slow parts
     torch.set_num_threads(t.threads)
     torch.set_flush_denormal(True)
+    # freed tensor memory stays in the heap: no page faults for the same megabytes every item (its executor
+    # processes do the same, ProcessSettings.retain_heap)
+    if t.retain_freed_memory and not retain_freed_memory():
+        log.info("trainer.retain_freed_memory: the C library is not glibc, so freed memory goes back to the system")
     # 1. the model, its profile, the planner and the start-up plan
     model = build_zoo_model(settings)
     profile = load_profile(settings, model)

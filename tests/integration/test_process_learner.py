@@ -213,3 +213,14 @@ def test_the_compensator_settings_reach_every_executor_process() -> None:
         assert len(reports) == 2 and all(r.stats["lambda"] == 3.0 for r in reports)  # the default λ₀ is 10
     finally:
         learner.close()
+
+
+def test_the_executor_processes_keep_freed_memory_as_the_trainer_is_configured() -> None:
+    for setting, expected in (("true", True), ("false", False)):
+        learner, _, _ = _learner(retain_freed_memory=setting)
+        try:
+            usages = learner.clock.usage()
+            assert len(usages) == 2
+            assert [u.heap_retained for u in usages] == [expected, expected], setting
+        finally:
+            learner.close()

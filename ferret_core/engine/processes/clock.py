@@ -279,6 +279,7 @@ class ProcessClock:
             ring_capacity=self._ring_capacity(j),
             threads=s.threads,
             flush_denormal=s.flush_denormal,
+            retain_heap=s.retain_heap,
             rank=rank[executor],
             world_size=len(self._executors) if p > 1 else 1,
             store=None if self._store is None else os.path.join(self._store, "store"),

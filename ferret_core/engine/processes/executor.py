@@ -57,6 +57,7 @@ from torch import Tensor
 
 from ferret_core.compensation import CompensatorSettings, make_compensator
 from ferret_core.compensation.simple import GapAwareCompensator
+from ferret_core.engine.heap import retain_freed_memory
 from ferret_core.engine.memory_meter import MemoryMeter, StorageKey, storage_key, storage_keys
 from ferret_core.engine.processes.average import SharedStepAverage
 from ferret_core.engine.processes.deltas import SharedDeltas
@@ -78,7 +79,8 @@ class ExecutorSpec:
     coordinator pinned as its first replica, the worker's T1/T2 settings at this stage, the master's SGD
     learning rate, the compensator (by registry name), the torch threads it may use and whether it
     flushes denormal floats to zero (``torch.set_flush_denormal``; a process does not inherit its
-    coordinator's choice). With several stages, ``rank`` of ``world_size`` in the executors' gloo
+    coordinator's choice) and keeps freed memory in its heap (``retain_heap``, :mod:`ferret_core.engine.heap`).
+    With several stages, ``rank`` of ``world_size`` in the executors' gloo
     process group (rendezvous through the file ``store`` on one host, or the TCP store at
     ``store_address`` the coordinator hosts over several, :mod:`.hosts`) and the ranks of the worker's executors of the
     stages before and after (``None`` at the ends)."""
@@ -96,6 +98,7 @@ class ExecutorSpec:
     ring_capacity: int = 0
     threads: int = 1
     flush_denormal: bool = False
+    retain_heap: bool = False
     rank: int = 0
     world_size: int = 1
     store: str | None = None
@@ -510,6 +513,7 @@ def executor_main(
     shared tuning state where the compensator learns from gradients (Iter-Fisher's λ, DC-ASGD-a)."""
     torch.set_num_threads(spec.threads)
     torch.set_flush_denormal(spec.flush_denormal)
+    heap_retained = retain_freed_memory() if spec.retain_heap else False
     executor: _Executor | None = None
     item: int | None = None
     grouped = spec.world_size > 1
@@ -555,7 +559,8 @@ def executor_main(
                 return
             elif kind == "stats":
                 usage = resource.getrusage(resource.RUSAGE_SELF)
-                conn.send(("stats", time.process_time(), usage.ru_maxrss * 1024, executor.memory_report()))
+                report = executor.memory_report()
+                conn.send(("stats", time.process_time(), usage.ru_maxrss * 1024, report, heap_retained))
             elif kind == "compensation":
                 conn.send(("compensation", *executor.compensation_report()))
             else:

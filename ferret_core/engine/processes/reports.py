@@ -67,7 +67,7 @@ class ClockReports:
         call drained)."""
         replies = self.ask("stats", timeout)
         usages = []
-        for (n, j), (_, cpu, rss, memory) in sorted(replies.items()):
+        for (n, j), (_, cpu, rss, memory, heap_retained) in sorted(replies.items()):
             usages.append(
                 ProcessUsage(
                     n,
@@ -80,6 +80,7 @@ class ClockReports:
                     memory_samples=memory["samples"],
                     sample_seconds=memory["sample_seconds"],
                     actions=memory["actions"],
+                    heap_retained=heap_retained,
                 )
             )
         with self._pool.cv:

@@ -17,7 +17,9 @@ class ProcessSettings:
     """``lr``: the master's plain SGD. ``compensator``: a registry name (see the module docstring for
     those that run here). ``threads``: torch threads per executor process. ``flush_denormal``: executors
     flush denormal floats to zero (``torch.set_flush_denormal``: much faster where weights or gradients
-    get tiny; results then differ from a process that keeps them). ``keep_trace``: keep every trace event
+    get tiny; results then differ from a process that keeps them). ``retain_heap``: executors keep freed memory
+in their heap (:func:`ferret_core.engine.heap.retain_freed_memory`: no page faults for the same megabytes
+every step; results are unchanged). ``keep_trace``: keep every trace event
     (validation). ``top_k``: classes an :class:`Arrival` reports. ``queue_slots``: items that may wait per
     worker before an arrival is skipped ``busy`` (0: only an idle worker takes one; ``None``: the schedule
     rules' ``wait_slots``). ``max_step_ratio``: the norm guard's bound on each SGD step relative to the stage's
@@ -33,6 +35,7 @@ class ProcessSettings:
     compensator_settings: CompensatorSettings = field(default_factory=CompensatorSettings)
     threads: int = 1
     flush_denormal: bool = False
+    retain_heap: bool = True
     keep_trace: bool = True
     top_k: int = 1
     queue_slots: int | None = None
@@ -67,7 +70,9 @@ class ProcessUsage:
     flight; ``autograd_saved``: their
     graphs' saved tensors; ``sends``: tensors still held by sends to another stage; ``gradients``: the
     gradient buffer; ``compensator``: its own state), ``memory_samples`` and ``sample_seconds`` (the samples' CPU
-    seconds) over ``actions`` F and B actions run (0 where ``ProcessSettings.measure_memory`` is off)."""
+    seconds) over ``actions`` F and B actions run (0 where ``ProcessSettings.measure_memory`` is off);
+    ``heap_retained``: the process keeps freed memory in its heap (``ProcessSettings.retain_heap`` asked for it
+    and the C library is glibc, :mod:`ferret_core.engine.heap`)."""
 
     worker: int
     stage: int
@@ -79,6 +84,7 @@ class ProcessUsage:
     memory_samples: int = 0
     sample_seconds: float = 0.0
     actions: int = 0
+    heap_retained: bool = False
 
 
 def check_supported(setup: PolicySetup, settings: ProcessSettings) -> None:
