@@ -8,9 +8,9 @@ item: a stale gradient's compensation holds several temporaries of it at once (M
 Iter-Fisher's one-step form), their sum passes the trim threshold, and the next call maps and zeroes those
 pages again — about 3,300 minor page faults per call (``tests/unit/test_heap.py``; 0–60 once freed memory
 is kept). Measured on 2 worker processes of MNISTNet at saturation, interleaved, 5 repeats
-(``benchmarks/distributed/README.md`` § "Freed memory kept"): keeping it trained 1.22–1.39× the items/s of
-glibc's defaults with a compensator (the compensation 0.58–0.76× the time per trained item) and 1.06×
-without one.
+(``benchmarks/distributed/README.md`` § "Freed memory kept"): keeping it trained 1.09–1.41× the items/s of
+glibc's defaults with a compensator (Iter-Fisher's one-step form, the trainer's default: 1.41×, its
+compensation 0.65× the time per trained item) and 1.08× without one.
 
 :func:`retain_freed_memory` sets both thresholds high (``M_MMAP_THRESHOLD`` 32 MiB, the most glibc takes
 on 64-bit hosts: blocks below it come from the heap; ``M_TRIM_THRESHOLD`` 1 GiB: freed heap memory is

@@ -435,7 +435,7 @@ class TrainerSettings(Section):
     threads: int = field(default=1, metadata=meta(check=between(1, 1024, "an integer")))
     # The trainer and its executor processes keep freed tensor memory in their heap (glibc's mallopt,
     # ferret_core/engine/heap.py): no page faults for the same megabytes every item (2 MNISTNet worker processes
-    # with a compensator trained 1.22-1.39x the items/s); the processes keep their peak resident set.
+    # with a compensator trained 1.09-1.41x the items/s); the processes keep their peak resident set.
     # false: glibc's defaults. No effect where the C library is not glibc.
     retain_freed_memory: bool = True
     # "loop" trains on the record path's thread between consumer batches: no GIL hand-overs between two Python
