@@ -32,7 +32,15 @@ def fisher_step(
     synchronisation). With ``inplace`` the result overwrites ``grads`` (for the iteration's own
     intermediates, never for a caller's gradient). ``grads`` must not be empty.
     """
-    term = list(torch._foreach_mul(grads, list(deltas)))  # g⊙Δ
+    return fisher_step_from(grads, list(torch._foreach_mul(grads, list(deltas))), lam, inplace=inplace)
+
+
+def fisher_step_from(
+    grads: list[Tensor], grad_delta: list[Tensor], lam: float | Tensor, *, inplace: bool = False
+) -> list[Tensor]:
+    """:func:`fisher_step` from ``grad_delta`` = g⊙Δ already computed (it is overwritten: the caller's
+    temporary), the same arithmetic in the same order, so the same bits."""
+    term = grad_delta
     value = 1.0
     if isinstance(lam, Tensor):
         torch._foreach_mul_(term, lam)

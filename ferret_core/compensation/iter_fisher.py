@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from ferret_core.compensation.base import CompensatorSettings, StageCompensator
-from ferret_core.compensation.fisher import fisher_step
+from ferret_core.compensation.fisher import fisher_step, fisher_step_from
 from ferret_core.compensation.ring import DeltaRing
 from ferret_core.errors import ConfigError
 
@@ -172,20 +172,27 @@ class IterFisherCompensator(StageCompensator):
         if len(deltas) < staleness:
             self._truncated += 1
             self._ring.grow(min(staleness, self._ring.limit))
-        if self._tuned:
-            self._tune(grads, deltas[0] if deltas else None)
         if not deltas:
+            if self._tuned:
+                self._tune(grads, None)
             return grads
+        # g⊙Δ_1 feeds both λ's EMA v_a (line 7) and the first step (line 9): computed once (the same bits)
+        grad_delta = list(torch._foreach_mul(grads, list(deltas[0])))
+        if self._tuned:
+            self._tune(grads, None, grad_delta=grad_delta)
         lam = self._lam
         # Alg. 1 lines 8–9: g_k = A_I(g_{k−1}, θ^{t+k−1}, θ^{t+k−2}), eq. gt-taylor-expansion-approximation
-        out = fisher_step(grads, deltas[0], lam)
+        out = fisher_step_from(grads, grad_delta, lam)
         for delta in deltas[1:]:
             out = fisher_step(out, delta, lam, inplace=True)
         return out
 
     # ------------------------------------------------------------------------------- λ and the EMAs
-    def _tune(self, grads: list[Tensor], first: Sequence[Tensor] | None) -> None:
-        """Alg. 1 lines 3–7 with persistent state; ``first`` is Δ_1 (None stands for zeros)."""
+    def _tune(
+        self, grads: list[Tensor], first: Sequence[Tensor] | None, grad_delta: list[Tensor] | None = None
+    ) -> None:
+        """Alg. 1 lines 3–7 with persistent state; ``first`` is Δ_1 (None stands for zeros), or ``grad_delta``
+        is g⊙Δ_1 already computed (read, not changed)."""
         alpha = self.settings.alpha
         weight = 1.0 - alpha
         diff = list(torch._foreach_sub(grads, self._v_r))  # g − v_r = Δv_r / (1−α), old v_r
@@ -198,8 +205,9 @@ class IterFisherCompensator(StageCompensator):
             self._update_lambda(cross * weight, norm_sq)  # λ from ⟨Δv_r, v_a⟩ and ‖v_a‖²
             torch._foreach_mul_(self._v_a, alpha)  # v_a ← α·v_a + (1−α)·g⊙g⊙Δ_1
         torch._foreach_add_(self._v_r, diff, alpha=weight)  # v_r ← α·v_r + (1−α)·g
-        if first is not None:
+        if grad_delta is None and first is not None:
             grad_delta = list(torch._foreach_mul(grads, list(first)))  # g⊙Δ_1
+        if grad_delta is not None:
             torch._foreach_addcmul_(self._v_a, grads, grad_delta, value=weight)
             self._v_a_zero = False
 

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ferret_core.compensation.base import CompensatorSettings
-from ferret_core.compensation.fisher import fisher_step
+from ferret_core.compensation.fisher import fisher_step, fisher_step_from
 from ferret_core.compensation.iter_fisher import IterFisherCompensator
 
 
@@ -60,6 +60,11 @@ class IterFisherLeanCompensator(IterFisherCompensator):
         if staleness == 0:  # a fresh gradient does not enter Alg. 1: λ, v_r, v_a unchanged (as Iter-Fisher)
             return grads
         gap = list(torch._foreach_sub(list(theta_now), list(theta_then)))  # Σ_k Δ_k
+        if staleness == 1:  # Δ_1 is the gap: λ's EMA and the step share g⊙Δ, computed once in place (same bits)
+            torch._foreach_mul_(gap, grads)  # g⊙Δ
+            if self._tuned:
+                self._tune(grads, None, grad_delta=gap)
+            return fisher_step_from(grads, gap, self._lam)
         if self._tuned:
             self._tune(grads, list(torch._foreach_div(gap, float(staleness))) if staleness > 1 else gap)
         return fisher_step(grads, gap, self._lam)  # eq. gt-taylor-expansion-approximation over the gap

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from ferret_core.compensation import CompensatorSettings, StageCompensator, make_compensator
+from ferret_core.compensation.fisher import fisher_step
+from ferret_core.compensation.iter_fisher import IterFisherCompensator
 
 SHAPES = [(3, 4), (5,)]
 F64 = torch.float64
@@ -339,3 +341,56 @@ def test_cuda_matches_cpu_without_host_sync(name: str) -> None:
         for c, g in zip(cpu_step, gpu_step, strict=True):
             torch.testing.assert_close(g.cpu(), c, rtol=1e-5, atol=1e-6)
     assert results["cuda"][1] == pytest.approx(results["cpu"][1], rel=1e-4, nan_ok=True)
+
+
+class _AsFirstWritten(IterFisherCompensator):
+    """Alg. 1 as first written (before g⊙Δ_1 was shared between λ's EMA and the first step): line 7 and
+    line 9 each multiply g by Δ_1."""
+
+    def _compensate(
+        self, grads: list[Tensor], staleness: int, theta_then: Sequence[Tensor], theta_now: Sequence[Tensor]
+    ) -> list[Tensor]:
+        if staleness == 0:
+            return grads
+        deltas = self._ring.recent(staleness)
+        if len(deltas) < staleness:
+            self._truncated += 1
+            self._ring.grow(min(staleness, self._ring.limit))
+        if self._tuned:
+            self._tune(grads, deltas[0] if deltas else None)
+        if not deltas:
+            return grads
+        out = fisher_step(grads, deltas[0], self._lam)
+        for delta in deltas[1:]:
+            out = fisher_step(out, delta, self._lam, inplace=True)
+        return out
+
+
+@pytest.mark.parametrize("eta_lambda", [0.0, 2e-6, 1e-2])
+def test_sharing_g_times_the_first_delta_changes_no_bit(eta_lambda: float) -> None:
+    """float32 stages large enough for the vectorised kernels: the same outputs, λ, v_r and v_a, bit for bit,
+    over updates and τ = 0–3 gradients (τ = 3 beyond a ring of 2: truncated)."""
+    s = CompensatorSettings(eta_lambda=eta_lambda)
+    gen = torch.Generator().manual_seed(9)
+
+    def tensors(scale: float) -> list[Tensor]:
+        return [scale * torch.randn(shape, generator=gen) for shape in ((300, 97), (97,))]
+
+    params = tensors(1.0)
+    shared, written = make_compensator("iter-fisher", params, s, 2), _AsFirstWritten(params, s, 2)
+    for tau in (1, 0, 2, 1, 3, 2, 1):
+        delta = tensors(1e-2)
+        shared.observe_update(delta)
+        written.observe_update(delta)
+        grads = tensors(1e-1)
+        then, now = tensors(1.0), tensors(1.0)
+        kwargs = {"staleness": tau, "theta_then": then, "theta_now": now}
+        got, want = shared.compensate(grads, **kwargs), written.compensate(grads, **kwargs)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        a, b = shared.state_dict(), written.state_dict()
+        assert a["lambda"] == b["lambda"]
+        for key in ("v_r", "v_a"):
+            assert (a[key] is None) == (b[key] is None)
+            if a[key] is not None:
+                assert all(torch.equal(x, y) for x, y in zip(a[key], b[key], strict=True))
+    assert shared.truncated == written.truncated == 1

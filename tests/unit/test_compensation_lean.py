@@ -7,6 +7,7 @@ first-order correction by s and the difference by s².
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ from torch.testing import assert_close
 
 from ferret_core.compensation import CompensatorSettings, make_compensator
 from ferret_core.compensation.base import StageCompensator
+from ferret_core.compensation.fisher import fisher_step
+from ferret_core.compensation.lean import IterFisherLeanCompensator
 
 SHAPES = [(6, 5), (7,)]
 
@@ -132,3 +135,46 @@ def test_skipping_the_sums_while_v_a_is_zero_changes_no_state(stalenesses: list[
         assert fast.state_dict()["lambda"] == full.state_dict()["lambda"]
         for key in ("v_r", "v_a"):
             assert_close(fast.state_dict()[key], full.state_dict()[key], rtol=0, atol=0)
+
+
+class _OneStepWrittenOut(IterFisherLeanCompensator):
+    """The lean form as first written (before g⊙Δ was shared between λ's EMA and the step at τ = 1): the gap,
+    Alg. 1 lines 3–7 from it, then eq. gt-taylor-expansion-approximation over it."""
+
+    def _compensate(
+        self, grads: list[Tensor], staleness: int, theta_then: Sequence[Tensor], theta_now: Sequence[Tensor]
+    ) -> list[Tensor]:
+        if staleness == 0:
+            return grads
+        gap = list(torch._foreach_sub(list(theta_now), list(theta_then)))
+        if self._tuned:
+            self._tune(grads, list(torch._foreach_div(gap, float(staleness))) if staleness > 1 else gap)
+        return fisher_step(grads, gap, self._lam)
+
+
+@pytest.mark.parametrize("eta_lambda", [0.0, 2e-6, 1e-2])
+def test_sharing_g_times_delta_at_staleness_one_changes_no_bit(eta_lambda: float) -> None:
+    """float32 stages large enough for the vectorised kernels (a 300 × 97 weight): the same outputs, λ, v_r and
+    v_a, bit for bit, over a run of τ = 1, 2 and 0 gradients."""
+    s = CompensatorSettings(eta_lambda=eta_lambda)
+    gen = torch.Generator().manual_seed(5)
+
+    def tensors(scale: float) -> list[Tensor]:
+        return [scale * torch.randn(shape, generator=gen) for shape in ((300, 97), (97,))]
+
+    params = tensors(1.0)
+    fast = make_compensator("iter-fisher-lean", params, s, 2)
+    written = _OneStepWrittenOut(params, s, 2)
+    for tau in (1, 1, 2, 0, 1, 1, 2, 1):
+        then = tensors(1.0)
+        now = [t + d for t, d in zip(then, tensors(1e-2), strict=True)]
+        grads = tensors(1e-1)
+        kwargs = {"staleness": tau, "theta_then": then, "theta_now": now}
+        got, want = fast.compensate(grads, **kwargs), written.compensate(grads, **kwargs)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        a, b = fast.state_dict(), written.state_dict()
+        assert a["lambda"] == b["lambda"]
+        for key in ("v_r", "v_a"):
+            assert (a[key] is None) == (b[key] is None)
+            if a[key] is not None:
+                assert all(torch.equal(x, y) for x, y in zip(a[key], b[key], strict=True))
