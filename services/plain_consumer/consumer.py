@@ -2,7 +2,8 @@
 
 Poll the samples topic, predict every item with the model, publish the prediction, and take **one SGD step
 per item with the same model, lr and optimizer as the trainer** (``build_zoo_model`` with the trainer's
-settings, ``torch.optim.SGD(lr=trainer.lr)``, no momentum: DESIGN §3.11's plain SGD), **skipping while
+settings, ``torch.optim.SGD(lr=trainer.lr)``, no momentum: DESIGN §3.11's plain SGD; the trainer's torch
+threads, flushed denormals and kept freed memory, ``trainer.retain_freed_memory``), **skipping while
 busy**: one thread, items in order; every item is predicted and published, and trained on only if the
 loop reached it within ``MAX_AGE_MS`` of its event time (older: it waited behind the loop's earlier work,
 a backlog, so training it would only let the backlog grow). At a rate the loop keeps up with, every item
@@ -38,6 +39,7 @@ import torch.nn.functional as F
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from ferret_core.data import normalise
+from ferret_core.engine.heap import retain_freed_memory
 from services.config import Settings, load_settings
 from services.kafka.record_codec import SampleDecoder, ValidSample, now_ms
 from services.proto_gen.ferret.v1 import messages_pb2
@@ -67,8 +69,10 @@ class PlainLoop:
     """The model and its optimizer, as a user would hold them."""
 
     def __init__(self, settings: Settings) -> None:
-        torch.set_num_threads(settings.trainer.threads)  # the trainer's own torch settings
+        torch.set_num_threads(settings.trainer.threads)  # the trainer's own torch and heap settings
         torch.set_flush_denormal(True)
+        if settings.trainer.retain_freed_memory:
+            retain_freed_memory()
         self.model = build_zoo_model(settings).as_sequential()
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=settings.trainer.lr)
 
