@@ -381,9 +381,10 @@ def main(argv: list[str] | None = None) -> int:
         help="stream arms take arrivals at most this often, as one batch (a consumer's poll); 0: at each arrival",
     )
     parser.add_argument(
-        "--heap", choices=("executors", "all", "none"), default="executors",
-        help="who keeps freed memory in its heap (ferret_core.engine.heap): the executor processes only (as "
-        "they ship; the plain loop as a user writes it), every process (this one's arms too), or none",
+        "--heap", choices=("all", "executors", "none"), default="all",
+        help="who keeps freed memory in its heap (ferret_core.engine.heap): every process (as the trainer ships: "
+        "this process plays its record path, and the plain loop gets the same setting), the executor processes "
+        "only, or none (glibc's defaults)",
     )
     parser.add_argument("--data-root", type=Path, default=None)
     parser.add_argument("--out", default="throughput")
