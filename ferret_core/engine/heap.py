@@ -5,12 +5,14 @@ mmap threshold with a fresh ``mmap`` and unmaps it at ``free``; the threshold st
 to the size of each such block freed, and the heap's free top is given back to the system past the trim
 threshold (twice the mmap threshold). A batch-1 step allocates and frees blocks of the stage's size every
 item: a stale gradient's compensation holds several temporaries of it at once (MNISTNet's 4.7 MB fc1,
-Iter-Fisher's one-step form), their sum passes the trim threshold, and the next call maps and zeroes those
-pages again — about 3,300 minor page faults per call (``tests/unit/test_heap.py``; 0–60 once freed memory
-is kept). Measured on 2 worker processes of MNISTNet at saturation, interleaved, 5 repeats
-(``benchmarks/distributed/README.md`` § "Freed memory kept"): keeping it trained 1.09–1.41× the items/s of
-glibc's defaults with a compensator (Iter-Fisher's one-step form, the trainer's default: 1.41×, its
-compensation 0.65× the time per trained item) and 1.08× without one.
+Iter-Fisher's one-step form), their sum can pass the trim threshold, and then the next call maps and
+zeroes those pages again: about 3,300 minor page faults per call in a process where it happened, 0–60
+once freed memory is kept (``tests/unit/test_heap.py`` asserts the latter; whether glibc's defaults give
+the pages back depends on the process's allocation history, so two processes can differ). Measured on 2
+worker processes of MNISTNet at saturation, interleaved, 5 repeats (``benchmarks/distributed/README.md`` §
+"Freed memory kept"): keeping it trained 1.09–1.41× the items/s of glibc's defaults with a compensator
+(Iter-Fisher's one-step form, the trainer's default: 1.41×, its compensation 0.65× the time per trained
+item) and 1.08× without one.
 
 :func:`retain_freed_memory` sets both thresholds high (``M_MMAP_THRESHOLD`` 32 MiB, the most glibc takes
 on 64-bit hosts: blocks below it come from the heap; ``M_TRIM_THRESHOLD`` 1 GiB: freed heap memory is
