@@ -128,10 +128,11 @@ class DcAsgdAdaptiveCompensator(StageCompensator):
             return list(torch._foreach_add(grads, term, alpha=s.dc_lambda0))
         torch._foreach_mul_(term, s.dc_lambda0)  # λ_t ⊙ g⊙g⊙Δθ
         limit = list(torch._foreach_abs(grads))
-        torch._foreach_mul_(limit, s.dc_bound)  # κ|g|
-        torch._foreach_minimum_(term, limit)
-        torch._foreach_neg_(limit)
-        torch._foreach_maximum_(term, limit)  # clamp(·, −κ|g|, κ|g|): the bound (module docstring)
+        if s.dc_bound != 1.0:  # (× 1 is exact: skipped)
+            torch._foreach_mul_(limit, s.dc_bound)  # κ|g|
+        low = list(torch._foreach_neg(limit))
+        for t, lo, hi in zip(term, low, limit, strict=True):  # clamp(·, −κ|g|, κ|g|): the bound (module docstring)
+            torch.clamp(t, min=lo, max=hi, out=t)
         return list(torch._foreach_add(grads, term))
 
     def _lambda(self) -> float:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import Tensor
 
 from ferret_core.compensation import COMPENSATOR_NAMES, CompensatorSettings, make_compensator
+from ferret_core.compensation.dc_asgd import DcAsgdAdaptiveCompensator
 from ferret_core.errors import ConfigError
 
 F64 = torch.float64
@@ -154,3 +157,59 @@ def test_a_stage_that_is_never_stale_holds_no_compensator_state(name: str) -> No
 def test_a_stage_that_can_be_stale_holds_its_moments(name: str) -> None:
     comp = make_compensator(name, [torch.zeros(4, 3)], CompensatorSettings(eta_lambda=1e-3), 1)
     assert sum(t.numel() for t in comp.state_tensors()) >= 12
+
+
+class _BoundAsFirstWritten(DcAsgdAdaptiveCompensator):
+    """The bounded correction as first written: κ|g| always scaled, then minimum, negation and maximum."""
+
+    def _compensate(
+        self, grads: list[Tensor], staleness: int, theta_then: Sequence[Tensor], theta_now: Sequence[Tensor]
+    ) -> list[Tensor]:
+        s = self.settings
+        torch._foreach_mul_(self._mean_square, s.dc_momentum)
+        torch._foreach_addcmul_(self._mean_square, grads, grads, value=1.0 - s.dc_momentum)
+        self._seen += 1
+        if staleness == 0:
+            return grads
+        root = list(torch._foreach_div(self._mean_square, 1.0 - s.dc_momentum**self._seen))
+        torch._foreach_add_(root, s.dc_eps)
+        torch._foreach_sqrt_(root)
+        term = list(torch._foreach_sub(list(theta_now), list(theta_then)))
+        torch._foreach_mul_(term, grads)
+        torch._foreach_mul_(term, grads)
+        torch._foreach_div_(term, root)
+        torch._foreach_mul_(term, s.dc_lambda0)
+        limit = list(torch._foreach_abs(grads))
+        torch._foreach_mul_(limit, s.dc_bound)
+        torch._foreach_minimum_(term, limit)
+        torch._foreach_neg_(limit)
+        torch._foreach_maximum_(term, limit)
+        return list(torch._foreach_add(grads, term))
+
+
+@pytest.mark.parametrize("bound", [1.0, 0.5, 3.0])
+def test_the_bound_in_one_clamp_changes_no_bit(bound: float) -> None:
+    """float32 stages large enough for the vectorised kernels, λ₀ large enough that the bound binds often: the
+    same outputs and mean squares, bit for bit, as the bound written as minimum, negation and maximum."""
+    s = CompensatorSettings(dc_lambda0=2000.0, dc_bound=bound)
+    gen = torch.Generator().manual_seed(3)
+
+    def tensors(scale: float) -> list[Tensor]:
+        return [scale * torch.randn(shape, generator=gen) for shape in ((300, 97), (97,))]
+
+    params = tensors(1.0)
+    now_form, written = make_compensator("dc-asgd-a", params, s, 2), _BoundAsFirstWritten(params, s, 2)
+    bound_bites = 0
+    for tau in (1, 0, 2, 1, 1, 3):
+        then = tensors(1.0)
+        now = [t + d for t, d in zip(then, tensors(1e-2), strict=True)]
+        grads = tensors(1e-1)
+        kwargs = {"staleness": tau, "theta_then": then, "theta_now": now}
+        got, want = now_form.compensate(grads, **kwargs), written.compensate(grads, **kwargs)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        bound_bites += sum(
+            int(((a - g).abs() >= bound * g.abs() * (1 - 1e-6)).sum()) for a, g in zip(got, grads, strict=True)
+        )
+        a, b = now_form.state_dict()["mean_square"], written.state_dict()["mean_square"]
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert bound_bites > 1000  # the bound was exercised, not only the unclipped path
