@@ -16,7 +16,9 @@ Arms: ``unguarded`` (``guard.enabled: false``, ``guard.max_step_ratio: null``: t
 guard), ``norm-only`` (the norm guard at its default, no shadow; fuzz only), ``guard-cusum-only`` (the
 guard of commit 9dad031: the CUSUM as the only rollback rule, every passing window on probation:
 ``guard.recurrence_level: 0``, ``guard.probation: always``), ``guard`` (the defaults: norm guard, shadow,
-CUSUM rollback, the recurrence rule, probation for suspect windows, ADWIN), and for ``flip`` the
+CUSUM rollback, the recurrence rule with its recall test, probation for suspect windows, ADWIN),
+``guard-no-recall`` (the defaults without the recall test, ``guard.recall_items: 0``: the guard of stops
+35–40), and for ``flip`` the
 counterfactual ``rollback-at-end``: the unguarded learner whose pre-burst weights (those of item ``--at``)
 are put back the moment the burst ends — a rollback that knows exactly when the burst began and ended,
 which no rule can: what the best possible rollback would have bought, beside what the guard did.
@@ -55,14 +57,15 @@ ARMS = {
     "unguarded": {"FERRET_GUARD_ENABLED": "false", "FERRET_GUARD_MAX_STEP_RATIO": "null"},
     "norm-only": {"FERRET_GUARD_ENABLED": "false"},
     "guard-cusum-only": {"FERRET_GUARD_PROBATION": "always", "FERRET_GUARD_RECURRENCE_LEVEL": "0"},
+    "guard-no-recall": {"FERRET_GUARD_RECALL_ITEMS": "0"},
     "guard": {},
     "rollback-at-end": {"FERRET_GUARD_ENABLED": "false", "FERRET_GUARD_MAX_STEP_RATIO": "null"},
 }
 COUNTERFACTUAL = "rollback-at-end"  # an unguarded learner given the pre-burst weights back at the burst's end
 SCENARIO_ARMS = {
     "fuzz": list(ARMS),
-    "flip": ["unguarded", "guard-cusum-only", "guard", "rollback-at-end"],
-    "drift": ["unguarded", "guard-cusum-only", "guard"],
+    "flip": ["unguarded", "guard-cusum-only", "guard-no-recall", "guard", "rollback-at-end"],
+    "drift": ["unguarded", "guard-cusum-only", "guard-no-recall", "guard"],
 }
 WINDOW = 100
 
@@ -212,6 +215,7 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=200)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIO_ARMS))
+    parser.add_argument("--arms", nargs="+", default=None, choices=list(ARMS), help="only these (default: all)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -220,7 +224,7 @@ def main() -> None:
     for seed in args.seeds:
         for scenario in args.scenarios:
             data = stream(seed, args.items, scenario, args.at, args.burst)
-            for arm in SCENARIO_ARMS[scenario]:
+            for arm in [a for a in SCENARIO_ARMS[scenario] if args.arms is None or a in args.arms]:
                 runs.append(run(scenario, arm, seed, data, args.lr, args.at, args.burst))
                 print(f"{scenario} {arm} seed {seed}: {runs[-1].seconds:.1f} s", flush=True)
     report = "\n".join([

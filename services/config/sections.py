@@ -626,6 +626,10 @@ class GuardSettings(Section):
     # A burst that ended: when the shadow's accuracy fell and came back (ADWIN on its correctness), the live model
     # is rolled back if the shadow beats it since the return (Wald's SPRT at this level); 0: off.
     recurrence_level: float = field(default=0.01, metadata=meta(check=between(0.0, 0.5, "a probability")))
+    # ... and at the return itself, the live model and the weights from before the fall both predict this many
+    # labelled items kept from before the fall (the recall test, same SPRT): rolled back at once if those win;
+    # 0: off. Keeps up to twice this many inputs in memory.
+    recall_items: int = field(default=256, metadata=meta(check=between(0, None, "a number of items")))
     # The shadow predicts every k-th labelled item (1: all of them).
     shadow_every: int = field(default=1, metadata=meta(check=between(1, None, "an integer")))
     # River drift detector on the correctness (labelled items) and the confidence (unlabelled ones).

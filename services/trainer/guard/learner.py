@@ -9,7 +9,8 @@ same :class:`~services.trainer.learner.Learner` contract and adds
    of :mod:`.recurrence` (the shadow's accuracy fell and came back — a burst ended — and the shadow beats the
    live model since the return: Wald's SPRT on the same pairs, from the return on). A rollback goes to the
    newest weights known to predate the shadow's fall where the watch saw one (a candidate on probation),
-   else to the last-good;
+   else to the last-good. At the return itself, the recall test (:mod:`.recall`) compares the live model with
+   those weights on labelled items kept from before the fall, and rolls back at once if they beat it;
 3. **promotion, one window late, on probation for suspect windows**: every ``guard.window`` compared items
    the live model is judged on the window (live correct ≥ shadow correct: at least as good). The weights
    that *started* a passing window (kept at the window's start, the candidate) are promoted, and the live
@@ -64,6 +65,7 @@ from services.kafka.record_codec import now_ms
 from services.trainer.guard.cusum import CusumSettings, DiscordantCusum, Verdict
 from services.trainer.guard.drift import DriftMonitor, DriftSignal
 from services.trainer.guard.events import ModelEvent
+from services.trainer.guard.recall import RecallBuffer, recall_test
 from services.trainer.guard.recurrence import Recurrence, RecurrenceWatch, Returned
 from services.trainer.guard.shadow import Shadow, cloned
 from services.trainer.learner import ArrivalOutcome, GuardCounts, Learner, LearnerStats, ModelDivergedError
@@ -103,6 +105,11 @@ class GuardedLearner:
         self.settings = settings
         self._test = DiscordantCusum(CusumSettings(settings.false_alarm, settings.worse_share, settings.min_drop))
         self._returns = RecurrenceWatch(settings.recurrence_level, settings.worse_share, settings.window)
+        self._model = model
+        self._recall = RecallBuffer(settings.recall_items if settings.recurrence_level > 0 else 0)
+        self._recall_settings = CusumSettings(settings.recurrence_level or 0.5, settings.worse_share)
+        self._judge: Shadow | None = None  # the model the recall test loads each side's weights into (made once)
+        self._arrived: dict[int, tuple[torch.Tensor, int]] = {}  # queued items' (x, y) for the recall buffer
         start = inner.state_tensors()
         self._shadow = Shadow(model, start)
         self._candidate = cloned(start)
@@ -123,6 +130,7 @@ class GuardedLearner:
         self._outstanding = 0
         # (deciding item, why, where the shadow's accuracy fell: the compared count, None when it did not)
         self._rollback_due: tuple[int, str, int | None] | None = None
+        self._recall_due: tuple[int, Returned] | None = None  # a return to test on the kept items (between batches)
         self._verdict_due: tuple[int, bool, str, bool] | None = None  # (deciding item, passed, account, suspect)
         self._promotion_due: tuple[int, _OnProbation] | None = None  # (item, the candidate whose probation ended)
         self._reset_due = False  # a drift asked for the compensators' reset (guard.drift_reaction)
@@ -146,6 +154,8 @@ class GuardedLearner:
             self._labelled += 1
             if self._labelled % self.settings.shadow_every == 0:
                 self._queued.append((item, x))
+                if y is not None and self._recall.capacity:
+                    self._arrived[item] = (x, y)
         self._outstanding += 1
         settled = False
 
@@ -154,6 +164,7 @@ class GuardedLearner:
             try:
                 result = waiting()
             except ModelDivergedError as exc:
+                self._arrived.pop(item, None)
                 diverged = (item, f"the live model diverged ({exc})", self._returns.fell_from)
                 self._rollback_due = self._rollback_due or diverged
                 raise
@@ -230,8 +241,11 @@ class GuardedLearner:
             self._await_label(item)
             return
         shadow_class = self._shadow_class(item)
+        arrived = self._arrived.pop(item, None)
         if shadow_class is not None:
             self._compare(item, live_correct, shadow_class == y)
+            if arrived is not None and not self._returns.suspect and self._rollback_due is None:
+                self._recall.keep(self._compared, *arrived)  # an item of the concept the shadow knows
 
     def late_label(self, item: int, label: int, live_correct: bool) -> None:
         """A label that came after its prediction (``<prefix>.labels``, joined by the record path): the
@@ -271,6 +285,11 @@ class GuardedLearner:
             return
         if isinstance(seen, Returned):
             self._drop_trained_while_away(seen)
+            if self._recall.capacity:
+                self._recall_due = (item, seen)
+        fell_from = self._returns.fell_from
+        if fell_from is not None:
+            self._recall.drop_after(fell_from)  # compared after the fall began: the burst's, not the concept's
         w.suspect = w.suspect or self._returns.suspect
         if w.items >= self.settings.window:  # judged now, carried out between batches; the next window starts
             passed = w.live_correct >= w.shadow_correct
@@ -323,6 +342,10 @@ class GuardedLearner:
         if self._reset_due:
             self._reset_due = False
             self._reset_compensators()
+        if self._recall_due is not None:
+            recall, self._recall_due = self._recall_due, None
+            if self._rollback_due is None:
+                self._recall_check(*recall)
         rollback, verdict, promotion = self._rollback_due, self._verdict_due, self._promotion_due
         self._rollback_due = self._verdict_due = self._promotion_due = None
         if rollback is not None:  # verdicts and promotions decided before it are moot: the candidates dropped
@@ -335,15 +358,49 @@ class GuardedLearner:
         if verdict is not None:
             self._judged(*verdict)
 
+    def _before_the_fall(self, fell_from: int | None) -> _OnProbation | None:
+        """The newest candidate on probation taken at or before ``fell_from`` (None: the last-good is the
+        newest weights known to predate the fall)."""
+        waiting = ([self._promotion_due[1]] if self._promotion_due is not None else []) + list(self._probation)
+        older = [c for c in waiting if fell_from is not None and c.taken_at <= fell_from]
+        return older[-1] if older else None
+
+    def _recall_check(self, item: int, returned: Returned) -> None:
+        """The recall test at a return (:mod:`.recall`): the live weights against those a rollback would go to,
+        on the items kept from before the fall; a rollback is due if the live model is worse."""
+        kept = self._recall.before(returned.fell_from)
+        if kept is None:
+            return
+        xs, labels = kept
+        target = self._before_the_fall(returned.fell_from)
+        if self._judge is None:
+            self._judge = Shadow(self._model, self.inner.state_tensors())
+        else:
+            self._judge.load(self.inner.state_tensors())
+        live = self._judge.predict(xs)
+        if target is None:
+            older = self._shadow.predict(xs)
+        else:
+            self._judge.load(target.tensors)
+            older = self._judge.predict(xs)
+        recalled = recall_test(live, older, labels, self._recall_settings)
+        log.info("the shadow's concept came back at item %d: %s", item, recalled.describe())
+        if recalled.worse:
+            detail = (
+                f"the shadow's accuracy fell at item {returned.fell_at} and came back at item {returned.item}; "
+                + recalled.describe()
+            )
+            self._rollback_due = (item, detail, returned.fell_from)
+
     def _rollback(self, item: int, detail: str, fell_from: int | None) -> None:
         """Back to the newest weights known to predate the fall of the shadow's accuracy (a candidate on
         probation taken at or before ``fell_from``, which becomes last-good: :mod:`.recurrence`), else to the
         last-good."""
         before = self.inner.stats().model_version
-        older = [c for c in self._probation if fell_from is not None and c.taken_at <= fell_from]
-        if older:
-            self._shadow.load(older[-1].tensors)
-            detail += f"; to the newest weights from before the fall of the shadow's accuracy ({older[-1].account})"
+        older = self._before_the_fall(fell_from)
+        if older is not None:
+            self._shadow.load(older.tensors)
+            detail += f"; to the newest weights from before the fall of the shadow's accuracy ({older.account})"
         tensors = self._shadow.tensors()
         self.inner.load_state_tensors(tensors)
         detail += "; " + self._restore_compensators("rollback")
@@ -386,6 +443,7 @@ class GuardedLearner:
         fell_from = self._returns.fell_from
         if fell_from is not None and candidate.taken_at > fell_from:
             self._returns.reset()
+            self._recall.clear()  # items of the concept that left for good
         self._queued.clear()  # predicted by the shadow being replaced (none are: called between batches)
         self._shadow_says.clear()
         self._late.clear()
@@ -400,9 +458,12 @@ class GuardedLearner:
     def _restart(self, tensors: Mapping[str, torch.Tensor], *, promote: bool = True) -> None:
         """After a rollback (the shadow stays) or a restore (``promote``: the weights become last-good). The
         candidates on probation are dropped: they descend from the condemned (or replaced) weights."""
-        if promote:
+        if promote:  # a restore: the kept items may be of another stream position, or another stream
             self._shadow.load(tensors)
             self._counts = replace(self._counts, last_good_version=self._shadow.version)
+            self._recall.clear()
+        self._recall_due = None
+        self._arrived.clear()
         self._candidate, self._candidate_at, self._candidate_void = cloned(tensors), self._compared, False
         self._probation.clear()
         self._verdict_due = self._promotion_due = None
