@@ -80,7 +80,8 @@ class Run:
 
 
 def run(
-    scenario: str, arm: str, min_drop: float | None, seed: int, k: int, data: list[tuple[torch.Tensor, int]], lr: float
+    scenario: str, arm: str, min_drop: float | None, seed: int, k: int, data: list[tuple[torch.Tensor, int]], lr: float,
+    recall_items: int | None = None,
 ) -> Run:
     env = {"FERRET_TRAINER_DATASET": "mnist", "FERRET_TRAINER_MODEL": "mnistnet", "FERRET_TRAINER_LR": str(lr),
            "FERRET_TRAINER_TRAINING_THREAD": "loop", "FERRET_TRAINER_PREDICTION_TOP_K": "1"}  # fmt: skip
@@ -88,6 +89,8 @@ def run(
         env["FERRET_GUARD_ENABLED"] = "false"
     else:
         env["FERRET_GUARD_MIN_DROP"] = str(min_drop)
+        if recall_items is not None:
+            env["FERRET_GUARD_RECALL_ITEMS"] = str(recall_items)
     settings = load_settings(None, env=env)
     torch.manual_seed(seed)
     model = build_zoo_model(settings)
@@ -148,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--every", type=int, nargs="+", default=[2], help="train 1 item in k (k values)")
     parser.add_argument("--min-drops", type=float, nargs="+", default=[0.05, 0.15, 0.25])
+    parser.add_argument("--recall-items", type=int, nargs="+", default=None,
+                        help="guard.recall_items values, each an arm (default: the setting's default only)")
     parser.add_argument("--scenarios", nargs="+", default=["clean", "fuzz", "flip"], choices=["clean", "fuzz", "flip"])
     parser.add_argument("--at", type=int, default=3000, help="where a fuzz or flip burst starts")
     parser.add_argument("--burst", type=int, default=200)
@@ -161,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
             for k in args.every:
                 chosen = [run(scenario, "unguarded", None, seed, k, data, args.lr)]
                 for drop in args.min_drops:
-                    chosen.append(run(scenario, f"guard, min_drop {drop:g}", drop, seed, k, data, args.lr))
+                    for recall in args.recall_items or [None]:
+                        arm = f"guard, min_drop {drop:g}" + ("" if recall is None else f", recall_items {recall}")
+                        chosen.append(run(scenario, arm, drop, seed, k, data, args.lr, recall))
                 runs.extend(chosen)
                 print(table(chosen, args.at), flush=True)
     text = (
