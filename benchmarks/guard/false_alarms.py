@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                 for drop in args.min_drops:
                     for recall in args.recall_items or [None]:
                         arm = f"guard, min_drop {drop:g}" + ("" if recall is None else f", recall_items {recall}")
-                        chosen.append(run(scenario, arm, drop, seed, k, data, args.lr, recall))
+                        chosen.append(run(scenario, arm, drop, seed, k, data, args.lr, recall_items=recall))
                 runs.extend(chosen)
                 print(table(chosen, args.at), flush=True)
     text = (

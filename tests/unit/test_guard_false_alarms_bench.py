@@ -35,8 +35,8 @@ def test_the_table_counts_rollbacks_before_the_burst_as_false_alarms() -> None:
 def test_main_writes_the_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
 
-    def fake_run(scenario, arm, min_drop, seed, k, data, lr):  # type: ignore[no-untyped-def]
-        calls.append((scenario, arm, min_drop, k))
+    def fake_run(scenario, arm, min_drop, seed, k, data, lr, recall_items=None):  # type: ignore[no-untyped-def]
+        calls.append((scenario, arm, min_drop, k) + (() if recall_items is None else (recall_items,)))
         return false_alarms.Run(scenario, arm, seed, k, correct=[True] * 4, trained=2)
 
     monkeypatch.setattr(false_alarms, "run", fake_run)
@@ -45,3 +45,10 @@ def test_main_writes_the_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert false_alarms.main(["--scenarios", "clean", "--min-drops", "0.25", "--out", str(out)]) == 0
     assert calls == [("clean", "unguarded", None, 2), ("clean", "guard, min_drop 0.25", 0.25, 2)]
     assert "| clean | 2 | guard, min_drop 0.25 | 0 | 2 | 100.00 |" in out.read_text()
+    calls.clear()
+    assert false_alarms.main(["--scenarios", "clean", "--min-drops", "0.25", "--recall-items", "0", "256"]) == 0
+    assert calls == [
+        ("clean", "unguarded", None, 2),
+        ("clean", "guard, min_drop 0.25, recall_items 0", 0.25, 2, 0),
+        ("clean", "guard, min_drop 0.25, recall_items 256", 0.25, 2, 256),
+    ]
