@@ -89,6 +89,9 @@ class FakeLearner:
             "engine.updates": torch.tensor(self.version),
         }
 
+    def master_tensors(self) -> dict[str, torch.Tensor]:
+        return self.state_tensors()
+
     def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         with torch.no_grad():
             self.net.weight.copy_(tensors["model.0.weight"])

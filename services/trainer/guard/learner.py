@@ -373,10 +373,11 @@ class GuardedLearner:
             return
         xs, labels = kept
         target = self._before_the_fall(returned.fell_from)
+        live_weights = self.inner.master_tensors()  # the weights predicting now (not drained: no side effect)
         if self._judge is None:
-            self._judge = Shadow(self._model, self.inner.state_tensors())
+            self._judge = Shadow(self._model, live_weights)
         else:
-            self._judge.load(self.inner.state_tensors())
+            self._judge.load(live_weights)
         live = self._judge.predict(xs)
         if target is None:
             older = self._shadow.predict(xs)
