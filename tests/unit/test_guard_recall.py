@@ -119,3 +119,19 @@ def test_the_rule_off_turns_the_recall_test_off_too() -> None:
     events, weight = burst_then_diagonal(recurrence_level=0.0)
     assert not [e for e in events if e.kind == "rollback"]
     assert torch.equal(weight, DIAGONAL)
+
+
+def test_on_a_stream_whose_labels_all_come_late_the_recall_test_keeps_the_late_labelled_items() -> None:
+    from tests.unit.test_guard_late_labels import late_stream
+
+    learner, inner = guarded(false_alarm=QUIET_CUSUM, probation_items=400)
+    learner.late_label(-1, 0, True)  # a first late label: the shadow predicts unlabelled items from now on
+    late_stream(learner, items(300, seed=54), 0)
+    inner.set_weight(BURST_FIT)
+    late_stream(learner, items(200, seed=55, permute=True), 300)
+    inner.set_weight(DIAGONAL)
+    late_stream(learner, diagonal_right(300, seed=56), 500)
+    rollbacks = [e for e in learner.take_events() if e.kind == "rollback"]
+    assert len(rollbacks) == 1 and "recall SPRT" in rollbacks[0].detail
+    assert 500 < rollbacks[0].item < 650  # labels 30 items late: the return is seen ~30 items later too
+    assert torch.equal(inner.net.weight, GOOD)

@@ -109,7 +109,10 @@ class GuardedLearner:
         self._recall = RecallBuffer(settings.recall_items if settings.recurrence_level > 0 else 0)
         self._recall_settings = CusumSettings(settings.recurrence_level or 0.5, settings.worse_share)
         self._judge: Shadow | None = None  # the model the recall test loads each side's weights into (made once)
-        self._arrived: dict[int, tuple[torch.Tensor, int]] = {}  # queued items' (x, y) for the recall buffer
+        # the recall buffer's candidates: queued items' (x, y) until compared, then unlabelled items' x until
+        # their late label comes (the newest 2 × recall_items of them)
+        self._arrived: dict[int, tuple[torch.Tensor, int | None]] = {}
+        self._late_x: OrderedDict[int, torch.Tensor] = OrderedDict()
         start = inner.state_tensors()
         self._shadow = Shadow(model, start)
         self._candidate = cloned(start)
@@ -154,7 +157,7 @@ class GuardedLearner:
             self._labelled += 1
             if self._labelled % self.settings.shadow_every == 0:
                 self._queued.append((item, x))
-                if y is not None and self._recall.capacity:
+                if self._recall.capacity:
                     self._arrived[item] = (x, y)
         self._outstanding += 1
         settled = False
@@ -244,8 +247,14 @@ class GuardedLearner:
         arrived = self._arrived.pop(item, None)
         if shadow_class is not None:
             self._compare(item, live_correct, shadow_class == y)
-            if arrived is not None and not self._returns.suspect and self._rollback_due is None:
-                self._recall.keep(self._compared, *arrived)  # an item of the concept the shadow knows
+            if arrived is not None:
+                self._keep_for_recall(arrived[0], y)
+
+    def _keep_for_recall(self, x: torch.Tensor, y: int) -> None:
+        """The item just compared, for the recall test, if the shadow's concept is present (not during a
+        suspected burst or drift, and not once the live model is condemned)."""
+        if not self._returns.suspect and self._rollback_due is None:
+            self._recall.keep(self._compared, x, y)
 
     def late_label(self, item: int, label: int, live_correct: bool) -> None:
         """A label that came after its prediction (``<prefix>.labels``, joined by the record path): the
@@ -255,14 +264,23 @@ class GuardedLearner:
         from then on."""
         self._late_labels = True
         shadow_class = self._late.pop(item, None)
+        x = self._late_x.pop(item, None)
         if shadow_class is not None:
             self._compare(item, live_correct, shadow_class == label)
+            if x is not None:
+                self._keep_for_recall(x, label)
 
     def _await_label(self, item: int) -> None:
-        """An unlabelled item: keep the shadow's class (if it predicted the item) for a late label."""
+        """An unlabelled item: keep the shadow's class (if it predicted the item) for a late label, and its
+        input for the recall buffer."""
         shadow_class = self._shadow_class(item)
+        arrived = self._arrived.pop(item, None)
         if shadow_class is None:
             return
+        if arrived is not None:
+            self._late_x[item] = arrived[0]
+            while len(self._late_x) > 2 * self._recall.capacity:
+                self._late_x.popitem(last=False)
         self._late[item] = shadow_class
         while len(self._late) > MAX_AWAITED_LABELS:
             self._late.popitem(last=False)
@@ -448,6 +466,7 @@ class GuardedLearner:
         self._queued.clear()  # predicted by the shadow being replaced (none are: called between batches)
         self._shadow_says.clear()
         self._late.clear()
+        self._late_x.clear()
         detail = candidate.account
         if candidate.waited:
             detail += f"; then {self.settings.probation_items} compared items on probation with no rollback"
@@ -465,6 +484,7 @@ class GuardedLearner:
             self._recall.clear()
         self._recall_due = None
         self._arrived.clear()
+        self._late_x.clear()
         self._candidate, self._candidate_at, self._candidate_void = cloned(tensors), self._compared, False
         self._probation.clear()
         self._verdict_due = self._promotion_due = None
