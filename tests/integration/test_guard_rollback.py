@@ -4,7 +4,12 @@ predictions on ``<prefix>.predictions`` show its model version going back to the
 
 The learner is a digits linear classifier behind :class:`GuardedLearner` (the wrapper ``make_learner``
 puts around the trainer's learners); its weights are trained offline and, from item 150 on, negated: a
-stand-in for weights wrecked by a poisoning burst, decided by the item counter so the test is exact."""
+stand-in for weights wrecked by a poisoning burst, decided by the item counter so the test is exact.
+
+Second, the recall test (services/trainer/guard/recall.py) on the same path: a burst of flipped labels on the
+topic, fitted by a scripted live model that afterwards is right on what the stream brings but not on the
+items from before the burst, is rolled back at the return of the shadow's concept by the recall test (its
+detail on ``<prefix>.events``), and the predictions' version goes back."""
 
 from __future__ import annotations
 
@@ -174,3 +179,116 @@ def test_a_rollback_shows_in_the_predictions_and_on_the_events_topic(stack: tupl
     assert back <= rollback.item + 256
     assert versions[back - 1] + 1 == rollback.previous_model_version and versions[back] == rollback.model_version
     assert versions[back:] == list(range(rollback.model_version, rollback.model_version + 400 - back))
+
+
+# -- the recall test through the broker ----------------------------------------------------------------------
+BURST = range(300, 500)  # items whose labels are flipped on the topic (y → y + 1 mod 10)
+STREAM = 900
+KNOWN = range(5)  # after the burst the stream brings digits of these classes only
+
+
+def flipped(y: int) -> int:
+    return (y + 1) % 10
+
+
+def stream_items() -> list[tuple[int, int]]:
+    """(digits index, label on the topic) per item: the dataset in order, labels flipped in the burst; after
+    it, only digits of the :data:`KNOWN` classes, with their true labels."""
+    y = [int(c) for c in load_dataset("digits", None).y_train]
+    known = [i for i in range(BURST.stop, len(y)) if y[i] in KNOWN]
+    out = [(i, flipped(y[i]) if i in BURST else y[i]) for i in range(BURST.stop)]
+    return out + [(i, y[i]) for i in known[: STREAM - BURST.stop]]
+
+
+def digits_linear(fit: Sequence[tuple[int, int]]) -> nn.Module:
+    """A linear classifier of the digits trained offline (full batch) on these (index, label) pairs."""
+    ds = load_dataset("digits", None)
+    index = torch.tensor([i for i, _ in fit])
+    x = torch.as_tensor(ds.x_train, dtype=torch.float32)[index].reshape(len(fit), 1, 8, 8)
+    y = torch.tensor([label for _, label in fit])
+    torch.manual_seed(0)
+    unit = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    optimizer = torch.optim.SGD(unit.parameters(), lr=0.5)
+    for _ in range(300):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(unit(x), y).backward()
+        optimizer.step()
+    return unit
+
+
+class BurstLearner(TurningLearner):
+    """Fits the burst of flipped labels from its first item on, and from its end on holds weights that give
+    the true class of the :data:`KNOWN` digits and still the flipped one of the others (a live model that
+    re-learnt what the stream brings after the burst without unlearning the rest of it): the items since
+    the return give the stream's SPRT no evidence, the items kept from before the fall (every class) do. A
+    load (the rollback) replaces the weights for good."""
+
+    def __init__(self, model: ZooModel) -> None:
+        super().__init__(model)
+        y = [int(c) for c in load_dataset("digits", None).y_train]
+        self.burst_fit = digits_linear([(i, flipped(c)) for i, c in enumerate(y)])
+        self.after_fit = digits_linear([(i, c if c in KNOWN else flipped(c)) for i, c in enumerate(y)])
+
+    def submit(
+        self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None
+    ) -> Callable[[], ArrivalOutcome]:
+        if item in (BURST.start, BURST.stop):
+            self.net = copy.deepcopy(self.burst_fit if item == BURST.start else self.after_fit)
+        with torch.no_grad():
+            probs = torch.softmax(self.net(x.unsqueeze(0))[0], 0)
+        c = int(probs.argmax())
+        outcome = ArrivalOutcome(c, float(probs[c]), self.version, None, 0)
+        self.version += 1
+        return settled(outcome)
+
+    def master_tensors(self) -> dict[str, torch.Tensor]:
+        return self.state_tensors()
+
+
+def produce_items(bootstrap: str, topic: str, chosen: Sequence[tuple[int, int]]) -> None:
+    """One digits sample per (index, label), in order, as items 0, 1, …"""
+    from confluent_kafka import Producer
+
+    from services.kafka.record_codec import encode_sample
+
+    ds = load_dataset("digits", None)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for seq, (i, label) in enumerate(chosen):
+        x = (ds.x_train[i] * 255).astype("uint8")
+        sample = encode_sample(x, stream="digits", sequence=seq, label=label)
+        producer.produce(topic, sample.SerializeToString(), key=sample.id.encode())
+    producer.flush(30)
+
+
+def test_a_burst_of_flipped_labels_is_rolled_back_at_its_end_by_the_recall_test(stack: tuple[str, str, str]) -> None:
+    bootstrap, redis_url, prefix = stack
+    topics = TopicNames(prefix)
+    settings = settings_for(bootstrap, redis_url, prefix, FERRET_KAFKA_SAMPLE_PARTITIONS="1")  # the guard's defaults
+    model = digits_model()
+    learner = GuardedLearner(BurstLearner(model), model, settings.guard)
+    parts = assemble(settings, learner, SampleDecoder((1, 8, 8), 10), None)
+    chosen = stream_items()
+    assert len(chosen) == STREAM
+    produce_items(bootstrap, topics.samples, chosen)
+    running = Running(type("T", (), {"parts": parts})())  # type: ignore[arg-type]
+    try:
+        wait_for(lambda: parts.port.status().predictions_published >= STREAM)
+    finally:
+        running.close()
+    status = parts.port.status()
+    assert status.rollbacks == 1
+
+    events = read_events(bootstrap, topics.events, status.promotions + status.drifts + 1)
+    rollbacks = [e for e in events if e.kind == "rollback"]
+    assert len(rollbacks) == 1
+    rollback = rollbacks[0]
+    assert "recall SPRT" in rollback.detail and "items kept from before the fall" in rollback.detail
+    # the return is seen within ~2 of ADWIN's 32-item checks after the burst; carried out between batches
+    assert BURST.stop < rollback.item < BURST.stop + 100
+    assert rollback.model_version < BURST.start < rollback.previous_model_version  # weights from before it
+
+    predictions = sorted(read_predictions(bootstrap, topics.predictions, STREAM), key=lambda p: p.item)
+    assert [p.item for p in predictions] == list(range(STREAM))
+    versions = [p.model_version for p in predictions]
+    back = next(i for i in range(rollback.item + 1, STREAM) if versions[i] < versions[i - 1])
+    assert back <= rollback.item + 256 and versions[back] == rollback.model_version
