@@ -17,8 +17,8 @@ guard), ``norm-only`` (the norm guard at its default, no shadow; fuzz only), ``g
 guard of commit 9dad031: the CUSUM as the only rollback rule, every passing window on probation:
 ``guard.recurrence_level: 0``, ``guard.probation: always``), ``guard`` (the defaults: norm guard, shadow,
 CUSUM rollback, the recurrence rule with its recall test, probation for suspect windows, ADWIN),
-``guard-no-recall`` (the defaults without the recall test, ``guard.recall_items: 0``: the guard of stops
-35–40), and for ``flip`` the
+``guard-no-recall`` (the defaults without the recall test, ``guard.recall_items: 0``: the guard before
+stop 40), and for ``flip`` the
 counterfactual ``rollback-at-end``: the unguarded learner whose pre-burst weights (those of item ``--at``)
 are put back the moment the burst ends — a rollback that knows exactly when the burst began and ended,
 which no rule can: what the best possible rollback would have bought, beside what the guard did.

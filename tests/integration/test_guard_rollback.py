@@ -69,13 +69,17 @@ class TurningLearner:
     def arrive(self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None) -> ArrivalOutcome:
         return self.submit(item, x, y, event_time_ms)()
 
-    def submit(
-        self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None
-    ) -> Callable[[], ArrivalOutcome]:
+    def turn(self, item: int) -> None:
+        """What happens to the weights as ``item`` arrives: negated at :data:`SABOTAGED_AT`."""
         if item == SABOTAGED_AT:
             with torch.no_grad():
                 for p in self.net.parameters():
                     p.neg_()
+
+    def submit(
+        self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None
+    ) -> Callable[[], ArrivalOutcome]:
+        self.turn(item)
         with torch.no_grad():
             probs = torch.softmax(self.net(x.unsqueeze(0))[0], 0)
         c = int(probs.argmax())
@@ -229,17 +233,9 @@ class BurstLearner(TurningLearner):
         self.burst_fit = digits_linear([(i, flipped(c)) for i, c in enumerate(y)])
         self.after_fit = digits_linear([(i, c if c in KNOWN else flipped(c)) for i, c in enumerate(y)])
 
-    def submit(
-        self, item: int, x: torch.Tensor, y: int | None, event_time_ms: int | None = None
-    ) -> Callable[[], ArrivalOutcome]:
+    def turn(self, item: int) -> None:
         if item in (BURST.start, BURST.stop):
             self.net = copy.deepcopy(self.burst_fit if item == BURST.start else self.after_fit)
-        with torch.no_grad():
-            probs = torch.softmax(self.net(x.unsqueeze(0))[0], 0)
-        c = int(probs.argmax())
-        outcome = ArrivalOutcome(c, float(probs[c]), self.version, None, 0)
-        self.version += 1
-        return settled(outcome)
 
     def master_tensors(self) -> dict[str, torch.Tensor]:
         return self.state_tensors()

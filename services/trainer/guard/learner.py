@@ -107,7 +107,6 @@ class GuardedLearner:
         self._returns = RecurrenceWatch(settings.recurrence_level, settings.worse_share, settings.window)
         self._model = model
         self._recall = RecallBuffer(settings.recall_items if settings.recurrence_level > 0 else 0)
-        self._recall_settings = CusumSettings(settings.recurrence_level or 0.5, settings.worse_share)
         self._judge: Shadow | None = None  # the model the recall test loads each side's weights into (made once)
         # the recall buffer's candidates: queued items' (x, y) until compared, then unlabelled items' x until
         # their late label comes (the newest 2 × recall_items of them)
@@ -402,7 +401,10 @@ class GuardedLearner:
         else:
             self._judge.load(target.tensors)
             older = self._judge.predict(xs)
-        recalled = recall_test(live, older, labels, self._recall_settings)
+        test = self._returns.settings  # the recurrence rule's SPRT
+        if test is None:  # the rule is off (level 0): so is the recall test, whose buffer keeps nothing then
+            return
+        recalled = recall_test(live, older, labels, test)
         log.info("the shadow's concept came back at item %d: %s", item, recalled.describe())
         if recalled.worse:
             detail = (

@@ -138,6 +138,11 @@ class RecurrenceWatch:
         self._pairs: deque[tuple[bool, bool]] = deque(maxlen=MAX_ITEMS)
 
     @property
+    def settings(self) -> CusumSettings | None:
+        """The SPRT's settings (θ₁ and the level's threshold); None at level 0 (no test)."""
+        return self._settings
+
+    @property
     def suspect(self) -> bool:
         """The shadow's concept is away, or came back and the test since is still running: a burst or a
         drift may be under way, so the weights of this time should wait on probation."""
