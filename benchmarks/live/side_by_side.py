@@ -35,13 +35,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 RESULTS = HERE / "results"
-CONFIGS = ("plain", "1-skip", "ferret", "ferret-60%", "ferret-calibrated", "ferret-glibc-heap")
+CONFIGS = ("plain", "1-skip", "ferret", "ferret-60%", "ferret-calibrated", "ferret-glibc-heap", "ferret-nice0")
 CALIBRATED = {"FERRET_TRAINER_CALIBRATE_TIME": "true"}  # ferret-calibrated: the start-up plan in this machine's time
 # unconstrained Ferret with one setting changed, each paired with "ferret" in the goals: ferret-glibc-heap, the
-# trainer and its executors with glibc's heap defaults (trainer.retain_freed_memory: false, ferret_core/engine/heap.py)
+# trainer and its executors with glibc's heap defaults (trainer.retain_freed_memory: false, ferret_core/engine/heap.py);
+# ferret-nice0, the record path at its executors' priority (trainer.record_path_nice: 0, services/trainer/priority.py)
 VARIANTS = {
     "ferret-calibrated": CALIBRATED,
     "ferret-glibc-heap": {"FERRET_TRAINER_RETAIN_FREED_MEMORY": "false"},
+    "ferret-nice0": {"FERRET_TRAINER_RECORD_PATH_NICE": "0"},
 }
 DISPATCHED = messages_pb2.TRAINING_DECISION_DISPATCHED
 WARMUP_ITEMS = 100  # per run, unlabelled, before the measured stream (warm_up)
@@ -368,7 +370,8 @@ def goals(rows: list[dict[str, Any]], multipliers: list[float]) -> list[str]:
         if m >= 2:
             lines.append(f"- {m}×: Ferret − plain = {judged(gap, 0.0, strict=True)} (goal > 0)")
         for variant, what in (("ferret-calibrated", "calibrated − profile-timed Ferret"),
-                              ("ferret-glibc-heap", "glibc's heap defaults − freed memory kept")):  # fmt: skip
+                              ("ferret-glibc-heap", "glibc's heap defaults − freed memory kept"),
+                              ("ferret-nice0", "record path at the executors' priority − 10 below")):  # fmt: skip
             diff = paired(by, variant, "ferret", m)
             if diff:
                 mean, se = mean_se(diff)

@@ -19,6 +19,7 @@ import torch
 
 from ferret_core.data import dataset_spec
 from ferret_core.engine.heap import retain_freed_memory
+from ferret_core.engine.processes.executor import start_executor_parent
 from ferret_core.engine.processes.hosts import Hosts
 from ferret_core.engine.staleness_calibration import CalibrationSettings
 from ferret_core.errors import ConfigError
@@ -66,6 +67,7 @@ from services.trainer.loop_calls import LoopCalls
 from services.trainer.metrics import TrainerMetrics
 from services.trainer.metrics_http import serve_metrics
 from services.trainer.model_updates import ModelPublisher, ModelStreamCollector
+from services.trainer.priority import lower_record_path_priority
 from services.trainer.service import Trainer
 from services.trainer.staleness_live import SEED_BASE, LiveCalibration, ModelSpec
 from services.trainer.state import Lifecycle, PlanInForce
@@ -370,6 +372,9 @@ def start_trainer(settings: Settings) -> TrainerProcess:
     choice, planner, plan = plan_executors(settings, model, profile, timing=timing, hosts=world)
     # 2. the learner, the topics, the snapshot store
     learner = make_learner(choice, model, plan, settings, profile, hosts)
+    if choice.kind == "processes" and t.record_path_nice > 0:
+        start_executor_parent()  # running already once the learner's clock started its executors
+        log.info("trainer.record_path_nice: %s", lower_record_path_priority(t.record_path_nice).describe())
     kafka = settings.kafka
     ensure_topics(kafka.bootstrap_servers, kafka.topic_prefix, sample_partitions=kafka.sample_partitions)
     r = settings.redis

@@ -338,6 +338,43 @@ def test_a_killed_executor_process_is_restarted_in_place(trainer_env: dict[str, 
     assert "executors restarted from the master in shared memory" in trainer.log.read_text()
 
 
+def nice(pid: int) -> int:
+    """A process's or thread's nice value (field 19 of /proc/<pid>/stat)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def test_the_record_path_runs_below_its_executor_processes_priority(
+    trainer_env: dict[str, str], tmp_path: Path
+) -> None:
+    """``trainer.record_path_nice`` (10 by default): every thread of the trainer's process (the record path)
+    at its nice value + 10, its executor processes at the value the trainer started with, also an executor
+    started again after a kill -9 (the forkserver keeps its priority)."""
+    bootstrap, prefix = trainer_env["FERRET_KAFKA_BOOTSTRAP_SERVERS"], trainer_env["FERRET_KAFKA_TOPIC_PREFIX"]
+    topics = TopicNames(prefix)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    lowered = min(19, base + 10)
+    trainer = TrainerProcess({**trainer_env, "FERRET_TRAINER_EXECUTORS": "processes"}, tmp_path / "trainer.log")
+    client = ControlClient(trainer.target)
+    try:
+        produce_digits(bootstrap, topics.samples, 40)
+        wait_status(client, "predictions_published", 40)
+        threads = [int(t.name) for t in Path(f"/proc/{trainer.proc.pid}/task").iterdir()]
+        assert {nice(t) for t in threads} == {lowered}, "every record-path thread lowered"
+        [executor, *others] = executor_processes(trainer.proc.pid)
+        assert {nice(p) for p in (executor, *others)} == {base}
+        os.kill(executor, signal.SIGKILL)
+        produce_digits(bootstrap, topics.samples, 20, start=40)
+        wait_status(client, "predictions_published", 60)
+        deadline = time.monotonic() + 30
+        while executor in (live := [p for p in executor_processes(trainer.proc.pid) if not zombie(p)]) or not live:
+            assert time.monotonic() < deadline, f"executors not restarted within 30 s: {live} (killed {executor})"
+            time.sleep(0.2)
+        assert {nice(p) for p in live} == {base}, "a restarted executor at the trainer's starting priority"
+    finally:
+        client.close()
+        assert trainer.stop() == 0
+
+
 def test_a_killed_trainer_is_started_again_by_its_supervisor(trainer_env: dict[str, str], tmp_path: Path) -> None:
     """``ferret run --supervise``: kill -9 of the trainer (executor processes and all) restarts it; it resumes
     from the last snapshot and committed offsets: nothing lost, every re-emission flagged."""

@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as tmp
 from torch import Tensor
 
 from ferret_core.compensation import CompensatorSettings, make_compensator
@@ -461,6 +462,20 @@ class _Executor:
                 self.replica = (out, written)
             t_end = time.perf_counter()
         return (now_version, written, t0, t_end, [now_version - r for r in reads])
+
+
+def start_executor_parent() -> None:
+    """Start the forkserver executors are forked from (with :data:`PRELOAD` imported) now, from the calling
+    thread, unless it already runs. The forkserver, and so every executor it forks later, keeps the
+    scheduling priority (nice value) the calling thread has *now*: a caller that then lowers its own
+    priority (the trainer's record path, ``trainer.record_path_nice``) leaves its executors' as it was. A
+    forkserver that died is started again by the next executor's start, from that thread, with its
+    priority."""
+    import multiprocessing.forkserver as forkserver
+
+    ctx: Any = tmp.get_context(START_METHOD)
+    ctx.set_forkserver_preload(PRELOAD)
+    forkserver.ensure_running()
 
 
 def start_executor(
