@@ -440,8 +440,9 @@ class TrainerSettings(Section):
     retain_freed_memory: bool = True
     # On executor processes, the trainer's own threads (the record path: consume, decode, predict, publish) run
     # this much below its executors' priority (a nice increment, 0-19; 0: the same priority), so where the
-    # machine has no core to spare training runs first: on the 2-core demo +11 % items trained and +2.4 points of
-    # online accuracy at nice 10 (services/trainer/priority.py). No effect on thread executors.
+    # machine has no core to spare training runs first: on the 2-core demo at 1.5x saturation +16 % items trained
+    # and +2.1 points of online accuracy at nice 10; past saturation the record path's backlog grows faster
+    # (services/trainer/priority.py). No effect on thread executors.
     record_path_nice: int = field(default=10, metadata=meta(check=between(0, 19, "a nice increment")))
     # "loop" trains on the record path's thread between consumer batches: no GIL hand-overs between two Python
     # threads (digits/MLP at half the plain loop's saturation: 88 % of the items trained against 57 % on an

@@ -5,11 +5,12 @@ with the live model and the guard's shadow, publish, commit) and each executor a
 the machine has no core to spare (the planner gives the executors every core but the record path's:
 ``services/trainer/executors.py``), the kernel's fair scheduler shares the cores between the executor
 and every runnable thread beside it (the record path's, the broker's, a producer's) alike, so at saturation
-the executor trains on what they leave. On the 2-core demo machine (MNIST/MNISTNet at 385 items/s, 5,000
-items, one executor) py-spy found the executor runnable 81 % of the time and running 57 %; with the
-record path's threads at nice +10 it trained 2,907–3,139 items against 2,622–2,733 at equal priority, and
-its online accuracy rose by 2.4 ± 0.3 points (5 interleaved pairs, ``benchmarks/live/README.md`` § "The
-record path's priority").
+the executor trains on what they leave. On the 2-core demo machine (MNIST/MNISTNet at 385 items/s, one
+executor) py-spy found the executor runnable 81 % of the time and running 57 %; with the record path's
+threads at nice +10 the demo trained 3,007 of 5,000 items against 2,596 at equal priority (+412 ± 12, 4
+paired rounds) and its online accuracy rose by 2.1 ± 1.2 points; at 1,000 items/s +241 ± 45 items and
++5.9 ± 2.5 points, with the record path's backlog larger (``benchmarks/live/README.md`` § "The record
+path's priority").
 
 Raising one's own nice value needs no privilege (lowering it does), so the trainer lowers *its own*
 priority and not its executors' raised: it starts the executors' forkserver first
@@ -19,19 +20,17 @@ keeps a nice value per thread and a new thread takes its creator's, so threads s
 re-plan's router, the Kafka client's) run at the same priority. The record path still has the cores the
 executors leave: one executor thread per core it was planned for never takes the record path's core, so
 the nice value only decides who runs when both want the same core; predictions stay as prompt where the
-machine has room (half saturation), and the record path's latency at saturation is measured in the same
-benchmark. Where ``/proc/self/task`` does not exist (not Linux) only the calling thread's value is set,
-which on other POSIX systems is the whole process's.
+machine has room (half saturation); past saturation, where the record path cannot keep up either way, its
+backlog grows faster (the benchmark's p50 at 1,000 items/s: 0.95 s against 0.58 s). Where
+``/proc/self/task`` does not exist (not Linux) only the calling thread's value is set, which on other POSIX
+systems is the whole process's.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-log = logging.getLogger("ferret.trainer")
 
 NICE_MAX = 19  # the lowest priority a nice value gives (setpriority(2) clamps higher values to it)
 

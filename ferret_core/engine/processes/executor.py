@@ -42,6 +42,7 @@ import collections
 import contextlib
 import dataclasses
 import io
+import multiprocessing.forkserver as forkserver
 import resource
 import time
 import traceback
@@ -471,8 +472,6 @@ def start_executor_parent() -> None:
     priority (the trainer's record path, ``trainer.record_path_nice``) leaves its executors' as it was. A
     forkserver that died is started again by the next executor's start, from that thread, with its
     priority."""
-    import multiprocessing.forkserver as forkserver
-
     ctx: Any = tmp.get_context(START_METHOD)
     ctx.set_forkserver_preload(PRELOAD)
     forkserver.ensure_running()
