@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.live.side_by_side import mean_se
 from benchmarks.support import ROOT, run_record, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -50,14 +50,6 @@ def run_demo(items: int, rate: int | None, env: dict[str, str], out: Path) -> di
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     summary = json.loads((out / "summary.json").read_text())
     return {**{m: summary[m] for m in MEASURES}, "rate": summary["rate"], "seconds": time.perf_counter() - started}
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, math.nan
-    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return mean, math.sqrt(var / len(values))
 
 
 def render(result: dict[str, Any]) -> str:

@@ -80,6 +80,15 @@ def zombie(pid: int) -> bool:
         return True
 
 
+def restarted(trainer: int, killed: int, timeout: float = 30.0) -> list[int]:
+    """The trainer's live executor processes once ``killed`` is gone and others run in its place."""
+    deadline = time.monotonic() + timeout
+    while killed in (live := [p for p in executor_processes(trainer) if not zombie(p)]) or not live:
+        assert time.monotonic() < deadline, f"executors not restarted within {timeout:.0f} s: {live} (killed {killed})"
+        time.sleep(0.2)
+    return live
+
+
 def control(target: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*FERRET, "control", "--target", target, *args],
@@ -325,10 +334,7 @@ def test_a_killed_executor_process_is_restarted_in_place(trainer_env: dict[str, 
         wait_status(client, "predictions_published", 160)
         # predictions do not wait for the executors: their restart (and the forkserver reaping the killed one)
         # may still be under way when the 160th is published
-        deadline = time.monotonic() + 30
-        while executor in (live := [p for p in executor_processes(trainer.proc.pid) if not zombie(p)]) or not live:
-            assert time.monotonic() < deadline, f"executors not restarted within 30 s: {live} (killed {executor})"
-            time.sleep(0.2)
+        restarted(trainer.proc.pid, executor)
     finally:
         client.close()
         assert trainer.stop() == 0
@@ -365,10 +371,7 @@ def test_the_record_path_runs_below_its_executor_processes_priority(
         os.kill(executor, signal.SIGKILL)
         produce_digits(bootstrap, topics.samples, 20, start=40)
         wait_status(client, "predictions_published", 60)
-        deadline = time.monotonic() + 30
-        while executor in (live := [p for p in executor_processes(trainer.proc.pid) if not zombie(p)]) or not live:
-            assert time.monotonic() < deadline, f"executors not restarted within 30 s: {live} (killed {executor})"
-            time.sleep(0.2)
+        live = restarted(trainer.proc.pid, executor)
         assert {nice(p) for p in live} == {base}, "a restarted executor at the trainer's starting priority"
     finally:
         client.close()

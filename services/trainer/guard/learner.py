@@ -385,8 +385,9 @@ class GuardedLearner:
     def _recall_check(self, item: int, returned: Returned) -> None:
         """The recall test at a return (:mod:`.recall`): the live weights against those a rollback would go to,
         on the items kept from before the fall; a rollback is due if the live model is worse."""
+        test = self._returns.settings  # the recurrence rule's SPRT
         kept = self._recall.before(returned.fell_from)
-        if kept is None:
+        if test is None or kept is None:  # the rule is off (level 0): so is the recall test, its buffer empty
             return
         xs, labels = kept
         target = self._before_the_fall(returned.fell_from)
@@ -401,9 +402,6 @@ class GuardedLearner:
         else:
             self._judge.load(target.tensors)
             older = self._judge.predict(xs)
-        test = self._returns.settings  # the recurrence rule's SPRT
-        if test is None:  # the rule is off (level 0): so is the recall test, whose buffer keeps nothing then
-            return
         recalled = recall_test(live, older, labels, test)
         log.info("the shadow's concept came back at item %d: %s", item, recalled.describe())
         if recalled.worse:
